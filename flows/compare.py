@@ -1,0 +1,232 @@
+"""The comparison flow: one subflow per configuration, then summary, comparison and report.
+
+Sequencing only: side effects live in tasks/, statistics and rendering in analysis/ and reports/.
+"""
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import sys
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+
+from analysis.metrics import summarize, summarize_cell
+from reports.render import render_report
+from specs.models import ConfigurationSpec, ExperimentSpec, spec_to_yaml
+from specs.workload import Cell, build_requests, plan_cells, prompt_set_hash
+from tasks import evidence, sim_target
+from tasks.loadgen import LoadGenerator, records_as_dicts
+from tasks.results import append_records, read_records, write_json, write_summary
+from tasks.tracking import Tracker, default_tracking_uri
+
+OK_VERDICTS = {"verified", "emulated", "not-applicable"}
+
+
+def say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+@dataclass
+class ConfigOutcome:
+    config: str
+    ok: bool
+    error: str | None = None
+    transport: dict = field(default_factory=dict)
+    stages: dict = field(default_factory=dict)
+    router: str = ""
+    cells: list[dict] = field(default_factory=list)
+
+    @property
+    def verified(self) -> bool:
+        return (self.ok and self.transport.get("verdict") in OK_VERDICTS
+                and self.stages.get("verdict") in OK_VERDICTS)
+
+
+def roles_text(config: ConfigurationSpec) -> str:
+    return " + ".join(f"{r.replicas}×{r.role} TP{r.tp}" + (f" {r.rdma_interfaces}×RDMA" if r.rdma_interfaces else "")
+                      for r in config.roles)
+
+
+def _cell_line(config: str, cell: Cell, trial: int, s: dict) -> str:
+    def f(v, unit=" ms"):
+        return "—" if v is None else f"{v:.1f}{unit}"
+    return (f"  [{config}] {cell.suite} {cell.workload} c={cell.concurrency} trial {trial}: "
+            f"{s['requests_ok']}/{s['requests_total']} ok, TTFT p50 {f(s['ttft_p50_ms'])}, "
+            f"ITL p99 {f(s['itl_p99_ms'])}, {f(s['output_tok_s'], ' tok/s')}")
+
+
+@task(name="run-suites", cache_policy=NO_CACHE, retries=0)
+def run_suites(endpoint: str, spec: ExperimentSpec, config: str, run: str, records_path: str) -> list[dict]:
+    """Every cell of every suite, every trial; records appended after each cell. Never retried:
+    a measured cell is not repeated behind the user's back."""
+    import pandas as pd
+
+    cells = plan_cells(spec)
+    done: list[dict] = []
+
+    async def go():
+        async with LoadGenerator(endpoint, spec.model.name, spec.request_timeout_s, run_tag=run[-8:]) as lg:
+            for trial in range(spec.trials):
+                for cell in cells:
+                    requests = build_requests(spec, cell, trial)
+                    recs = records_as_dicts(await lg.run_cell(requests, cell.concurrency))
+                    rows = [{**r, "run": run, "trial": trial, "config": config, "suite": cell.suite,
+                             "cell": cell.cell_id, "workload": cell.workload, "stream": cell.stream,
+                             "concurrency": cell.concurrency} for r in recs]
+                    append_records(Path(records_path), rows)
+                    summary = summarize_cell(pd.DataFrame(rows))
+                    say(_cell_line(config, cell, trial, summary))
+                    done.append({"cell": cell, "trial": trial, "summary": summary, "rows": rows,
+                                 "prompt_set_hash": prompt_set_hash(requests)})
+
+    asyncio.run(go())
+    return done
+
+
+@task(name="log-configuration", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
+def log_configuration(tracker: Tracker, parent: str, spec: ExperimentSpec, config: ConfigurationSpec,
+                      outcome: ConfigOutcome, evidence_dir: str) -> str:
+    t = outcome.transport
+    run_id = tracker.log_configuration(
+        parent, config.name,
+        tags={"epdbench.status": "ok" if outcome.ok else "failed",
+              "epdbench.transport_verdict": t.get("verdict", "none"),
+              "epdbench.stages_verdict": outcome.stages.get("verdict", "none")},
+        params={"topology": config.topology, "roles": roles_text(config), "gpus": config.gpus,
+                "tp": ",".join(f"{r.role}={r.tp}" for r in config.roles), "transport": config.kv_transport,
+                "connectors": "MooncakeConnector" if config.kv_transport != "none" else "none",
+                "router": outcome.router, "image": "epdbench-sim" if spec.target.kind == "sim" else "vllm/vllm-openai",
+                "engine_args": spec.engine.model_dump_json(), "error": outcome.error or ""},
+        metrics={"transport_verified": 1.0 if t.get("verdict") == "verified" else 0.0,
+                 "stages_verified": 1.0 if outcome.stages.get("verdict") == "verified" else 0.0,
+                 "kv_throughput_min_mb_s": t.get("throughput_mb_s_min"),
+                 "kv_throughput_max_mb_s": t.get("throughput_mb_s_max"),
+                 "failed_transfers": t.get("failed_transfers")})
+    for item in outcome.cells:
+        cell: Cell = item["cell"]
+        tracker.log_cell(run_id, f"{config.name}:{cell.suite}:{cell.workload}:c{cell.concurrency}",
+                         tags={"epdbench.config": config.name, "epdbench.suite": cell.suite},
+                         params={"suite": cell.suite, "cell": cell.workload, "concurrency": cell.concurrency,
+                                 "stream": cell.stream, "n_measured": cell.n_measured, "n_warmup": cell.n_warmup,
+                                 "seed": spec.seed, "trial": item["trial"],
+                                 "prompt_set_hash": item["prompt_set_hash"]},
+                         summary=item["summary"])
+    if Path(evidence_dir).exists():
+        tracker.log_artifacts(run_id, Path(evidence_dir), "evidence")
+    tracker.finish(run_id, outcome.ok)
+    return run_id
+
+
+@flow(name="configuration", flow_run_name="{config.name}")
+def run_configuration(spec: ExperimentSpec, config: ConfigurationSpec, run: str, run_dir: str) -> ConfigOutcome:
+    """Provision, verify readiness, run every suite, collect evidence; tear down always."""
+    rdir = Path(run_dir)
+    ev_dir = rdir / "evidence" / config.name
+    log_dir = ev_dir  # raw process logs are evidence
+    outcome = ConfigOutcome(config.name, ok=False)
+    say(f"[{config.name}] starting {roles_text(config)} ({config.gpus} GPUs, KV {config.kv_transport})")
+    dep = None
+    try:
+        dep = sim_target.start(spec, config, rdir / "spec.yaml", log_dir)
+        outcome.router = dep.router
+        say(f"[{config.name}] serving at {dep.endpoint} via {dep.router}")
+        before = evidence.log_offsets(dep)
+        metrics_before = evidence.scrape_metrics(dep)
+        outcome.cells = run_suites(dep.endpoint, spec, config.name, run, str(rdir / "records.parquet"))
+        rows = [r for item in outcome.cells for r in item["rows"]]
+        outcome.transport, outcome.stages = evidence.collect(
+            dep, config, before, metrics_before, rows, ev_dir, emulated=spec.target.kind == "sim")
+        outcome.ok = True
+        say(f"[{config.name}] transport {outcome.transport['verdict']}, stages {outcome.stages['verdict']}")
+    except sim_target.ProvisionError as e:
+        outcome.error = f"provisioning failed: {e}"
+    except Exception as e:  # noqa: BLE001 - a failed configuration must not stop the others
+        outcome.error = f"{type(e).__name__}: {e}"
+        traceback.print_exc(file=sys.stderr)
+    finally:
+        if dep is not None:
+            sim_target.stop(dep)
+    if outcome.error:
+        say(f"[{config.name}] FAILED: {outcome.error}")
+    return outcome
+
+
+def run_name_for(spec: ExperimentSpec, now: dt.datetime | None = None) -> str:
+    now = now or dt.datetime.now()
+    return f"{spec.name}-{spec.target.kind}-{now:%Y%m%d-%H%M%S}"
+
+
+@flow(name="compare", flow_run_name="{spec.name}-{trigger}")
+def compare(spec: ExperimentSpec, out_dir: str | None = None, tracking_uri: str | None = None,
+            trigger: str = "cli", run_name: str | None = None) -> dict:
+    """Compare every configuration of the spec on matched workloads; returns the outcome."""
+    run = run_name or run_name_for(spec)
+    rdir = Path(out_dir or Path("results") / run)
+    rdir.mkdir(parents=True, exist_ok=True)
+    (rdir / "spec.yaml").write_text(spec_to_yaml(spec))
+    uri = tracking_uri or spec.tracking.tracking_uri or default_tracking_uri()
+    tracker = Tracker(uri, spec.tracking.experiment)
+    flow_run_id = _prefect_flow_run_id()
+    parent = tracker.start_comparison(
+        run, tags={"epdbench.target": spec.target.kind, "epdbench.spec": spec.name, "epdbench.trigger": trigger,
+                   "epdbench.prefect_flow_run_id": flow_run_id or "", "epdbench.results_dir": str(rdir.resolve())},
+        params={"configurations": ",".join(c.name for c in spec.configurations),
+                "suites": ",".join(s.name for s in spec.suites), "seed": spec.seed, "trials": spec.trials,
+                "model": spec.model.name, "hardware": spec.hardware.gpu})
+    say(f"Run {run}: {len(spec.configurations)} configurations × {len(plan_cells(spec))} cells × "
+        f"{spec.trials} trial(s) → {rdir}")
+    outcomes: dict[str, ConfigOutcome] = {}
+    for config in spec.configurations:
+        outcomes[config.name] = run_configuration(spec, config, run, str(rdir))
+        log_configuration(tracker, parent, spec, config, outcomes[config.name], str(rdir / "evidence" / config.name))
+
+    summary = summarize(read_records(rdir / "records.parquet"))
+    write_summary(rdir, summary)
+    verdicts = {name: {"transport": o.transport.get("verdict", "not run"),
+                       "transport_reasons": o.transport.get("reasons", [o.error or ""]),
+                       "stages": o.stages.get("verdict", "not run"),
+                       "stage_reasons": o.stages.get("reasons", [o.error or ""]),
+                       "fraction_seen": o.stages.get("fraction_seen", {})}
+                for name, o in outcomes.items()}
+    meta = report_meta(spec, run, outcomes)
+    (rdir / "report.md").write_text(render_report(meta, summary, verdicts))
+    outcome = {"run": run, "results_dir": str(rdir), "tracking_uri": uri, "mlflow_run_id": parent,
+               "mlflow_url": tracker.run_url(parent),
+               "configs": {n: {"ok": o.ok, "verified": o.verified, "error": o.error,
+                               "transport": o.transport.get("verdict"), "stages": o.stages.get("verdict")}
+                           for n, o in outcomes.items()}}
+    outcome["all_verified"] = all(c["verified"] for c in outcome["configs"].values())
+    outcome["meta"], outcome["verdicts"] = meta, verdicts
+    write_json(rdir / "outcome.json", outcome)
+    for name in ("report.md", "summary.csv", "summary.parquet", "records.parquet", "spec.yaml", "outcome.json"):
+        tracker.log_artifacts(parent, rdir / name)
+    tracker.set_tags(parent, {"epdbench.all_verified": outcome["all_verified"]})
+    tracker.finish(parent, ok=all(o.ok for o in outcomes.values()))
+    return outcome
+
+
+def report_meta(spec: ExperimentSpec, run: str, outcomes: dict[str, ConfigOutcome]) -> dict:
+    target = "simulator (emulated hardware)" if spec.target.kind == "sim" else "Kubernetes"
+    return {
+        "title": f"epdbench: {spec.name} on {target}",
+        "run": run, "spec": spec.name, "target": spec.target.kind, "model": spec.model.name,
+        "hardware": f"{spec.hardware.gpu} figures", "seed": spec.seed, "trials": spec.trials,
+        "created": dt.datetime.now().isoformat(timespec="seconds"),
+        "configurations": [{"name": c.name, "topology": c.topology, "roles": roles_text(c), "gpus": c.gpus,
+                            "transport": c.kv_transport,
+                            "router": outcomes[c.name].router if c.name in outcomes else ""}
+                           for c in spec.configurations],
+        "failures": {n: o.error for n, o in outcomes.items() if o.error},
+    }
+
+
+def _prefect_flow_run_id() -> str | None:
+    try:
+        from prefect.runtime import flow_run
+        return str(flow_run.id) if flow_run.id else None
+    except Exception:  # noqa: BLE001
+        return None

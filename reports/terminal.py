@@ -1,0 +1,34 @@
+"""Compact terminal summary of a finished comparison (rich table)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+
+from reports.render import fmt
+
+TERMINAL_METRICS = [("ttft_p50_ms", "TTFT p50"), ("tpot_p50_ms", "TPOT p50"), ("itl_p99_ms", "ITL p99"),
+                    ("itl_max_ms", "ITL max"), ("output_tok_s", "tok/s")]
+
+
+def print_summary(outcome: dict, console: Console | None = None) -> None:
+    console = console or Console(width=140)
+    rdir = Path(outcome["results_dir"])
+    summary = pd.read_csv(rdir / "summary.csv") if (rdir / "summary.csv").exists() else pd.DataFrame()
+    if not summary.empty:
+        for suite, sdf in summary.groupby("suite", sort=False):
+            t = Table(title=f"suite {suite} (ms unless noted)", show_lines=False)
+            for col in ["config", "workload", "conc", "ok"] + [t_ for _, t_ in TERMINAL_METRICS]:
+                t.add_column(col, justify="left" if col in ("config", "workload") else "right")
+            for _, r in sdf.sort_values(["workload", "concurrency", "config"], kind="stable").iterrows():
+                t.add_row(r["config"], str(r["workload"]), str(r["concurrency"]),
+                          f"{r['requests_ok']}/{r['requests_total']}",
+                          *[fmt(None if pd.isna(r[m]) else r[m], m) for m, _ in TERMINAL_METRICS])
+            console.print(t)
+    for name, c in outcome["configs"].items():
+        state = "ok" if c["ok"] else f"FAILED: {c['error']}"
+        console.print(f"{name}: {state}; transport {c['transport']}, stages {c['stages']}")
+    console.print(f"results: {rdir}/ (report.md, summary.csv, records.parquet, evidence/)")
+    console.print(f"MLflow:  {outcome['mlflow_url']}")

@@ -1,0 +1,135 @@
+"""Step-level continuous-batching engine: the timing core of one simulated vLLM replica.
+
+Each step packs every running decode (one token each) plus prefill chunks of waiting sequences
+into the token budget (max_num_batched_tokens), as vLLM's scheduler does with chunked prefill.
+The step lasts what the cost model says, so a long prefill co-scheduled with decodes stretches
+their token gaps in aggregated mode, and a decode-only replica (PD) does not see it.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from sim.costmodel import CostModel, chunk_prefill
+from specs.models import EngineSpec
+
+
+@dataclass
+class Sequence:
+    request_id: str
+    prompt_tokens: int
+    max_tokens: int
+    image_tokens: int = 0          # vision work this engine must do before the first prefill chunk
+    computed: int = 0              # prompt tokens already in the KV cache
+    generated: int = 0
+    out: asyncio.Queue = field(default_factory=asyncio.Queue)
+    finish_reason: str | None = None
+
+    @property
+    def context(self) -> int:
+        return self.computed + self.generated
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    busy_s: float = 0.0
+    prompt_tokens_computed: int = 0
+    generation_tokens: int = 0
+    requests_finished: int = 0
+    encoder_tokens: int = 0
+
+
+class Engine:
+    """Runs steps while there is work; tokens are pushed to each sequence's queue as
+    ("token", n) events and a final ("done", finish_reason)."""
+
+    def __init__(self, cost: CostModel, limits: EngineSpec, clock=time.perf_counter):
+        self.cost = cost
+        self.limits = limits
+        self.clock = clock
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.stats = EngineStats()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    def submit(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+        self._wake.set()
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def plan_step(self):
+        """Choose this step's work: (decodes, [(seq, chunk)], encoder_tokens)."""
+        decodes = self.running[: self.limits.max_num_seqs]
+        budget = self.limits.max_num_batched_tokens - len(decodes)
+        slots = self.limits.max_num_seqs - len(decodes)
+        candidates = list(self.waiting)[: max(0, slots)]
+        chunks = chunk_prefill([(s.computed, s.prompt_tokens) for s in candidates], budget)
+        scheduled = [(candidates[i], c) for i, c in chunks]
+        encoder_tokens = sum(s.image_tokens for s, c in scheduled if c.start == s.computed == 0)
+        return decodes, scheduled, encoder_tokens
+
+    async def _run(self) -> None:
+        while True:
+            if not self.waiting and not self.running:
+                self._wake.clear()
+                await self._wake.wait()
+            t0 = self.clock()
+            decodes, scheduled, encoder_tokens = self.plan_step()
+            duration = self.cost.step_seconds([s.context for s in decodes],
+                                              [c for _, c in scheduled], encoder_tokens)
+            await asyncio.sleep(max(0.0, t0 + duration - self.clock()))
+            self.stats.steps += 1
+            self.stats.busy_s += duration
+            self.stats.encoder_tokens += encoder_tokens
+            self._finish_step(decodes, scheduled)
+
+    def _finish_step(self, decodes, scheduled) -> None:
+        for seq in decodes:
+            self._emit(seq)
+        for seq, chunk in scheduled:
+            seq.computed += chunk.tokens
+            seq.image_tokens = 0
+            self.stats.prompt_tokens_computed += chunk.tokens
+            if seq.computed >= seq.prompt_tokens:
+                self.waiting.remove(seq)
+                self.running.append(seq)
+                self._emit(seq)  # the step that completes a prefill also samples the first token
+
+    def _emit(self, seq: Sequence) -> None:
+        seq.generated += 1
+        self.stats.generation_tokens += 1
+        seq.out.put_nowait(("token", 1))
+        if seq.generated >= seq.max_tokens:
+            seq.finish_reason = "length"
+            self.running.remove(seq)
+            self.stats.requests_finished += 1
+            seq.out.put_nowait(("done", "length"))
+
+    def abort(self, seq: Sequence) -> None:
+        """Drop a sequence whose client went away."""
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        if seq in self.running:
+            self.running.remove(seq)

@@ -1,0 +1,179 @@
+"""Built-in router for the simulator: aggregated round-robin, PD (prefill leg then decode leg)
+and EPD (encode leg, prefill leg, decode leg), with uvicorn-format access lines.
+
+vllm-router fronts aggregated and PD by default; it has no encode stage, so EPD always runs here,
+following vLLM's disagg_epd_proxy: requests without images skip the encode leg.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import itertools
+import json
+import os
+import signal
+import sys
+import uuid
+
+import aiohttp
+from aiohttp import web
+
+from sim import logfmt
+from sim.server import log
+
+HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "content-encoding"}
+
+
+def has_images(body: dict) -> bool:
+    for m in body.get("messages") or []:
+        content = m.get("content")
+        if isinstance(content, list) and any(p.get("type") == "image_url" for p in content):
+            return True
+    return False
+
+
+class Proxy:
+    def __init__(self, servers: list[str], encoders: list[str], prefills: list[str], decodes: list[str]):
+        self.servers, self.encoders, self.prefills, self.decodes = servers, encoders, prefills, decodes
+        self._rr = {name: itertools.cycle(urls) for name, urls in
+                    [("server", servers), ("encode", encoders), ("prefill", prefills), ("decode", decodes)] if urls}
+        self.pid = os.getpid()
+        self.session: aiohttp.ClientSession | None = None
+
+    @property
+    def mode(self) -> str:
+        if self.servers:
+            return "aggregated"
+        return "epd" if self.encoders else "pd"
+
+    def pick(self, role: str) -> str:
+        return next(self._rr[role])
+
+    def info(self, msg: str) -> None:
+        log(logfmt.vllm_line("Router", self.pid, "INFO", "proxy.py", 1, msg))
+
+    async def leg(self, url: str, path: str, body: dict, headers: dict) -> tuple[int, dict | str]:
+        assert self.session is not None
+        async with self.session.post(url + path, json=body, headers=headers) as r:
+            if r.status != 200:
+                return r.status, await r.text()
+            return 200, await r.json()
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        path = request.path
+        rid = body.get("request_id") or request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        headers = {"X-Request-Id": rid}
+        if self.mode == "aggregated":
+            return await self.relay(request, self.pick("server") + path, body, headers)
+        if self.mode == "epd" and has_images(body):
+            enc = self.pick("encode")
+            status, out = await self.leg(enc, path, {**body, "max_tokens": 1, "stream": False,
+                                                     "stream_options": None}, headers)
+            if status != 200:
+                return web.json_response({"error": {"message": f"encode leg failed: {out}"}}, status=502)
+            self.info(f"request {rid}: encode leg done on {enc}")
+            body = {**body, "ec_transfer_params": out.get("ec_transfer_params") or {"encoder_url": enc}}
+        pre = self.pick("prefill")
+        xfer = f"xfer-{uuid.uuid4()}"
+        prefill_body = copy.deepcopy(body)
+        prefill_body.update({"max_tokens": 1, "stream": False, "stream_options": None,
+                             "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False,
+                                                    "transfer_id": xfer}})
+        prefill_body.pop("max_completion_tokens", None)
+        status, out = await self.leg(pre, path, prefill_body, headers)
+        if status != 200:
+            return web.json_response({"error": {"message": f"prefill leg failed: {out}"}}, status=502)
+        dec = self.pick("decode")
+        self.info(f"request {rid}: prefill leg done on {pre}, decoding on {dec}")
+        decode_body = {**body, "kv_transfer_params": out.get("kv_transfer_params")}
+        decode_body.pop("ec_transfer_params", None)
+        return await self.relay(request, dec + path, decode_body, headers)
+
+    async def relay(self, request: web.Request, url: str, body: dict, headers: dict) -> web.StreamResponse:
+        assert self.session is not None
+        async with self.session.post(url, json=body, headers=headers) as upstream:
+            resp = web.StreamResponse(status=upstream.status, headers={
+                k: v for k, v in upstream.headers.items() if k.lower() not in HOP_HEADERS})
+            await resp.prepare(request)
+            async for data in upstream.content.iter_any():
+                await resp.write(data)
+            await resp.write_eof()
+            return resp
+
+    async def forward_get(self, request: web.Request) -> web.Response:
+        target = (self.servers or self.prefills)[0]
+        assert self.session is not None
+        async with self.session.get(target + request.path) as r:
+            return web.Response(status=r.status, body=await r.read(), content_type=r.content_type)
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        target = (self.servers or self.prefills)[0]
+        assert self.session is not None
+        async with self.session.post(target + "/tokenize", json=await request.json()) as r:
+            return web.Response(status=r.status, body=await r.read(), content_type=r.content_type)
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    def app(self) -> web.Application:
+        @web.middleware
+        async def access_log(request: web.Request, handler):
+            status = 500
+            try:
+                resp = await handler(request)
+                status = resp.status
+                return resp
+            finally:
+                peer = request.transport.get_extra_info("peername") if request.transport else None
+                peer_s = f"{peer[0]}:{peer[1]}" if peer else "127.0.0.1:0"
+                log(logfmt.access_line(self.pid, peer_s, request.method, request.path_qs, status,
+                                       "OK" if status == 200 else ""))
+
+        app = web.Application(middlewares=[access_log], client_max_size=256 * 1024 ** 2)
+        app.router.add_post("/v1/completions", self.generate)
+        app.router.add_post("/v1/chat/completions", self.generate)
+        app.router.add_post("/tokenize", self.tokenize)
+        app.router.add_get("/v1/models", self.forward_get)
+        app.router.add_get("/health", self.health)
+        return app
+
+
+async def serve(proxy: Proxy, host: str, port: int) -> None:
+    proxy.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600),
+                                          connector=aiohttp.TCPConnector(limit=0))
+    runner = web.AppRunner(proxy.app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    proxy.info(f"epdbench router ({proxy.mode}) on http://{host}:{port}: encode={proxy.encoders} "
+               f"prefill={proxy.prefills} decode={proxy.decodes} server={proxy.servers}")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await proxy.session.close()
+        await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m sim.proxy", description="Built-in router of the simulator.")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--server", action="append", default=[])
+    p.add_argument("--encode", action="append", default=[])
+    p.add_argument("--prefill", action="append", default=[])
+    p.add_argument("--decode", action="append", default=[])
+    a = p.parse_args(argv)
+    if not a.server and not (a.prefill and a.decode):
+        print("give --server URLs, or --prefill and --decode URLs", file=sys.stderr)
+        return 2
+    asyncio.run(serve(Proxy(a.server, a.encode, a.prefill, a.decode), a.host, a.port))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

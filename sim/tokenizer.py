@@ -1,0 +1,58 @@
+"""The simulator's tokenizer: one token per whitespace-separated word, deterministic ids.
+
+Chat requests add the model's chat-template overhead and the image tokens of every image part.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import zlib
+
+VOCAB = 151_000
+
+
+def text_tokens(text: str) -> int:
+    return len(text.split())
+
+
+def token_ids(text: str) -> list[int]:
+    return [zlib.crc32(w.encode()) % VOCAB for w in text.split()]
+
+
+def decode_data_url(url: str) -> bytes:
+    if not url.startswith("data:"):
+        raise ValueError("only data: URLs are accepted for images")
+    header, _, payload = url.partition(",")
+    if ";base64" not in header:
+        raise ValueError("image data URL must be base64")
+    return base64.b64decode(payload)
+
+
+def image_size(data: bytes) -> tuple[int, int]:
+    from PIL import Image
+    with Image.open(io.BytesIO(data)) as im:
+        return im.size
+
+
+def image_hash(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def chat_parts(messages: list[dict]) -> tuple[str, list[bytes]]:
+    """Concatenated text and raw image bytes of OpenAI chat messages."""
+    texts: list[str] = []
+    images: list[bytes] = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, list):
+            for part in content:
+                if part.get("type") == "text":
+                    texts.append(part.get("text", ""))
+                elif part.get("type") == "image_url":
+                    url = part.get("image_url", {})
+                    url = url.get("url") if isinstance(url, dict) else url
+                    images.append(decode_data_url(url or ""))
+    return " ".join(texts), images

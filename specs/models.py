@@ -1,0 +1,313 @@
+"""Experiment spec: strict Pydantic models, one per concern, loadable from YAML.
+
+Every field carries a title and a description (a test checks it) so the same models
+drive the CLI, the YAML presets and the Prefect UI form.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+PRESET_DIR = Path(__file__).resolve().parent
+
+RoleName = Literal["server", "prefill", "decode", "encode"]
+Topology = Literal["aggregated", "pd", "epd"]
+KvTransport = Literal["none", "tcp", "rdma"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class VisionSpec(Strict):
+    params_b: float = Field(gt=0, title="Vision encoder parameters (billions)",
+                            description="Parameter count of the vision tower, from the model config.")
+    pixels_per_token: int = Field(28, ge=1, title="Pixels per image token (edge)",
+                                  description="Edge length in pixels covered by one image token "
+                                              "(Qwen2.5-VL: 14-px patches merged 2x2 = 28).")
+    embed_dim: int = Field(gt=0, title="Image embedding width",
+                           description="Width of one image token's embedding handed to the language model.")
+
+
+class ModelSpec(Strict):
+    name: str = Field(title="Model", description="Hugging Face model id served by every configuration.")
+    params_b: float = Field(gt=0, title="Language-model parameters (billions)",
+                            description="Parameters read per decode step and multiplied per prefill token.")
+    n_layers: int = Field(gt=0, title="Layers", description="Transformer layers (model config num_hidden_layers).")
+    hidden_size: int = Field(gt=0, title="Hidden size", description="Model config hidden_size.")
+    n_heads: int = Field(gt=0, title="Attention heads", description="Model config num_attention_heads.")
+    n_kv_heads: int = Field(gt=0, title="KV heads", description="Model config num_key_value_heads (GQA).")
+    head_dim: int = Field(gt=0, title="Head dimension", description="Model config head_dim.")
+    dtype_bytes: int = Field(2, ge=1, le=4, title="Bytes per weight/KV element",
+                             description="2 for bf16/fp16.")
+    chat_overhead_tokens: int = Field(23, ge=0, title="Chat template tokens",
+                                      description="Tokens the chat template adds around one user message.")
+    vision: VisionSpec | None = Field(None, title="Vision tower",
+                                      description="Present for multimodal models; absent for text-only ones.")
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.params_b * 1e9 * self.dtype_bytes
+
+
+class HardwareSpec(Strict):
+    gpu: str = Field(title="GPU", description="GPU model of the node, e.g. H100-SXM5-80GB.")
+    gpus_per_node: int = Field(8, ge=1, le=16, title="GPUs on the node",
+                               description="A configuration may not use more GPUs than this.")
+    bf16_tflops: float = Field(gt=0, title="Peak dense BF16 TFLOP/s per GPU", description="From the datasheet.")
+    hbm_tb_s: float = Field(gt=0, title="HBM bandwidth (TB/s) per GPU", description="From the datasheet.")
+    nvlink_gb_s: float = Field(gt=0, title="NVLink bandwidth (GB/s) per GPU",
+                               description="From the datasheet; carries tensor-parallel all-reduces.")
+    compute_efficiency: float = Field(0.5, gt=0, le=1, title="Achievable fraction of peak FLOP/s",
+                                      description="Model FLOPs utilisation assumed for prefill (compute-bound).")
+    hbm_efficiency: float = Field(0.8, gt=0, le=1, title="Achievable fraction of HBM bandwidth",
+                                  description="Assumed for decode (bandwidth-bound).")
+    step_overhead_ms: float = Field(1.0, ge=0, title="Per-step overhead (ms)",
+                                    description="Scheduling and launch overhead of one engine step.")
+    tcp_gb_s: float = Field(gt=0, title="KV transfer bandwidth over TCP (GB/s)",
+                            description="Effective Mooncake TCP transport bandwidth between pods of the node.")
+    tcp_latency_ms: float = Field(0.5, ge=0, title="TCP transfer latency (ms)",
+                                  description="Fixed cost per KV transfer over TCP (connection, handshake, copies).")
+    rdma_nic_gbit_s: float = Field(gt=0, title="RDMA NIC line rate (Gbit/s)",
+                                   description="Per interface, e.g. 400 for ConnectX-7 NDR.")
+    rdma_efficiency: float = Field(0.8, gt=0, le=1, title="Achievable fraction of RDMA line rate",
+                                   description="Applied to the sum of the interfaces of the sending pod.")
+    rdma_latency_ms: float = Field(0.05, ge=0, title="RDMA transfer latency (ms)",
+                                   description="Fixed cost per KV transfer over RDMA.")
+
+
+class EngineSpec(Strict):
+    max_num_batched_tokens: int = Field(8192, ge=16, title="Token budget per step",
+                                        description="vLLM max_num_batched_tokens: decodes plus prefill chunk.")
+    max_num_seqs: int = Field(256, ge=1, title="Max running sequences", description="vLLM max_num_seqs.")
+    max_model_len: int = Field(32768, ge=64, title="Max model length", description="vLLM --max-model-len.")
+
+
+class RoleSpec(Strict):
+    role: RoleName = Field(title="Role", description="server (aggregated), prefill, decode or encode.")
+    replicas: int = Field(1, ge=1, le=16, title="Replicas", description="Pods (or simulator processes) of this role.")
+    tp: int = Field(1, ge=1, le=8, title="Tensor parallel size", description="GPUs per replica.")
+    rdma_interfaces: int = Field(0, ge=0, le=8, title="RDMA interfaces",
+                                 description="RDMA NICs per replica (KV over RDMA only).")
+
+
+_ROLES_BY_TOPOLOGY: dict[str, set[str]] = {
+    "aggregated": {"server"},
+    "pd": {"prefill", "decode"},
+    "epd": {"encode", "prefill", "decode"},
+}
+
+
+class ConfigurationSpec(Strict):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,40}$", title="Name",
+                      description="Short name used in results, e.g. pd-tcp.")
+    topology: Topology = Field(title="Topology", description="aggregated, pd or epd.")
+    kv_transport: KvTransport = Field("none", title="KV transport",
+                                      description="How KV moves from Prefill to Decode: none, tcp or rdma.")
+    roles: list[RoleSpec] = Field(min_length=1, title="Roles", description="Role replicas and their TP.")
+
+    @model_validator(mode="after")
+    def _check_roles(self) -> "ConfigurationSpec":
+        have = {r.role for r in self.roles}
+        want = _ROLES_BY_TOPOLOGY[self.topology]
+        if have != want:
+            raise ValueError(f"topology {self.topology} needs roles {sorted(want)}, got {sorted(have)}")
+        if len(self.roles) != len(have):
+            raise ValueError("each role may appear once; use replicas for more pods")
+        if self.topology == "aggregated" and self.kv_transport != "none":
+            raise ValueError("aggregated serving moves no KV: set kv_transport: none")
+        if self.topology != "aggregated" and self.kv_transport == "none":
+            raise ValueError(f"{self.topology} needs kv_transport tcp or rdma")
+        if self.kv_transport == "rdma":
+            for r in self.roles:
+                if r.role in ("prefill", "decode") and r.rdma_interfaces < 1:
+                    raise ValueError(f"kv_transport rdma needs rdma_interfaces >= 1 on role {r.role}")
+        return self
+
+    @property
+    def gpus(self) -> int:
+        return sum(r.replicas * r.tp for r in self.roles)
+
+    def role(self, name: str) -> RoleSpec | None:
+        return next((r for r in self.roles if r.role == name), None)
+
+
+class Shape(Strict):
+    input_tokens: int = Field(ge=1, title="Input tokens", description="Target prompt length in tokens.")
+    output_tokens: int = Field(ge=1, title="Output tokens", description="Requested output tokens (max_tokens).")
+
+    @property
+    def workload(self) -> str:
+        return f"{self.input_tokens}/{self.output_tokens}"
+
+
+class CellCounts(Strict):
+    n_warmup: int = Field(2, ge=0, le=1000, title="Warm-up requests per cell",
+                          description="Sent first and excluded from statistics.")
+    n_measured: int = Field(8, ge=1, le=100000, title="Measured requests per cell",
+                            description="Default number of measured requests of a cell.")
+    n_measured_by_concurrency: dict[int, int] = Field(
+        default_factory=dict, title="Measured requests by concurrency",
+        description="Overrides n_measured for the given concurrencies, e.g. {16: 64}.")
+
+    def measured_for(self, concurrency: int) -> int:
+        return self.n_measured_by_concurrency.get(concurrency, self.n_measured)
+
+
+class FixedSuite(CellCounts):
+    kind: Literal["fixed"] = Field("fixed", title="Kind", description="Fixed text shapes at fixed concurrency.")
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,40}$", title="Suite name", description="e.g. fixed.")
+    shapes: list[Shape] = Field(min_length=1, title="Shapes", description="input/output token shapes.")
+    concurrencies: list[int] = Field(min_length=1, title="Concurrencies",
+                                     description="Closed-loop worker counts; each shape runs at each.")
+
+
+class ImageCell(Strict):
+    name: str = Field(title="Cell name", description="e.g. 1k.")
+    image_px: int = Field(ge=28, le=4096, title="Image edge (px)", description="Square image edge length.")
+    text_tokens: int = Field(ge=1, title="Text tokens", description="Target text tokens besides the image.")
+    output_tokens: int = Field(ge=1, title="Output tokens", description="max_tokens of each request.")
+
+    @property
+    def workload(self) -> str:
+        return f"{self.name}:{self.image_px}px+{self.text_tokens}/{self.output_tokens}"
+
+
+class MultimodalSuite(CellCounts):
+    kind: Literal["multimodal"] = Field("multimodal", title="Kind",
+                                        description="One image plus text per request, chat API.")
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,40}$", title="Suite name", description="e.g. mm-context.")
+    cells: list[ImageCell] = Field(min_length=1, title="Cells", description="Image size and text per cell.")
+    concurrencies: list[int] = Field(min_length=1, title="Concurrencies", description="Closed-loop worker counts.")
+    reuse_image: bool = Field(False, title="Reuse one image",
+                              description="Send the same image with every request (encoder-cache reuse).")
+
+
+Suite = Annotated[Union[FixedSuite, MultimodalSuite], Field(discriminator="kind")]
+
+
+class SimTargetSpec(Strict):
+    host: str = Field("127.0.0.1", pattern=r"^(127\.\d+\.\d+\.\d+|localhost|::1)$", title="Bind address",
+                      description="Loopback address the simulator processes listen on.")
+    router: Literal["vllm-router", "builtin"] = Field(
+        "vllm-router", title="Router",
+        description="vllm-router for aggregated and PD (EPD always uses the built-in proxy).")
+    startup_timeout_s: float = Field(60, gt=0, le=600, title="Start-up timeout (s)",
+                                     description="Time allowed for every process of a configuration to serve.")
+
+
+class TargetSpec(Strict):
+    kind: Literal["sim", "kubernetes"] = Field("sim", title="Target",
+                                               description="sim: local simulator processes; kubernetes: a cluster.")
+    sim: SimTargetSpec = Field(default_factory=SimTargetSpec, title="Simulator settings",
+                               description="Used when kind is sim.")
+
+
+class TrackingSpec(Strict):
+    experiment: str = Field("epdbench", min_length=1, title="MLflow experiment",
+                            description="Experiment the comparison is logged under.")
+    tracking_uri: str | None = Field(None, title="Tracking URI",
+                                     description="MLflow tracking URI; default a SQLite store under .epdbench/.")
+
+
+class ExperimentSpec(Strict):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,60}$", title="Spec name", description="e.g. smoke.")
+    description: str = Field("", title="Description", description="What this spec compares.")
+    seed: int = Field(0, ge=0, title="Seed", description="Seeds prompts and images; same seed, same requests.")
+    trials: int = Field(1, ge=1, le=20, title="Trials", description="Repetitions of every cell.")
+    request_timeout_s: float = Field(300, gt=0, le=3600, title="Request timeout (s)",
+                                     description="A request slower than this is recorded as an error.")
+    model: ModelSpec = Field(title="Model", description="Served model and its architecture figures.")
+    hardware: HardwareSpec = Field(title="Hardware", description="The GPU node.")
+    engine: EngineSpec = Field(default_factory=EngineSpec, title="Engine limits", description="vLLM limits.")
+    configurations: list[ConfigurationSpec] = Field(min_length=1, title="Configurations",
+                                                    description="Deployments to compare.")
+    suites: list[Suite] = Field(min_length=1, title="Suites", description="Workloads every configuration runs.")
+    target: TargetSpec = Field(default_factory=TargetSpec, title="Target", description="Where it runs.")
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec, title="Tracking", description="MLflow settings.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "ExperimentSpec":
+        names = [c.name for c in self.configurations]
+        if len(set(names)) != len(names):
+            raise ValueError(f"configuration names must be unique: {names}")
+        suites = [s.name for s in self.suites]
+        if len(set(suites)) != len(suites):
+            raise ValueError(f"suite names must be unique: {suites}")
+        for c in self.configurations:
+            if c.gpus > self.hardware.gpus_per_node:
+                raise ValueError(f"configuration {c.name} needs {c.gpus} GPUs, the node has "
+                                 f"{self.hardware.gpus_per_node}")
+        for s in self.suites:
+            if isinstance(s, MultimodalSuite) and self.model.vision is None:
+                raise ValueError(f"suite {s.name} sends images but model {self.model.name} has no vision tower")
+        return self
+
+    def configuration(self, name: str) -> ConfigurationSpec:
+        for c in self.configurations:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+
+class SpecError(ValueError):
+    """A spec that cannot be used; the message is one line naming the field and the fix."""
+
+
+def describe_validation_error(err: ValidationError, source: str) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    more = f" (+{len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
+    return f"{source}: field '{loc}': {first['msg']}{more}"
+
+
+def resolve_spec_path(name_or_path: str) -> Path:
+    p = Path(name_or_path)
+    if p.exists():
+        return p
+    preset = PRESET_DIR / f"{name_or_path}.yaml"
+    if preset.exists():
+        return preset
+    presets = ", ".join(sorted(x.stem for x in PRESET_DIR.glob("*.yaml")))
+    raise SpecError(f"spec '{name_or_path}' not found: give a YAML path or a preset ({presets})")
+
+
+def load_spec(name_or_path: str = "smoke") -> ExperimentSpec:
+    path = resolve_spec_path(name_or_path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise SpecError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: expected a mapping at the top level")
+    return parse_spec(data, str(path))
+
+
+def parse_spec(data: dict, source: str = "spec") -> ExperimentSpec:
+    try:
+        return ExperimentSpec.model_validate(data)
+    except ValidationError as e:
+        raise SpecError(describe_validation_error(e, source)) from None
+
+
+def select_configurations(spec: ExperimentSpec, names: list[str] | None) -> ExperimentSpec:
+    if not names:
+        return spec
+    known = [c.name for c in spec.configurations]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SpecError(f"--configs: unknown configuration(s) {', '.join(unknown)}; "
+                        f"this spec has {', '.join(known)}")
+    chosen = [c for c in spec.configurations if c.name in names]
+    return spec.model_copy(update={"configurations": chosen})
+
+
+def spec_to_yaml(spec: ExperimentSpec) -> str:
+    return yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,213 @@
+"""Provision a configuration on the embedded simulator: one local process per role replica plus
+a router, on free loopback ports; tear everything down, always."""
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specs.models import ConfigurationSpec, ExperimentSpec
+
+_LIVE: set[subprocess.Popen] = set()
+
+
+def _kill_leftovers() -> None:
+    for p in list(_LIVE):
+        _stop(p, grace_s=2)
+
+
+atexit.register(_kill_leftovers)
+
+
+class ProvisionError(RuntimeError):
+    """A configuration that could not be brought up; the message says why."""
+
+
+@dataclass
+class Process:
+    name: str            # e.g. prefill-0, router
+    role: str            # server | prefill | decode | encode | router
+    url: str
+    log_path: Path
+    popen: subprocess.Popen
+    metrics_url: str | None = None
+
+
+@dataclass
+class Deployment:
+    config: str
+    endpoint: str
+    router: str
+    processes: list[Process] = field(default_factory=list)
+
+    def by_role(self, role: str) -> list[Process]:
+        return [p for p in self.processes if p.role == role]
+
+    @property
+    def engines(self) -> list[Process]:
+        return [p for p in self.processes if p.role != "router"]
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def router_binary() -> str:
+    here = Path(sys.executable).parent / "vllm-router"
+    found = str(here) if here.exists() else shutil.which("vllm-router")
+    if not found:
+        raise ProvisionError("vllm-router is not installed: pip install vllm-router, or set target.sim.router: builtin")
+    return found
+
+
+def _spawn(cmd: list[str], log_path: Path, env: dict) -> subprocess.Popen:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    fh = open(log_path, "ab")
+    p = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                         start_new_session=True)
+    fh.close()
+    _LIVE.add(p)
+    return p
+
+
+def _stop(p: subprocess.Popen, grace_s: float = 5.0) -> None:
+    if p.poll() is None:
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            p.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait(timeout=5)
+    _LIVE.discard(p)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as r:
+            return r.status == 200
+    except (urllib.error.URLError, ConnectionError, OSError):
+        return False
+
+
+def wait_healthy(procs: list[Process], deadline: float) -> None:
+    pending = list(procs)
+    while pending:
+        for p in list(pending):
+            if p.popen.poll() is not None:
+                tail = p.log_path.read_text(errors="replace").strip().splitlines()[-3:]
+                raise ProvisionError(f"{p.name} exited with code {p.popen.returncode}: {' | '.join(tail)}")
+            if _healthy(p.url):
+                pending.remove(p)
+        if pending and time.monotonic() > deadline:
+            raise ProvisionError(f"not healthy in time: {', '.join(p.name for p in pending)}")
+        if pending:
+            time.sleep(0.2)
+
+
+def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_dir: Path) -> Deployment:
+    """Start every role replica and the router; return once all serve. Raises ProvisionError."""
+    sim = spec.target.sim
+    host = sim.host
+    env = {**os.environ, "MC_TE_METRIC": "1", "PYTHONUNBUFFERED": "1"}
+    if config.kv_transport == "tcp":
+        env["MC_FORCE_TCP"] = "1"
+    else:
+        env.pop("MC_FORCE_TCP", None)
+    procs: list[Process] = []
+    bootstrap: dict[str, int] = {}
+    deadline = time.monotonic() + sim.startup_timeout_s
+    dep = Deployment(config=config.name, endpoint="", router="")
+    try:
+        for role in config.roles:
+            for i in range(role.replicas):
+                port = free_port(host)
+                name = f"{role.role}-{i}"
+                cmd = [sys.executable, "-m", "sim.server", "--spec", str(spec_path), "--config", config.name,
+                       "--role", role.role, "--replica", str(i), "--host", host, "--port", str(port)]
+                if role.role == "prefill":
+                    bootstrap[name] = free_port(host)
+                    cmd += ["--bootstrap-port", str(bootstrap[name])]
+                url = f"http://{host}:{port}"
+                log = log_dir / f"{name}.log"
+                procs.append(Process(name, role.role, url, log, _spawn(cmd, log, env), metrics_url=url + "/metrics"))
+        dep.processes = procs
+        wait_healthy(procs, deadline)
+        router_port = free_port(host)
+        use_vllm_router = sim.router == "vllm-router" and config.topology != "epd"
+        if use_vllm_router:
+            cmd = [router_binary(), "--host", host, "--port", str(router_port),
+                   "--prometheus-port", str(free_port(host)), "--policy", "round_robin",
+                   "--worker-startup-timeout-secs", str(int(sim.startup_timeout_s))]
+            if config.topology == "aggregated":
+                cmd += ["--worker-urls", *[p.url for p in procs]]
+            else:
+                cmd += ["--vllm-pd-disaggregation", "--kv-connector", "mooncake"]
+                for p in procs:
+                    if p.role == "prefill":
+                        cmd += ["--prefill", p.url, str(bootstrap[p.name])]
+                for p in procs:
+                    if p.role == "decode":
+                        cmd += ["--decode", p.url]
+            dep.router = "vllm-router"
+        else:
+            cmd = [sys.executable, "-m", "sim.proxy", "--host", host, "--port", str(router_port)]
+            for p in procs:
+                cmd += [f"--{p.role}", p.url]
+            dep.router = "epdbench-proxy"
+        router_url = f"http://{host}:{router_port}"
+        log = log_dir / "router.log"
+        router = Process("router", "router", router_url, log, _spawn(cmd, log, env))
+        procs.append(router)
+        wait_healthy([router], deadline)
+        dep.endpoint = router_url
+        smoke_request(router_url, spec.model.name, deadline)
+        return dep
+    except BaseException:
+        stop(dep)
+        raise
+
+
+def smoke_request(url: str, model: str, deadline: float) -> None:
+    """One tiny completion through the router proves the whole path serves."""
+    import json
+    body = json.dumps({"model": model, "prompt": "epdbench readiness probe", "max_tokens": 2,
+                       "request_id": "epdbench-probe"}).encode()
+    last = ""
+    while time.monotonic() < deadline:
+        try:
+            req = urllib.request.Request(url + "/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json", "X-Request-Id": "epdbench-probe"})
+            with urllib.request.urlopen(req, timeout=30) as r:
+                if r.status == 200:
+                    return
+                last = f"HTTP {r.status}"
+        except (urllib.error.URLError, OSError) as e:
+            last = str(e)
+        time.sleep(0.5)
+    raise ProvisionError(f"router at {url} did not serve a probe request in time: {last}")
+
+
+def stop(dep: Deployment) -> None:
+    """Stop the router first, then the engines; never raises."""
+    for p in sorted(dep.processes, key=lambda p: p.role != "router"):
+        try:
+            _stop(p.popen)
+        except Exception:  # noqa: BLE001 - teardown must reach every process
+            pass
