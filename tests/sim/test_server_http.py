@@ -1,0 +1,101 @@
+"""The simulator over real loopback HTTP: vLLM protocol, PD handoff through the real vllm-router,
+EPD through the built-in proxy, evidence lines, and clean teardown."""
+import asyncio
+import json
+import urllib.request
+
+import pytest
+
+from specs.workload import RequestSpec, build_requests, plan_cells
+from tasks import sim_target
+from tasks.loadgen import LoadGenerator
+
+
+def post(url, body):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def get(url):
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return r.read().decode()
+
+
+def run(endpoint, model, requests, concurrency):
+    async def go():
+        async with LoadGenerator(endpoint, model, timeout_s=60) as lg:
+            return await lg.run_cell(requests, concurrency)
+    return asyncio.run(go())
+
+
+@pytest.fixture
+def deploy(tiny_spec, tiny_spec_path, tmp_path):
+    started = []
+
+    def _deploy(name):
+        dep = sim_target.start(tiny_spec, tiny_spec.configuration(name), tiny_spec_path, tmp_path / name)
+        started.append(dep)
+        return dep
+
+    yield _deploy
+    for dep in started:
+        sim_target.stop(dep)
+        assert all(p.popen.poll() is not None for p in dep.processes), "a process survived teardown"
+
+
+def test_pd_tcp_through_vllm_router(deploy, tiny_spec):
+    dep = deploy("pd-tcp")
+    assert dep.router == "vllm-router"
+    cell = next(c for c in plan_cells(tiny_spec) if c.kind == "fixed")
+    reqs = build_requests(tiny_spec, cell)[:3]
+    too_long = RequestSpec(99, "measured", "completions", {"prompt": "w " * 20000, "max_tokens": 4}, 20000, 4, "x")
+    recs = run(dep.endpoint, tiny_spec.model.name, reqs + [too_long], 2)
+    ok = [r for r in recs if r.ok]
+    assert len(ok) == 3
+    for r in ok:
+        assert r.prompt_tokens == 4096 and r.output_tokens == 32 and len(r.chunk_offsets_ns) == 32
+    bad = recs[-1]
+    assert not bad.ok and bad.status and bad.status >= 400      # error kept as a record
+    prefill = dep.by_role("prefill")[0]
+    decode = dep.by_role("decode")[0]
+    # KV really crossed processes: prefill sent, decode received, for each measured request id.
+    plog, dlog = prefill.log_path.read_text(), decode.log_path.read_text()
+    for r in ok:
+        assert f"Sent KV of cmpl-{r.request_id}" in plog
+        assert f"Received KV for cmpl-{r.request_id}" in dlog
+    assert "MC_FORCE_TCP is set" in plog and "[emulated by epdbench sim" in plog
+    metrics = get(prefill.metrics_url)
+    assert 'vllm:prompt_tokens_total{engine="0"' in metrics
+    kv_bytes = next(float(line.split()[-1]) for line in metrics.splitlines()
+                    if line.startswith("vllm:mooncake_bytes_transferred_total"))
+    probe_tokens = 3  # the readiness probe through the router ("epdbench readiness probe")
+    assert kv_bytes == (3 * 4096 + probe_tokens) * tiny_spec.model.kv_bytes_per_token
+    tok = post(prefill.url + "/tokenize", {"prompt": "one two three"})
+    assert tok["count"] == 3 and len(tok["tokens"]) == 3
+    models = json.loads(get(dep.endpoint + "/v1/models"))
+    assert models["data"][0]["id"] == tiny_spec.model.name
+
+
+def test_epd_encodes_images_on_the_encode_role(deploy, tiny_spec):
+    dep = deploy("epd")
+    assert dep.router == "epdbench-proxy"
+    cell = next(c for c in plan_cells(tiny_spec) if c.kind == "multimodal")
+    reqs = build_requests(tiny_spec, cell)
+    recs = run(dep.endpoint, tiny_spec.model.name, reqs, 2)
+    assert all(r.ok for r in recs)
+    assert all(r.prompt_tokens == r.target_prompt_tokens for r in recs)   # 200 text + 23 template + 400 image
+    enc = dep.by_role("encode")[0].log_path.read_text()
+    pre = dep.by_role("prefill")[0].log_path.read_text()
+    for r in recs:
+        assert f"Received request chatcmpl-{r.request_id}" in enc
+        assert f"ec_consumer loaded 1 encoder output(s) for chatcmpl-{r.request_id}" in pre
+    assert "vllm:mm_cache_queries_total" in get(dep.by_role("encode")[0].metrics_url)
+
+
+def test_unhealthy_process_fails_provisioning_with_reason(tiny_spec, tmp_path):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("not: a spec\n")
+    with pytest.raises(sim_target.ProvisionError) as e:
+        sim_target.start(tiny_spec, tiny_spec.configuration("aggregated"), broken, tmp_path / "logs")
+    assert "exited with code" in str(e.value)

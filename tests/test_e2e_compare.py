@@ -1,0 +1,145 @@
+"""End to end: `epdbench compare` on a tiny spec, real Prefect (ephemeral) and a real MLflow SQLite store."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analysis.metrics import METRIC_KEYS
+
+pytestmark = pytest.mark.e2e
+SUMMARY_REQUIRED = ["config", "suite", "workload", "concurrency", "stream", "requests_ok", "requests_total",
+                    "ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "tpot_p50_ms", "itl_p99_ms", "itl_max_ms",
+                    "output_tok_s", "req_s"]
+
+
+def epdbench(*args, cwd, **kw):
+    return subprocess.run([sys.executable, "-m", "epdbench.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=400, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}, **kw)
+
+
+def leftovers(marker: str) -> list[str]:
+    out = subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "pgrep" not in line]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, tiny_spec_path):
+    work = tmp_path_factory.mktemp("e2e")
+    out = work / "results"
+    proc = epdbench("compare", "--spec", str(tiny_spec_path), "--out", str(out),
+                    "--tracking-uri", f"sqlite:///{work / 'mlflow.db'}", cwd=work)
+    return proc, out, work
+
+
+def test_compare_exits_zero_and_writes_results(run):
+    proc, out, _ = run
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for name in ("spec.yaml", "records.parquet", "summary.csv", "summary.parquet", "report.md", "outcome.json"):
+        assert (out / name).exists(), name
+    summary = pd.read_csv(out / "summary.csv")
+    assert set(SUMMARY_REQUIRED) <= set(summary.columns)
+    assert sorted(summary["config"].unique()) == ["aggregated", "epd", "pd-rdma", "pd-tcp"]
+    assert (summary["requests_ok"] == summary["requests_total"]).all()
+    assert "ITL p99" in proc.stdout and "MLflow:" in proc.stdout          # compact terminal table + links
+    assert not leftovers(str(out)), "simulator processes left running"
+
+
+def test_every_configuration_got_the_same_prompts(run):
+    _, out, _ = run
+    rec = pd.read_parquet(out / "records.parquet")
+    per_config = rec.groupby(["config", "cell"])["prompt_hash"].apply(lambda s: tuple(sorted(s)))
+    for cell, hashes in per_config.groupby(level="cell"):
+        assert hashes.nunique() == 1, f"cell {cell} got different prompts"
+
+
+def test_long_prompt_interference_is_modelled(run):
+    _, out, _ = run
+    s = pd.read_csv(out / "summary.csv").set_index(["config", "workload"])
+    agg = s.loc[("aggregated", "4096/32"), "itl_p99_ms"]
+    pd_tcp = s.loc[("pd-tcp", "4096/32"), "itl_p99_ms"]
+    assert agg > 3 * pd_tcp, (agg, pd_tcp)
+
+
+def test_evidence_says_emulated(run):
+    import json
+    _, out, _ = run
+    assert json.loads((out / "evidence/pd-tcp/transport.json").read_text())["verdict"] == "emulated"
+    assert json.loads((out / "evidence/pd-rdma/transport.json").read_text())["verdict"] == "emulated"
+    assert json.loads((out / "evidence/aggregated/transport.json").read_text())["verdict"] == "not-applicable"
+    stages = json.loads((out / "evidence/epd/stages.json").read_text())
+    assert stages["verdict"] == "emulated" and stages["fraction_seen"]["encode"] == 1.0
+
+
+def test_mlflow_holds_comparison_configuration_and_cell_runs(run):
+    from mlflow.tracking import MlflowClient
+    _, out, work = run
+    client = MlflowClient(tracking_uri=f"sqlite:///{work / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("epdbench")
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    kinds = {}
+    for r in runs:
+        kinds.setdefault(r.data.tags["epdbench.kind"], []).append(r)
+    assert len(kinds["comparison"]) == 1
+    parent = kinds["comparison"][0]
+    assert parent.data.tags["epdbench.target"] == "sim" and parent.data.tags["epdbench.trigger"] == "cli"
+    assert len(kinds["configuration"]) == 4
+    assert all(r.data.tags["mlflow.parentRunId"] == parent.info.run_id for r in kinds["configuration"])
+    config_ids = {r.info.run_id for r in kinds["configuration"]}
+    assert len(kinds["cell"]) == 4 * 2
+    for r in kinds["cell"]:
+        assert r.data.tags["mlflow.parentRunId"] in config_ids
+        assert set(METRIC_KEYS) <= set(r.data.metrics)
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"report.md", "records.parquet", "summary.csv"} <= artifacts
+
+
+def test_report_rerenders_from_results_dir(run):
+    _, out, work = run
+    (out / "report.md").unlink()
+    proc = epdbench("report", str(out), cwd=work)
+    assert proc.returncode == 0, proc.stderr
+    assert "## Suite `fixed`" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["compare", "--spec", "no-such-preset"], "not found"),
+    (["compare", "--configs", "aggregated,warp-drive"], "warp-drive"),
+    (["compare", "--seed", "-1"], "--seed"),
+    (["compare", "--bogus"], "unrecognized"),
+])
+def test_bad_input_gets_one_line_and_exit_2(args, needle, tmp_path):
+    proc = epdbench(*args, cwd=tmp_path)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], proc.stderr
+
+
+def test_interrupt_leaves_nothing_running(tmp_path, tiny_spec_path):
+    out = tmp_path / "results"
+    proc = subprocess.Popen([sys.executable, "-m", "epdbench.cli", "compare", "--spec", str(tiny_spec_path),
+                             "--out", str(out), "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    deadline = time.monotonic() + 180
+    seen = []
+    try:
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            seen.append(line)
+            if "serving at" in line or not line:
+                break
+        assert any("serving at" in line for line in seen), "".join(seen)[-2000:]
+        assert leftovers(str(out)), "expected simulator processes while serving"
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    time.sleep(0.5)
+    assert not leftovers(str(out)), leftovers(str(out))
