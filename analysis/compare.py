@@ -19,13 +19,9 @@ class Comparison:
     stream: str
     metric: str
     values: dict            # config -> value (None when no data)
-    best: str | None        # config with the better value
-    worst: str | None
+    best: str | None        # the one config with the best value (None on a tie for first place)
+    worst: str | None       # a config with the worst value (None when all are equal)
     ratio: float | None     # worst/best for lower-is-better, best/worst for higher-is-better (>= 1)
-
-
-def better(metric: str, a: float, b: float) -> bool:
-    return a < b if metric in LOWER_IS_BETTER else a > b
 
 
 def ratio_phrase(metric: str, ratio: float | None) -> str:
@@ -50,14 +46,15 @@ def compare(summary: pd.DataFrame, metrics: list[str] = REPORT_METRICS) -> list[
             ratio = None
             if len(present) >= 2:
                 ordered = sorted(present, key=lambda c: present[c], reverse=metric in HIGHER_IS_BETTER)
-                best, worst = ordered[0], ordered[-1]
-                b, w = present[best], present[worst]
-                if metric in LOWER_IS_BETTER:
-                    ratio = (w / b) if b > 0 else None
-                else:
-                    ratio = (b / w) if w > 0 else None
-            elif len(present) == 1:
-                best = next(iter(present))
+                b, w = present[ordered[0]], present[ordered[-1]]
+                if b != present[ordered[1]]:          # a tie for first place is no one's win
+                    best = ordered[0]
+                if b != w:
+                    worst = ordered[-1]
+                    if metric in LOWER_IS_BETTER:
+                        ratio = (w / b) if b > 0 else None
+                    else:
+                        ratio = (b / w) if w > 0 else None
             out.append(Comparison(*key, metric=metric, values=values, best=best, worst=worst, ratio=ratio))
     return out
 

@@ -103,4 +103,4 @@ def summarize(records: pd.DataFrame) -> pd.DataFrame:
     for key, group in records.groupby(CELL_KEYS, sort=False):
         rows.append({**dict(zip(CELL_KEYS, key)), **summarize_cell(group)})
     out = pd.DataFrame(rows)[SUMMARY_COLUMNS]
-    return out.astype({c: "object" for c in METRIC_KEYS if c in out}).where(out.notna(), None)
+    return out.astype(object).where(out.notna(), None)

@@ -52,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("report", help="re-render report.md from a results directory")
     r.add_argument("results_dir")
 
+    v = sub.add_parser("verify-transport", help="which KV transport did these pod logs really use?")
+    v.add_argument("logs", nargs="+", help="one log file per KV pod (Prefill and Decode)")
+    v.add_argument("--expect", required=True, choices=["tcp", "rdma"], help="the transport the deployment asked for")
+    v.add_argument("--json", action="store_true", help="print transport.json instead of text")
+
     s = sub.add_parser("sim", help="serve one simulated role replica (used by the sim target)")
     s.add_argument("args", nargs=argparse.REMAINDER)
     return p
@@ -110,6 +115,29 @@ def cmd_report(args) -> int:
     return EXIT_OK
 
 
+def cmd_verify_transport(args) -> int:
+    """Exit 0 only when the logs prove the expected transport carried the KV."""
+    import json
+
+    from analysis.evidence import transport_of_pod, verify_transport
+    from tasks.evidence import iter_lines
+
+    missing = [p for p in args.logs if not Path(p).is_file()]
+    if missing:
+        raise CliError(f"verify-transport: no such log file: {missing[0]}")
+    pods = {Path(p).name: transport_of_pod(iter_lines(Path(p))) for p in args.logs}
+    result = verify_transport(args.expect, pods)
+    if args.json:
+        print(json.dumps(result, indent=2, sort_keys=True))
+    else:
+        print(f"{result['verdict']}: " + "; ".join(result["reasons"]))
+        for name, pod in pods.items():
+            devices = ", ".join(f"{d['name']} (LID {d['lid']})" for d in pod["rdma_devices"]) or "none"
+            print(f"  {name}: installed {pod['observed'] or '?'}, HCAs {pod['hcas']}, RDMA devices {devices}, "
+                  f"{len(pod['throughput_mb_s'])} throughput windows, ready ACKs {pod['ready_acks_received']}")
+    return EXIT_OK if result["verdict"] == "verified" else EXIT_FAILURES
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["sim"]:
@@ -121,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_compare(args)
         if args.command == "report":
             return cmd_report(args)
+        if args.command == "verify-transport":
+            return cmd_verify_transport(args)
     except CliError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

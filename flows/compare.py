@@ -18,13 +18,12 @@ from analysis.metrics import summarize, summarize_cell
 from reports.render import render_report
 from specs.models import ConfigurationSpec, ExperimentSpec, spec_to_yaml
 from specs.workload import Cell, build_requests, plan_cells, prompt_set_hash
-from tasks import evidence, sim_target
+from tasks import evidence
+from tasks.deployment import ProvisionError
+from tasks.targets import target_module
 from tasks.loadgen import LoadGenerator, records_as_dicts
 from tasks.results import append_records, read_records, write_json, write_summary
 from tasks.tracking import Tracker, default_tracking_uri
-
-OK_VERDICTS = {"verified", "emulated", "not-applicable"}
-
 
 def say(msg: str) -> None:
     print(msg, flush=True)
@@ -40,10 +39,10 @@ class ConfigOutcome:
     router: str = ""
     cells: list[dict] = field(default_factory=list)
 
-    @property
-    def verified(self) -> bool:
-        return (self.ok and self.transport.get("verdict") in OK_VERDICTS
-                and self.stages.get("verdict") in OK_VERDICTS)
+    def verified(self, target: str) -> bool:
+        """Ran, and its evidence holds; `emulated` counts only on the simulator target."""
+        ok = {"verified", "not-applicable"} | ({"emulated"} if target == "sim" else set())
+        return self.ok and self.transport.get("verdict") in ok and self.stages.get("verdict") in ok
 
 
 def roles_text(config: ConfigurationSpec) -> str:
@@ -59,13 +58,14 @@ def _cell_line(config: str, cell: Cell, trial: int, s: dict) -> str:
             f"ITL p99 {f(s['itl_p99_ms'])}, {f(s['output_tok_s'], ' tok/s')}")
 
 
-@task(name="run-suites", cache_policy=NO_CACHE, retries=0)
-def run_suites(endpoint: str, spec: ExperimentSpec, config: str, run: str, records_path: str) -> list[dict]:
-    """Every cell of every suite, every trial; records appended after each cell. Never retried:
-    a measured cell is not repeated behind the user's back."""
+@task(name="run-suite", cache_policy=NO_CACHE, retries=0)
+def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run: str,
+              records_path: str) -> list[dict]:
+    """Every cell of one suite, every trial, on one shared HTTP session; records appended after each
+    cell. Never retried: a measured cell is not repeated behind the user's back."""
     import pandas as pd
 
-    cells = plan_cells(spec)
+    cells = [c for c in plan_cells(spec) if c.suite == suite]
     done: list[dict] = []
 
     async def go():
@@ -105,7 +105,10 @@ def log_configuration(tracker: Tracker, parent: str, spec: ExperimentSpec, confi
                  "stages_verified": 1.0 if outcome.stages.get("verdict") == "verified" else 0.0,
                  "kv_throughput_min_mb_s": t.get("throughput_mb_s_min"),
                  "kv_throughput_max_mb_s": t.get("throughput_mb_s_max"),
-                 "failed_transfers": t.get("failed_transfers")})
+                 "failed_transfers": t.get("failed_transfers"),
+                 "evidence_ok": 1.0 if outcome.verified(spec.target.kind) else 0.0,
+                 "stages_fraction_seen_min": min((f for f in outcome.stages.get("fraction_seen", {}).values()
+                                                  if f is not None), default=None)})
     for item in outcome.cells:
         cell: Cell = item["cell"]
         tracker.log_cell(run_id, f"{config.name}:{cell.suite}:{cell.workload}:c{cell.concurrency}",
@@ -130,26 +133,34 @@ def run_configuration(spec: ExperimentSpec, config: ConfigurationSpec, run: str,
     outcome = ConfigOutcome(config.name, ok=False)
     say(f"[{config.name}] starting {roles_text(config)} ({config.gpus} GPUs, KV {config.kv_transport})")
     dep = None
+    target = target_module(spec.target.kind)
     try:
-        dep = sim_target.start(spec, config, rdir / "spec.yaml", log_dir)
+        dep = target.start(spec, config, rdir / "spec.yaml", log_dir)
         outcome.router = dep.router
         say(f"[{config.name}] serving at {dep.endpoint} via {dep.router}")
-        before = evidence.log_offsets(dep)
-        metrics_before = evidence.scrape_metrics(dep)
-        outcome.cells = run_suites(dep.endpoint, spec, config.name, run, str(rdir / "records.parquet"))
+        emulated = spec.target.kind == "sim"
+        first = snap = evidence.snapshot(dep)
+        suites: dict[str, dict] = {}
+        for suite in spec.suites:
+            items = run_suite(dep.endpoint, spec, suite.name, config.name, run, str(rdir / "records.parquet"))
+            after = evidence.snapshot(dep)
+            rows = [r for item in items for r in item["rows"]]
+            suites[suite.name] = evidence.suite_evidence(dep, config, snap, after, rows, emulated)
+            outcome.cells += items
+            snap = after
         rows = [r for item in outcome.cells for r in item["rows"]]
-        outcome.transport, outcome.stages = evidence.collect(
-            dep, config, before, metrics_before, rows, ev_dir, emulated=spec.target.kind == "sim")
+        outcome.transport, outcome.stages = evidence.collect(dep, config, first, snap, rows, suites, ev_dir,
+                                                             emulated)
         outcome.ok = True
         say(f"[{config.name}] transport {outcome.transport['verdict']}, stages {outcome.stages['verdict']}")
-    except sim_target.ProvisionError as e:
+    except ProvisionError as e:
         outcome.error = f"provisioning failed: {e}"
     except Exception as e:  # noqa: BLE001 - a failed configuration must not stop the others
         outcome.error = f"{type(e).__name__}: {e}"
         traceback.print_exc(file=sys.stderr)
     finally:
         if dep is not None:
-            sim_target.stop(dep)
+            target.stop(dep)
     if outcome.error:
         say(f"[{config.name}] FAILED: {outcome.error}")
     return outcome
@@ -186,17 +197,12 @@ def compare(spec: ExperimentSpec, out_dir: str | None = None, tracking_uri: str 
 
     summary = summarize(read_records(rdir / "records.parquet"))
     write_summary(rdir, summary)
-    verdicts = {name: {"transport": o.transport.get("verdict", "not run"),
-                       "transport_reasons": o.transport.get("reasons", [o.error or ""]),
-                       "stages": o.stages.get("verdict", "not run"),
-                       "stage_reasons": o.stages.get("reasons", [o.error or ""]),
-                       "fraction_seen": o.stages.get("fraction_seen", {})}
-                for name, o in outcomes.items()}
+    verdicts = {name: verdict_view(o) for name, o in outcomes.items()}
     meta = report_meta(spec, run, outcomes)
     (rdir / "report.md").write_text(render_report(meta, summary, verdicts))
     outcome = {"run": run, "results_dir": str(rdir), "tracking_uri": uri, "mlflow_run_id": parent,
                "mlflow_url": tracker.run_url(parent),
-               "configs": {n: {"ok": o.ok, "verified": o.verified, "error": o.error,
+               "configs": {n: {"ok": o.ok, "verified": o.verified(spec.target.kind), "error": o.error,
                                "transport": o.transport.get("verdict"), "stages": o.stages.get("verdict")}
                            for n, o in outcomes.items()}}
     outcome["all_verified"] = all(c["verified"] for c in outcome["configs"].values())
@@ -207,6 +213,28 @@ def compare(spec: ExperimentSpec, out_dir: str | None = None, tracking_uri: str 
     tracker.set_tags(parent, {"epdbench.all_verified": outcome["all_verified"]})
     tracker.finish(parent, ok=all(o.ok for o in outcomes.values()))
     return outcome
+
+
+def verdict_view(o: ConfigOutcome) -> dict:
+    """What the report shows of a configuration's evidence (JSON-able)."""
+    t, st = o.transport, o.stages
+    pods = t.get("pods", {})
+    return {
+        "transport": t.get("verdict", "not run"), "transport_reasons": t.get("reasons", [o.error or ""]),
+        "stages": st.get("verdict", "not run"), "stage_reasons": st.get("reasons", [o.error or ""]),
+        "fraction_seen": st.get("fraction_seen", {}),
+        "observed": {n: p.get("observed") for n, p in pods.items()},
+        "rdma_devices": sorted({f"{d['name']} (LID {d['lid']})" for p in pods.values() for d in p["rdma_devices"]}),
+        "throughput_mb_s_min": t.get("throughput_mb_s_min"), "throughput_mb_s_max": t.get("throughput_mb_s_max"),
+        "failed_transfers": t.get("failed_transfers"), "failed_recvs": t.get("failed_recvs"),
+        "per_role": st.get("per_role", {}),
+        "suites": {name: {"verdict": s["verdict"], "fraction_seen": s["fraction_seen"],
+                          "kv_bytes": sum(d.get("mooncake_bytes_transferred", 0) for r, d in s["metrics_delta"].items()
+                                          if r == "prefill"),
+                          "mm_cache_hit_rate": next((d["mm_cache_hit_rate"] for d in s["metrics_delta"].values()
+                                                     if d.get("mm_cache_hit_rate") is not None), None)}
+                   for name, s in st.get("suites", {}).items()},
+    }
 
 
 def report_meta(spec: ExperimentSpec, run: str, outcomes: dict[str, ConfigOutcome]) -> dict:

@@ -63,7 +63,8 @@ def suite_tables(summary: pd.DataFrame, comparisons: list[Comparison]) -> list[d
                          "cells": cells})
         ratios = []
         for c in comparisons:
-            if c.suite != suite or c.ratio is None or c.metric not in ("ttft_p50_ms", "itl_p99_ms", "output_tok_s"):
+            if (c.suite != suite or c.ratio is None or c.best is None
+                    or c.metric not in ("ttft_p50_ms", "itl_p99_ms", "output_tok_s")):
                 continue
             ratios.append(f"{c.workload} @ c={c.concurrency}{'' if c.stream == 'main' else ' ' + c.stream}: "
                           f"{COLUMN_TITLES[c.metric]} {c.best} {fmt(c.values[c.best], c.metric)} vs {c.worst} "
@@ -74,7 +75,8 @@ def suite_tables(summary: pd.DataFrame, comparisons: list[Comparison]) -> list[d
 
 def headline(comparisons: list[Comparison], n: int = 3) -> list[str]:
     """The largest matched ratios of the report's key metrics, as sentences."""
-    key = [c for c in comparisons if c.ratio is not None and c.metric in ("ttft_p50_ms", "itl_p99_ms", "output_tok_s")]
+    key = [c for c in comparisons if c.ratio is not None and c.best is not None
+           and c.metric in ("ttft_p50_ms", "itl_p99_ms", "output_tok_s")]
     key.sort(key=lambda c: c.ratio, reverse=True)
     lines = []
     for c in key[:n]:

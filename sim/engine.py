@@ -26,6 +26,7 @@ class Sequence:
     generated: int = 0
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
     finish_reason: str | None = None
+    aborted: bool = False
 
     @property
     def context(self) -> int:
@@ -107,8 +108,11 @@ class Engine:
 
     def _finish_step(self, decodes, scheduled) -> None:
         for seq in decodes:
-            self._emit(seq)
+            if not seq.aborted:
+                self._emit(seq)
         for seq, chunk in scheduled:
+            if seq.aborted:
+                continue
             seq.computed += chunk.tokens
             seq.image_tokens = 0
             self.stats.prompt_tokens_computed += chunk.tokens
@@ -128,7 +132,8 @@ class Engine:
             seq.out.put_nowait(("done", "length"))
 
     def abort(self, seq: Sequence) -> None:
-        """Drop a sequence whose client went away."""
+        """Drop a sequence whose client went away (also mid-step: the step's results skip it)."""
+        seq.aborted = True
         if seq in self.waiting:
             self.waiting.remove(seq)
         if seq in self.running:

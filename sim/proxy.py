@@ -10,8 +10,8 @@ import argparse
 import asyncio
 import copy
 import itertools
-import json
 import os
+import random
 import signal
 import sys
 import uuid
@@ -34,8 +34,12 @@ def has_images(body: dict) -> bool:
 
 
 class Proxy:
-    def __init__(self, servers: list[str], encoders: list[str], prefills: list[str], decodes: list[str]):
+    def __init__(self, servers: list[str], encoders: list[str], prefills: list[str], decodes: list[str],
+                 skip_prefill_fraction: float = 0.0, fault_seed: int = 0):
         self.servers, self.encoders, self.prefills, self.decodes = servers, encoders, prefills, decodes
+        self.skip_prefill_fraction = skip_prefill_fraction    # fault switch: send straight to decode
+        self.fault_rng = random.Random(fault_seed)
+        self.legs = {"direct": 0, "encode": 0, "prefill": 0, "decode": 0, "skipped_prefill": 0}
         self._rr = {name: itertools.cycle(urls) for name, urls in
                     [("server", servers), ("encode", encoders), ("prefill", prefills), ("decode", decodes)] if urls}
         self.pid = os.getpid()
@@ -66,13 +70,21 @@ class Proxy:
         rid = body.get("request_id") or request.headers.get("X-Request-Id") or uuid.uuid4().hex
         headers = {"X-Request-Id": rid}
         if self.mode == "aggregated":
+            self.legs["direct"] += 1
             return await self.relay(request, self.pick("server") + path, body, headers)
+        if self.skip_prefill_fraction and self.fault_rng.random() < self.skip_prefill_fraction:
+            self.legs["skipped_prefill"] += 1
+            self.legs["decode"] += 1
+            dec = self.pick("decode")
+            self.info(f"request {rid}: FAULT skip disaggregated prefill, fallback to decode on {dec}")
+            return await self.relay(request, dec + path, body, headers)
         if self.mode == "epd" and has_images(body):
             enc = self.pick("encode")
             status, out = await self.leg(enc, path, {**body, "max_tokens": 1, "stream": False,
                                                      "stream_options": None}, headers)
             if status != 200:
                 return web.json_response({"error": {"message": f"encode leg failed: {out}"}}, status=502)
+            self.legs["encode"] += 1
             self.info(f"request {rid}: encode leg done on {enc}")
             body = {**body, "ec_transfer_params": out.get("ec_transfer_params") or {"encoder_url": enc}}
         pre = self.pick("prefill")
@@ -85,6 +97,8 @@ class Proxy:
         status, out = await self.leg(pre, path, prefill_body, headers)
         if status != 200:
             return web.json_response({"error": {"message": f"prefill leg failed: {out}"}}, status=502)
+        self.legs["prefill"] += 1
+        self.legs["decode"] += 1
         dec = self.pick("decode")
         self.info(f"request {rid}: prefill leg done on {pre}, decoding on {dec}")
         decode_body = {**body, "kv_transfer_params": out.get("kv_transfer_params")}
@@ -117,6 +131,12 @@ class Proxy:
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
 
+    async def metrics(self, request: web.Request) -> web.Response:
+        lines = ["# HELP epdbench_proxy_legs_total Requests sent per leg by the epdbench router.",
+                 "# TYPE epdbench_proxy_legs_total counter"]
+        lines += [f'epdbench_proxy_legs_total{{leg="{leg}"}} {n}' for leg, n in self.legs.items()]
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
     def app(self) -> web.Application:
         @web.middleware
         async def access_log(request: web.Request, handler):
@@ -137,6 +157,7 @@ class Proxy:
         app.router.add_post("/tokenize", self.tokenize)
         app.router.add_get("/v1/models", self.forward_get)
         app.router.add_get("/health", self.health)
+        app.router.add_get("/metrics", self.metrics)
         return app
 
 
@@ -167,11 +188,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--encode", action="append", default=[])
     p.add_argument("--prefill", action="append", default=[])
     p.add_argument("--decode", action="append", default=[])
+    p.add_argument("--fault-skip-prefill", type=float, default=0.0,
+                   help="fault injection: fraction of requests sent straight to decode, skipping prefill")
+    p.add_argument("--fault-seed", type=int, default=0)
     a = p.parse_args(argv)
     if not a.server and not (a.prefill and a.decode):
         print("give --server URLs, or --prefill and --decode URLs", file=sys.stderr)
         return 2
-    asyncio.run(serve(Proxy(a.server, a.encode, a.prefill, a.decode), a.host, a.port))
+    proxy = Proxy(a.server, a.encode, a.prefill, a.decode, a.fault_skip_prefill, a.fault_seed)
+    asyncio.run(serve(proxy, a.host, a.port))
     return 0
 
 

@@ -1,31 +1,38 @@
-"""Collect evidence from a running deployment: log offsets around the measured suites,
-/metrics before and after, then verdicts (computed by analysis.evidence) into evidence/<config>/."""
+"""Collect evidence from a running deployment: log offsets and /metrics before and after each suite,
+then verdicts (computed by analysis.evidence) into evidence/<config>/. Logs are streamed."""
 from __future__ import annotations
 
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Iterator
 
-from analysis.evidence import stage_counts, transport_of_pod, verify_stages, verify_transport
+from analysis.evidence import merge_counts, stage_counts, transport_of_pod, verify_stages, verify_transport
+from analysis.prom import counter_deltas, hit_rate
 from specs.models import ConfigurationSpec
+from tasks.deployment import Deployment
 from tasks.results import write_json
-from tasks.sim_target import Deployment
 
 
-def log_offsets(dep: Deployment) -> dict[str, int]:
-    return {p.name: (p.log_path.stat().st_size if p.log_path.exists() else 0) for p in dep.processes}
-
-
-def read_slice(path: Path, start: int, end: int | None = None) -> list[str]:
+def iter_lines(path: Path, start: int = 0, end: int | None = None) -> Iterator[str]:
+    """Lines of a log between two byte offsets, read incrementally (logs may be many GB)."""
+    if not path.exists():
+        return
     with open(path, "rb") as fh:
         fh.seek(start)
-        data = fh.read() if end is None else fh.read(max(0, end - start))
-    return data.decode("utf-8", errors="replace").splitlines()
+        pos = start
+        for raw in fh:
+            pos += len(raw)
+            if end is not None and pos > end:
+                break
+            yield raw.decode("utf-8", errors="replace")
 
 
 def scrape_metrics(dep: Deployment) -> dict[str, str]:
     out: dict[str, str] = {}
-    for p in dep.engines:
+    for p in dep.processes:
+        if not p.metrics_url:
+            continue
         try:
             with urllib.request.urlopen(p.metrics_url, timeout=5) as r:
                 out[p.name] = r.read().decode()
@@ -34,8 +41,16 @@ def scrape_metrics(dep: Deployment) -> dict[str, str]:
     return out
 
 
+def snapshot(dep: Deployment) -> dict:
+    """Log sizes and /metrics of every process, taken before or after a suite."""
+    if dep.sync_logs:
+        dep.sync_logs()
+    offsets = {p.name: (p.log_path.stat().st_size if p.log_path.exists() else 0) for p in dep.processes}
+    return {"offsets": offsets, "metrics": scrape_metrics(dep)}
+
+
 def expected_roles(config: ConfigurationSpec, records: list[dict]) -> dict[str, list[str]]:
-    """Measured request id -> roles it must be seen at."""
+    """Measured request id -> roles it must be seen at (encode only for requests with an image)."""
     out: dict[str, list[str]] = {}
     for r in records:
         if r["phase"] != "measured":
@@ -50,31 +65,56 @@ def expected_roles(config: ConfigurationSpec, records: list[dict]) -> dict[str, 
     return out
 
 
-def collect(dep: Deployment, config: ConfigurationSpec, before: dict[str, int], metrics_before: dict[str, str],
-            records: list[dict], out_dir: Path, emulated: bool) -> tuple[dict, dict]:
-    """Write transport.json, stages.json, logs and metrics snapshots; return the two verdict dicts."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    metrics_after = scrape_metrics(dep)
-    for name, text in metrics_before.items():
-        (out_dir / f"metrics-before-{name}.prom").write_text(text)
-    for name, text in metrics_after.items():
-        (out_dir / f"metrics-after-{name}.prom").write_text(text)
-    pods: dict[str, dict] = {}
-    role_counts: dict[str, dict] = {}
+def _role_counts(dep: Deployment, before: dict, after: dict | None) -> dict[str, dict]:
+    counts: dict[str, dict] = {}
     for p in dep.processes:
-        if not p.log_path.exists():
+        end = after["offsets"].get(p.name) if after else None
+        c = stage_counts(iter_lines(p.log_path, before["offsets"].get(p.name, 0), end))
+        counts[p.role] = merge_counts(counts[p.role], c) if p.role in counts else c
+    return counts
+
+
+def _metric_deltas(dep: Deployment, before: dict, after: dict) -> dict[str, dict[str, float]]:
+    per_role: dict[str, dict[str, float]] = {}
+    for p in dep.processes:
+        if p.name not in after["metrics"]:
             continue
-        whole = read_slice(p.log_path, 0)
-        if p.role in ("prefill", "decode"):
-            pods[p.name] = transport_of_pod(whole)
-        window = read_slice(p.log_path, before.get(p.name, 0))
-        counts = stage_counts(window)
-        agg = role_counts.setdefault(p.role, {"completions": 0, "errors": 0, "request_ids": set()})
-        agg["completions"] += counts["completions"]
-        agg["errors"] += counts["errors"]
-        agg["request_ids"] |= counts["request_ids"]
+        d = counter_deltas(before["metrics"].get(p.name, ""), after["metrics"][p.name])
+        acc = per_role.setdefault(p.role, {})
+        for k, v in d.items():
+            acc[k] = acc.get(k, 0.0) + v
+    for acc in per_role.values():
+        acc["prefix_cache_hit_rate"] = hit_rate(acc.get("prefix_cache_hits"), acc.get("prefix_cache_queries"))
+        acc["mm_cache_hit_rate"] = hit_rate(acc.get("mm_cache_hits"), acc.get("mm_cache_queries"))
+    return per_role
+
+
+def suite_evidence(dep: Deployment, config: ConfigurationSpec, before: dict, after: dict,
+                   records: list[dict], emulated: bool) -> dict:
+    """Stage correlation and counter deltas of one suite's window (warm-ups and probes outside it
+    are excluded by the offsets; warm-up requests inside it are not in `records` as measured)."""
+    stages = verify_stages(expected_roles(config, records), _role_counts(dep, before, after), emulated)
+    stages["metrics_delta"] = _metric_deltas(dep, before, after)
+    return stages
+
+
+def collect(dep: Deployment, config: ConfigurationSpec, first: dict, last: dict, records: list[dict],
+            suites: dict[str, dict], out_dir: Path, emulated: bool) -> tuple[dict, dict]:
+    """Write transport.json, stages.json and metrics snapshots; return the two verdict dicts."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, text in first["metrics"].items():
+        (out_dir / f"metrics-before-{name}.prom").write_text(text)
+    for name, text in last["metrics"].items():
+        (out_dir / f"metrics-after-{name}.prom").write_text(text)
+    pods = {p.name: transport_of_pod(iter_lines(p.log_path)) for p in dep.processes
+            if p.role in ("prefill", "decode")}
     transport = verify_transport(config.kv_transport, pods)
-    stages = verify_stages(expected_roles(config, records), role_counts, emulated)
+    stages = verify_stages(expected_roles(config, records), _role_counts(dep, first, last), emulated)
+    stages["metrics_delta"] = _metric_deltas(dep, first, last)
+    stages["suites"] = suites
+    if any(s["verdict"] == "mismatch" for s in suites.values()) and stages["verdict"] != "mismatch":
+        stages["verdict"] = "mismatch"
+        stages["reasons"].append("a suite failed stage verification")
     write_json(out_dir / "transport.json", transport)
     write_json(out_dir / "stages.json", stages)
     return transport, stages

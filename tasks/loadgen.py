@@ -42,9 +42,11 @@ def content_of(event: dict) -> str:
     return (c.get("delta") or {}).get("content") or ""
 
 
-async def consume_stream(lines: AsyncIterator[bytes], send_ns: int, clock: Clock) -> StreamTiming:
-    """Read SSE lines; stamp the clock once per event."""
-    t = StreamTiming()
+async def consume_stream(lines: AsyncIterator[bytes], send_ns: int, clock: Clock,
+                         t: StreamTiming | None = None) -> StreamTiming:
+    """Read SSE lines; stamp the clock once per event. Fills `t` as it goes, so a stream cut by an
+    exception leaves its partial timings behind."""
+    t = t if t is not None else StreamTiming()
     prev_completion = 0
     async for raw in lines:
         now = clock()
@@ -115,7 +117,7 @@ class Record:
     chunk_tokens: list[int] = field(default_factory=list)
 
 
-def _fill(rec: Record, t: StreamTiming, max_tokens: int) -> None:
+def _fill(rec: Record, t: StreamTiming) -> None:
     timing = derive_timing(t)
     rec.chunk_offsets_ns, rec.chunk_tokens = t.chunk_offsets_ns, t.chunk_tokens
     rec.ttft_ms = timing["ttft_ns"] / 1e6 if timing["ttft_ns"] is not None else None
@@ -151,6 +153,7 @@ class LoadGenerator:
         send_ns = self.clock()
         rec = Record(rid, req.index, req.phase, req.api, req.target_prompt_tokens, req.max_tokens,
                      req.prompt_hash, req.image_px, req.image_hash, scheduled_ns, send_ns, time.time())
+        timing = StreamTiming()
         try:
             async with session.post(self.base_url + path, json=body, headers={"X-Request-Id": rid},
                                     timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as resp:
@@ -159,12 +162,12 @@ class LoadGenerator:
                     rec.error = f"HTTP {resp.status}: {(await resp.text())[:300]}"
                     rec.done_ms = (self.clock() - send_ns) / 1e6
                     return rec
-                timing = await consume_stream(resp.content, send_ns, self.clock)
-                _fill(rec, timing, req.max_tokens)
+                await consume_stream(resp.content, send_ns, self.clock, timing)
         except asyncio.TimeoutError:
-            rec.error = f"timeout after {self.timeout_s:g}s"
+            timing.error = f"timeout after {self.timeout_s:g}s"
         except aiohttp.ClientError as e:
-            rec.error = f"{type(e).__name__}: {e}"[:300]
+            timing.error = f"{type(e).__name__}: {e}"[:300]
+        _fill(rec, timing)
         if rec.done_ms is None:
             rec.done_ms = (self.clock() - send_ns) / 1e6
         return rec

@@ -12,10 +12,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from specs.models import ConfigurationSpec, ExperimentSpec
+from tasks.deployment import Deployment, Process, ProvisionError
 
 _LIVE: set[subprocess.Popen] = set()
 
@@ -26,35 +26,6 @@ def _kill_leftovers() -> None:
 
 
 atexit.register(_kill_leftovers)
-
-
-class ProvisionError(RuntimeError):
-    """A configuration that could not be brought up; the message says why."""
-
-
-@dataclass
-class Process:
-    name: str            # e.g. prefill-0, router
-    role: str            # server | prefill | decode | encode | router
-    url: str
-    log_path: Path
-    popen: subprocess.Popen
-    metrics_url: str | None = None
-
-
-@dataclass
-class Deployment:
-    config: str
-    endpoint: str
-    router: str
-    processes: list[Process] = field(default_factory=list)
-
-    def by_role(self, role: str) -> list[Process]:
-        return [p for p in self.processes if p.role == role]
-
-    @property
-    def engines(self) -> list[Process]:
-        return [p for p in self.processes if p.role != "router"]
 
 
 def free_port(host: str) -> int:
@@ -125,7 +96,8 @@ def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_
     """Start every role replica and the router; return once all serve. Raises ProvisionError."""
     sim = spec.target.sim
     host = sim.host
-    env = {**os.environ, "MC_TE_METRIC": "1", "PYTHONUNBUFFERED": "1"}
+    # Mooncake's own knobs: metrics windows on, every second so short suites still log transfer activity.
+    env = {"MC_TE_METRIC_INTERVAL_SECONDS": "1", **os.environ, "MC_TE_METRIC": "1", "PYTHONUNBUFFERED": "1"}
     if config.kv_transport == "tcp":
         env["MC_FORCE_TCP"] = "1"
     else:
@@ -150,10 +122,14 @@ def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_
         dep.processes = procs
         wait_healthy(procs, deadline)
         router_port = free_port(host)
-        use_vllm_router = sim.router == "vllm-router" and config.topology != "epd"
+        skip = sim.faults.skip_prefill_fraction if config.topology != "aggregated" else 0.0
+        use_vllm_router = sim.router == "vllm-router" and config.topology != "epd" and not skip
+        router_metrics = None
         if use_vllm_router:
+            prom_port = free_port(host)
+            router_metrics = f"http://{host}:{prom_port}/metrics"
             cmd = [router_binary(), "--host", host, "--port", str(router_port),
-                   "--prometheus-port", str(free_port(host)), "--policy", "round_robin",
+                   "--prometheus-port", str(prom_port), "--policy", "round_robin",
                    "--worker-startup-timeout-secs", str(int(sim.startup_timeout_s))]
             if config.topology == "aggregated":
                 cmd += ["--worker-urls", *[p.url for p in procs]]
@@ -170,10 +146,13 @@ def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_
             cmd = [sys.executable, "-m", "sim.proxy", "--host", host, "--port", str(router_port)]
             for p in procs:
                 cmd += [f"--{p.role}", p.url]
-            dep.router = "epdbench-proxy"
+            if skip:
+                cmd += ["--fault-skip-prefill", str(skip), "--fault-seed", str(spec.seed)]
+            dep.router = "epdbench-proxy" + (f" (fault: skip prefill {skip:.0%})" if skip else "")
         router_url = f"http://{host}:{router_port}"
+        router_metrics = router_metrics or router_url + "/metrics"
         log = log_dir / "router.log"
-        router = Process("router", "router", router_url, log, _spawn(cmd, log, env))
+        router = Process("router", "router", router_url, log, _spawn(cmd, log, env), metrics_url=router_metrics)
         procs.append(router)
         wait_healthy([router], deadline)
         dep.endpoint = router_url
@@ -207,6 +186,8 @@ def smoke_request(url: str, model: str, deadline: float) -> None:
 def stop(dep: Deployment) -> None:
     """Stop the router first, then the engines; never raises."""
     for p in sorted(dep.processes, key=lambda p: p.role != "router"):
+        if p.popen is None:
+            continue
         try:
             _stop(p.popen)
         except Exception:  # noqa: BLE001 - teardown must reach every process

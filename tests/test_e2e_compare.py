@@ -75,6 +75,45 @@ def test_evidence_says_emulated(run):
     assert stages["verdict"] == "emulated" and stages["fraction_seen"]["encode"] == 1.0
 
 
+def test_stage_correlation_and_per_suite_deltas(run):
+    import json
+    _, out, _ = run
+    for config, roles in {"aggregated": ["server"], "pd-tcp": ["decode", "prefill"],
+                          "pd-rdma": ["decode", "prefill"], "epd": ["decode", "encode", "prefill"]}.items():
+        stages = json.loads((out / f"evidence/{config}/stages.json").read_text())
+        assert stages["fraction_seen"] == {r: 1.0 for r in roles}, config
+        assert set(stages["suites"]) == {"fixed", "mm"}
+    pd_tcp = json.loads((out / "evidence/pd-tcp/stages.json").read_text())["suites"]
+    kv_bytes = pd_tcp["fixed"]["metrics_delta"]["prefill"]["mooncake_bytes_transferred"]
+    assert kv_bytes == (1 + 8) * 4096 * 57344          # warm-up + measured requests of the suite, no probe
+    epd = json.loads((out / "evidence/epd/stages.json").read_text())["suites"]["mm"]["metrics_delta"]
+    assert epd["encode"]["mm_cache_queries"] == 2 and epd["encode"]["mm_cache_hits"] == 0
+    transport = json.loads((out / "evidence/pd-tcp/transport.json").read_text())
+    assert transport["throughput_mb_s_max"] > 0 and transport["failed_transfers"] == 0
+    assert "## Transport and stage verification" in (out / "report.md").read_text()
+
+
+def test_router_skipping_prefill_is_caught(tmp_path, tiny_spec_path):
+    import json
+
+    import yaml
+    spec = yaml.safe_load(tiny_spec_path.read_text())
+    spec["configurations"] = [c for c in spec["configurations"] if c["name"] == "pd-tcp"]
+    spec["suites"] = [s for s in spec["suites"] if s["kind"] == "fixed"]
+    spec["target"] = {"sim": {"faults": {"skip_prefill_fraction": 0.5}}}
+    (tmp_path / "fault.yaml").write_text(yaml.safe_dump(spec))
+    out = tmp_path / "results"
+    proc = epdbench("compare", "--spec", str(tmp_path / "fault.yaml"), "--out", str(out),
+                    "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", cwd=tmp_path)
+    assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
+    stages = json.loads((out / "evidence/pd-tcp/stages.json").read_text())
+    assert stages["verdict"] == "mismatch"
+    skipped = stages["n_skipped"]
+    assert 0 < skipped < 8 and stages["fraction_seen"]["prefill"] == (8 - skipped) / 8
+    report = (out / "report.md").read_text()
+    assert f"prefill: {100 * (8 - skipped) / 8:.1f}% of measured requests seen" in report
+
+
 def test_mlflow_holds_comparison_configuration_and_cell_runs(run):
     from mlflow.tracking import MlflowClient
     _, out, work = run

@@ -8,6 +8,7 @@ import pytest
 
 from specs.workload import RequestSpec, build_requests, plan_cells
 from tasks import sim_target
+from tasks.deployment import ProvisionError
 from tasks.loadgen import LoadGenerator
 
 
@@ -96,6 +97,6 @@ def test_epd_encodes_images_on_the_encode_role(deploy, tiny_spec):
 def test_unhealthy_process_fails_provisioning_with_reason(tiny_spec, tmp_path):
     broken = tmp_path / "broken.yaml"
     broken.write_text("not: a spec\n")
-    with pytest.raises(sim_target.ProvisionError) as e:
+    with pytest.raises(ProvisionError) as e:
         sim_target.start(tiny_spec, tiny_spec.configuration("aggregated"), broken, tmp_path / "logs")
     assert "exited with code" in str(e.value)

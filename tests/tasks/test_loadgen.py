@@ -80,6 +80,13 @@ def fake_server():
         state["ids"].append((body["request_id"], request.headers.get("X-Request-Id")))
         if body["max_tokens"] == 99:
             return web.json_response({"error": "boom"}, status=500)
+        if body["max_tokens"] == 77:  # stream cut after two tokens
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            await resp.write(completion_chunk(" x") + b"\n" + completion_chunk(" y") + b"\n")
+            await asyncio.sleep(0.01)
+            request.transport.abort()
+            return resp
         state["concurrent"] += 1
         state["max_concurrent"] = max(state["max_concurrent"], state["concurrent"])
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -108,19 +115,22 @@ def test_closed_loop_against_loopback_server(fake_server):
         await site.start()
         port = site._server.sockets[0].getsockname()[1]
         try:
-            reqs = [_request(0, "warmup"), *[_request(i) for i in range(1, 7)], _request(7, max_tokens=99)]
+            reqs = [_request(0, "warmup"), *[_request(i) for i in range(1, 7)], _request(7, max_tokens=99),
+                    _request(8, max_tokens=77)]
             async with LoadGenerator(f"http://127.0.0.1:{port}", "m", timeout_s=10) as lg:
                 return await lg.run_cell(reqs, concurrency=3)
         finally:
             await runner.cleanup()
 
     recs = asyncio.run(go())
-    assert [r.index for r in recs] == list(range(8))
+    assert [r.index for r in recs] == list(range(9))
     assert state["max_concurrent"] <= 3
     ok = [r for r in recs if r.ok]
     assert len(ok) == 7
-    bad = recs[-1]
+    bad, cut = recs[7], recs[8]
     assert not bad.ok and bad.status == 500 and "HTTP 500" in bad.error     # kept, not dropped
+    assert not cut.ok and cut.error and len(cut.chunk_offsets_ns) == 2      # partial timings kept
+    assert cut.ttft_ms is not None and cut.done_ms >= cut.ttft_ms
     for r in ok:
         assert r.output_tokens == 5 and len(r.chunk_offsets_ns) == 5 and r.chunk_tokens == [1] * 5
         assert 0 < r.ttft_ms <= r.e2e_ms <= r.done_ms

@@ -1,0 +1,38 @@
+"""What a target hands back once a configuration serves: the endpoint, the router, and every
+engine/router 'pod' with its log file and metrics URL. Shared by the sim and Kubernetes targets."""
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+
+class ProvisionError(RuntimeError):
+    """A configuration that could not be brought up; the message says why."""
+
+
+@dataclass
+class Process:
+    name: str                  # e.g. prefill-0, router
+    role: str                  # server | prefill | decode | encode | router
+    url: str                   # base URL reachable from the runner
+    log_path: Path             # local file holding this process's log (synced for remote targets)
+    popen: subprocess.Popen | None = None   # local process (sim target) or None
+    metrics_url: str | None = None
+
+
+@dataclass
+class Deployment:
+    config: str
+    endpoint: str
+    router: str
+    processes: list[Process] = field(default_factory=list)
+    sync_logs: Callable[[], None] | None = None   # refresh log files before they are read (remote targets)
+
+    def by_role(self, role: str) -> list[Process]:
+        return [p for p in self.processes if p.role == role]
+
+    @property
+    def engines(self) -> list[Process]:
+        return [p for p in self.processes if p.role != "router"]

@@ -1,0 +1,15 @@
+"""Pick the provisioning module of a target. Each exposes start(spec, config, spec_path, log_dir)
+-> Deployment and stop(Deployment), and raises tasks.deployment.ProvisionError with a reason."""
+from __future__ import annotations
+
+from types import ModuleType
+
+
+def target_module(kind: str) -> ModuleType:
+    if kind == "sim":
+        from tasks import sim_target
+        return sim_target
+    if kind == "kubernetes":
+        from tasks import k8s_target
+        return k8s_target
+    raise ValueError(f"unknown target {kind!r}: use sim or kubernetes")

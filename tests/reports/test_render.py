@@ -1,0 +1,115 @@
+"""reports/render.py: Markdown report from a small summary; one strict Jinja environment."""
+from __future__ import annotations
+
+import re
+
+import jinja2
+import pandas as pd
+import pytest
+
+from analysis.metrics import SUMMARY_COLUMNS
+from reports.render import make_env, render_report
+
+
+def summary_row(config: str, ttft: float, itl: float, tok_s: float) -> dict:
+    row = {c: None for c in SUMMARY_COLUMNS}
+    row.update(config=config, suite="fixed", workload="4096/64", concurrency=8, stream="main", trial=0,
+               requests_ok=8, requests_total=8, requests_failed=0, ttft_p50_ms=ttft, ttft_p95_ms=ttft * 1.2,
+               ttft_p99_ms=ttft * 1.3, tpot_p50_ms=None, itl_p99_ms=itl, itl_max_ms=itl * 2, output_tok_s=tok_s,
+               req_s=tok_s / 64)
+    return row
+
+
+SUMMARY = pd.DataFrame([summary_row("aggregated", 154.0, 40.0, 100.0), summary_row("pd-rdma", 10.0, 12.0, 300.0)])
+
+
+def meta(target: str = "sim") -> dict:
+    return {"title": "epdbench: unit", "run": "r1", "spec": "unit", "target": target, "model": "toy/vl",
+            "hardware": "H100-SXM5-80GB figures", "seed": 0, "trials": 1, "created": "2026-01-01T00:00:00",
+            "configurations": [
+                {"name": "aggregated", "topology": "aggregated", "roles": "server×1", "gpus": 1, "transport": "none",
+                 "router": "vllm-router"},
+                {"name": "pd-rdma", "topology": "pd", "roles": "prefill×1, decode×1", "gpus": 2,
+                 "transport": "rdma", "router": "vllm-router"}],
+            "failures": {}}
+
+
+VERDICTS = {
+    "aggregated": {"transport": "not-applicable", "transport_reasons": ["no KV moves"], "stages": "emulated",
+                   "stage_reasons": ["all seen"], "fraction_seen": {}},
+    "pd-rdma": {"transport": "emulated", "transport_reasons": ["rdma emulated"], "stages": "emulated",
+                "stage_reasons": ["all seen"], "fraction_seen": {}},
+}
+
+
+@pytest.fixture(scope="module")
+def sim_report() -> str:
+    return render_report(meta("sim"), SUMMARY, VERDICTS)
+
+
+def table_row(report: str, config: str) -> list[str]:
+    line = next(l for l in report.splitlines() if l.startswith(f"| {config} | 4096/64 |"))
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def test_better_value_is_bold_and_worse_is_not(sim_report):
+    pd_row, agg_row = table_row(sim_report, "pd-rdma"), table_row(sim_report, "aggregated")
+    # columns: config, workload, conc., requests, TTFT p50, TTFT p95, TPOT p50, ITL p99, ITL max, tok/s, req/s
+    assert pd_row[4] == "**10.0**" and agg_row[4] == "154.0"
+    assert pd_row[7] == "**12.0**" and agg_row[7] == "40.0"
+    assert pd_row[9] == "**300.0**" and agg_row[9] == "100.0"
+    assert pd_row[3] == "8/8"
+
+
+def test_missing_metric_is_a_dash_never_bold_or_zero(sim_report):
+    for config in ("pd-rdma", "aggregated"):
+        assert table_row(sim_report, config)[6] == "—"
+
+
+def test_ratio_lines(sim_report):
+    assert re.search(r"TTFT p50 \(ms\) pd-rdma 10\.0 vs aggregated 154\.0 — 15\.4× lower", sim_report)
+    assert re.search(r"ITL p99 \(ms\) pd-rdma 12\.0 vs aggregated 40\.0 — 3\.3× lower", sim_report)
+    assert re.search(r"Output tok/s pd-rdma 300\.0 vs aggregated 100\.0 — 3\.0× higher", sim_report)
+    assert re.search(r"\d+\.\d× lower", sim_report)
+
+
+def test_simulator_banner_only_on_sim(sim_report):
+    assert "**Simulator run.**" in sim_report
+    assert "Simulator run" not in render_report(meta("kubernetes"), SUMMARY, VERDICTS)
+
+
+def test_verdicts_and_configurations_are_listed(sim_report):
+    assert "| pd-rdma | pd | prefill×1, decode×1 | 2 | rdma | vllm-router | emulated | emulated |" in sim_report
+    # the reasons behind each verdict are shown, not only the verdict word
+    assert "rdma emulated" in sim_report and "no KV moves" in sim_report
+
+
+def test_make_env_is_strict():
+    env = make_env()
+    assert env.from_string("{{ present }}").render(present="x") == "x"
+    with pytest.raises(jinja2.UndefinedError):
+        env.from_string("{{ missing }}").render()
+    with pytest.raises(jinja2.UndefinedError):
+        env.from_string("{{ meta.missing }}").render(meta={})
+
+
+def test_autoescape_only_for_html():
+    assert make_env().from_string("{{ x }}").render(x="<b>") == "<b>"
+    assert make_env(html=True).from_string("{{ x }}").render(x="<b>") == "&lt;b&gt;"
+
+
+def test_toyaml_filter():
+    assert make_env().from_string("{{ v | toyaml }}").render(v={"a": [1, 2]}) == "a:\n- 1\n- 2"
+
+
+def test_report_with_missing_meta_key_fails_loudly():
+    m = meta("sim")
+    del m["model"]
+    with pytest.raises(jinja2.UndefinedError):
+        render_report(m, SUMMARY, VERDICTS)
+
+
+def test_a_tie_is_not_bold():
+    tied = SUMMARY.assign(tpot_p50_ms=[5.0, 5.0])
+    report = render_report(meta("sim"), tied, VERDICTS)
+    assert [table_row(report, c)[6] for c in ("aggregated", "pd-rdma")] == ["5.00", "5.00"]

@@ -1,0 +1,154 @@
+"""sim/engine.py: step planning (token budget, max_num_seqs, mixed steps) and the timing it produces."""
+from __future__ import annotations
+
+import asyncio
+import statistics
+
+import pytest
+
+from sim.costmodel import CostModel, PrefillChunk
+from sim.engine import Engine, Sequence
+from specs.models import EngineSpec, HardwareSpec, ModelSpec
+
+# A toy model on a toy GPU: a decode step reads 2 GB at 1 TB/s (2 ms) + 1 ms overhead = 3 ms;
+# a 512-token prefill chunk needs ~1 TFLOP at 20 TFLOP/s (~51 ms).
+TINY = ModelSpec(name="toy/tiny", params_b=1.0, n_layers=4, hidden_size=256, n_heads=4, n_kv_heads=2, head_dim=64)
+TOY_GPU = HardwareSpec(gpu="toy", bf16_tflops=20, hbm_tb_s=1.0, compute_efficiency=1.0, hbm_efficiency=1.0,
+                       step_overhead_ms=1.0, nvlink_gb_s=100, tcp_gb_s=1.0, rdma_nic_gbit_s=100)
+COST = CostModel(TINY, TOY_GPU)
+
+
+def engine(**limits) -> Engine:
+    return Engine(COST, EngineSpec(**limits))
+
+
+def decoding(rid: str, prompt: int = 16, max_tokens: int = 100) -> Sequence:
+    """A sequence whose prompt is already in the KV cache (it is in the running set)."""
+    return Sequence(rid, prompt, max_tokens, computed=prompt, generated=1)
+
+
+def test_figures_give_steps_of_a_few_ms():
+    assert 2.5e-3 < COST.step_seconds([16], []) < 3.5e-3
+    assert 40e-3 < COST.step_seconds([16], [PrefillChunk(0, 511)]) < 60e-3
+
+
+def test_decodes_and_a_prefill_chunk_share_one_step():
+    e = engine(max_num_batched_tokens=1024, max_num_seqs=8)
+    a, b = decoding("a"), decoding("b")
+    e.running += [a, b]
+    c = Sequence("c", 100, 4)
+    e.submit(c)
+    decodes, scheduled, encoder_tokens = e.plan_step()
+    assert decodes == [a, b]
+    assert scheduled == [(c, PrefillChunk(start=0, tokens=100))]
+    assert encoder_tokens == 0
+
+
+def test_token_budget_counts_decodes_and_splits_the_prefill():
+    e = engine(max_num_batched_tokens=64, max_num_seqs=16)
+    e.running += [decoding(f"d{i}") for i in range(4)]
+    long, short = Sequence("long", 200, 4), Sequence("short", 10, 4)
+    e.submit(long)
+    e.submit(short)
+    decodes, scheduled, _ = e.plan_step()
+    assert len(decodes) + sum(c.tokens for _, c in scheduled) == 64
+    assert scheduled == [(long, PrefillChunk(start=0, tokens=60))]   # FCFS: the short one waits
+
+
+def test_partially_prefilled_sequence_resumes_where_it_stopped():
+    e = engine(max_num_batched_tokens=64, max_num_seqs=16)
+    seq = Sequence("long", 200, 4, computed=120)
+    e.submit(seq)
+    _, scheduled, _ = e.plan_step()
+    assert scheduled == [(seq, PrefillChunk(start=120, tokens=64))]
+
+
+def test_max_num_seqs_limits_new_prefills():
+    e = engine(max_num_batched_tokens=1024, max_num_seqs=3)
+    e.running += [decoding("a"), decoding("b")]
+    waiting = [Sequence(f"w{i}", 10, 4) for i in range(3)]
+    for s in waiting:
+        e.submit(s)
+    decodes, scheduled, _ = e.plan_step()
+    assert len(decodes) == 2
+    assert [s for s, _ in scheduled] == [waiting[0]]
+
+
+def test_max_num_seqs_limits_decodes_and_blocks_prefill_when_full():
+    e = engine(max_num_batched_tokens=1024, max_num_seqs=3)
+    e.running += [decoding(f"d{i}") for i in range(5)]
+    e.submit(Sequence("w", 10, 4))
+    decodes, scheduled, _ = e.plan_step()
+    assert decodes == e.running[:3]
+    assert scheduled == []
+
+
+def test_encoder_work_is_charged_with_the_first_chunk_only():
+    e = engine(max_num_batched_tokens=64, max_num_seqs=4)
+    fresh = Sequence("img", 500, 4, image_tokens=400)
+    e.submit(fresh)
+    assert e.plan_step()[2] == 400
+    fresh.computed = 64
+    assert e.plan_step()[2] == 0
+
+
+async def _token_times(long_prompt: int | None) -> list[float]:
+    """Loop time of each token of a short decoding sequence; a long prompt arrives after its 4th token."""
+    loop = asyncio.get_running_loop()
+    e = engine(max_num_batched_tokens=512, max_num_seqs=8)
+    e.start()
+    a = Sequence("a", prompt_tokens=16, max_tokens=24)
+    e.submit(a)
+    times: list[float] = []
+    try:
+        while True:
+            kind, _ = await asyncio.wait_for(a.out.get(), timeout=1.0)
+            if kind == "done":
+                break
+            times.append(loop.time())
+            if long_prompt and len(times) == 4:
+                e.submit(Sequence("b", prompt_tokens=long_prompt, max_tokens=2))
+    finally:
+        await e.stop()
+    return times
+
+
+def _gaps(times: list[float]) -> list[float]:
+    return [b - a for a, b in zip(times, times[1:])]
+
+
+def test_long_prompt_stretches_a_co_scheduled_decode():
+    alone = _gaps(asyncio.run(_token_times(None)))
+    mixed = _gaps(asyncio.run(_token_times(1024)))
+    assert len(alone) == len(mixed) == 23
+    mixed_step = COST.step_seconds([20], [PrefillChunk(0, 511)])   # ~51 ms: one decode + one 511-token chunk
+    decode_step = COST.step_seconds([20], [])                       # ~3 ms
+    # 1024 prompt tokens at 511 per step: two gaps of the decoding sequence last a whole mixed step
+    assert sorted(mixed)[-2] >= 0.9 * mixed_step
+    assert statistics.median(alone) == pytest.approx(decode_step, abs=2e-3)
+    assert max(alone) < 0.5 * mixed_step
+    assert max(mixed) > 4 * max(alone)
+
+
+async def _abort_then_serve(abort_after_first_token: bool) -> tuple[str, int]:
+    e = engine(max_num_batched_tokens=1024, max_num_seqs=8)
+    e.start()
+    victim = Sequence("victim", prompt_tokens=16 if abort_after_first_token else 512,
+                      max_tokens=2 if abort_after_first_token else 50)
+    e.submit(victim)
+    if abort_after_first_token:
+        await victim.out.get()      # the engine is now inside the step that emits the last token
+    else:
+        await asyncio.sleep(0)      # the engine is now inside the step that prefills the whole prompt
+    e.abort(victim)                 # the client went away mid-step (server.py does this on disconnect)
+    other = Sequence("other", prompt_tokens=16, max_tokens=1)
+    e.submit(other)
+    try:
+        return await asyncio.wait_for(other.out.get(), timeout=0.3)
+    finally:
+        await e.stop()
+
+
+@pytest.mark.parametrize("after_first_token", [False, True], ids=["abort-during-prefill", "abort-during-decode"])
+def test_engine_keeps_serving_after_an_abort_mid_step(after_first_token):
+    assert asyncio.run(_abort_then_serve(after_first_token)) == ("token", 1)

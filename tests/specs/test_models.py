@@ -1,0 +1,189 @@
+"""specs/models.py: presets load, every field is documented, bad input is one clear SpecError line."""
+from __future__ import annotations
+
+import copy
+import typing
+
+import pytest
+from pydantic import BaseModel
+
+from specs.models import (PRESET_DIR, ExperimentSpec, SpecError, load_spec, parse_spec, resolve_spec_path,
+                          select_configurations, spec_to_yaml)
+
+PRESETS = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def base_spec() -> dict:
+    """A small valid spec: one vision model, one aggregated configuration, one fixed suite."""
+    return {
+        "name": "unit",
+        "model": {"name": "toy/vl", "params_b": 1.0, "n_layers": 4, "hidden_size": 256, "n_heads": 4,
+                  "n_kv_heads": 2, "head_dim": 64, "vision": {"params_b": 0.1, "embed_dim": 256}},
+        "hardware": {"gpu": "toy", "gpus_per_node": 4, "bf16_tflops": 100, "hbm_tb_s": 1.0, "nvlink_gb_s": 100,
+                     "tcp_gb_s": 1.0, "rdma_nic_gbit_s": 100},
+        "configurations": [{"name": "aggregated", "topology": "aggregated", "roles": [{"role": "server"}]}],
+        "suites": [{"kind": "fixed", "name": "fixed", "shapes": [{"input_tokens": 32, "output_tokens": 4}],
+                    "concurrencies": [1]}],
+    }
+
+
+def with_(mutate) -> dict:
+    data = copy.deepcopy(base_spec())
+    mutate(data)
+    return data
+
+
+def test_base_spec_is_valid():
+    spec = parse_spec(base_spec())
+    assert spec.configurations[0].gpus == 1
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_preset_loads_and_round_trips(name):
+    spec = load_spec(name)
+    assert isinstance(spec, ExperimentSpec)
+    assert spec.name == name
+    # The resolved YAML written to results/ must parse back to the same spec.
+    import yaml
+    assert parse_spec(yaml.safe_load(spec_to_yaml(spec))) == spec
+
+
+def test_there_is_at_least_the_smoke_preset():
+    assert "smoke" in PRESETS
+
+
+def _models_in(annotation) -> list[type[BaseModel]]:
+    """Pydantic models inside an annotation: list/dict/Union/Optional/Annotated members included."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    found: list[type[BaseModel]] = []
+    for arg in typing.get_args(annotation):
+        found += _models_in(arg)
+    return found
+
+
+def _reachable_models(root: type[BaseModel]) -> dict[type[BaseModel], None]:
+    seen: dict[type[BaseModel], None] = {}
+    todo = [root]
+    while todo:
+        model = todo.pop()
+        if model in seen:
+            continue
+        seen[model] = None
+        for field in model.model_fields.values():
+            todo += _models_in(field.annotation)
+    return seen
+
+
+def test_field_walk_reaches_every_concern():
+    names = {m.__name__ for m in _reachable_models(ExperimentSpec)}
+    assert names >= {"ExperimentSpec", "ModelSpec", "VisionSpec", "HardwareSpec", "EngineSpec", "ConfigurationSpec",
+                     "RoleSpec", "FixedSuite", "Shape", "MultimodalSuite", "ImageCell", "TargetSpec",
+                     "SimTargetSpec", "TrackingSpec"}
+
+
+@pytest.mark.parametrize("model", list(_reachable_models(ExperimentSpec)), ids=lambda m: m.__name__)
+def test_every_field_has_title_and_description(model):
+    undocumented = [name for name, f in model.model_fields.items()
+                    if not (f.title or "").strip() or not (f.description or "").strip()]
+    assert undocumented == []
+
+
+@pytest.mark.parametrize("model", list(_reachable_models(ExperimentSpec)), ids=lambda m: m.__name__)
+def test_every_model_forbids_unknown_fields(model):
+    assert model.model_config.get("extra") == "forbid"
+
+
+def _error(data: dict) -> str:
+    with pytest.raises(SpecError) as exc:
+        parse_spec(data, "unit.yaml")
+    msg = str(exc.value)
+    assert "\n" not in msg, "a SpecError must be one line"
+    assert msg.startswith("unit.yaml: ")
+    return msg
+
+
+def test_aggregated_with_tcp_transport_is_rejected():
+    msg = _error(with_(lambda d: d["configurations"][0].update(kv_transport="tcp")))
+    assert "configurations.0" in msg and "kv_transport" in msg
+
+
+def test_pd_without_decode_role_is_rejected():
+    msg = _error(with_(lambda d: d["configurations"].append(
+        {"name": "pd-tcp", "topology": "pd", "kv_transport": "tcp", "roles": [{"role": "prefill"}]})))
+    assert "configurations.1" in msg and "decode" in msg
+
+
+def test_pd_rdma_without_rdma_interfaces_is_rejected():
+    msg = _error(with_(lambda d: d["configurations"].append(
+        {"name": "pd-rdma", "topology": "pd", "kv_transport": "rdma",
+         "roles": [{"role": "prefill", "rdma_interfaces": 0}, {"role": "decode", "rdma_interfaces": 1}]})))
+    assert "configurations.1" in msg and "rdma_interfaces" in msg and "prefill" in msg
+
+
+def test_configuration_needing_more_gpus_than_the_node_is_rejected():
+    msg = _error(with_(lambda d: d["configurations"][0]["roles"][0].update(replicas=3, tp=2)))
+    assert "aggregated" in msg and "6 GPUs" in msg and "4" in msg
+
+
+def test_multimodal_suite_on_text_only_model_is_rejected():
+    def mutate(d):
+        d["model"].pop("vision")
+        d["suites"].append({"kind": "multimodal", "name": "mm", "concurrencies": [1],
+                            "cells": [{"name": "1k", "image_px": 560, "text_tokens": 8, "output_tokens": 2}]})
+    msg = _error(with_(mutate))
+    assert "mm" in msg and "vision" in msg
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda d: d["configurations"][0]["roles"][0].update(replicas=3, tp=2), ("configurations.0", "gpus_per_node")),
+    (lambda d: (d["model"].pop("vision"), d["suites"].append(
+        {"kind": "multimodal", "name": "mm", "concurrencies": [1],
+         "cells": [{"name": "1k", "image_px": 560, "text_tokens": 8, "output_tokens": 2}]})),
+     ("model.vision", "suites.1")),
+], ids=["gpus", "vision"])
+def test_cross_field_errors_name_a_field_path(mutate, field):
+    msg = _error(with_(mutate))
+    assert "(top level)" not in msg
+    assert any(f in msg for f in field)
+
+
+@pytest.mark.parametrize("where, mutate", [
+    ("bogus", lambda d: d.update(bogus=1)),
+    ("hardware.hbm_tbs", lambda d: d["hardware"].update(hbm_tbs=3.35)),
+    ("configurations.0.roles.0.gpus", lambda d: d["configurations"][0]["roles"][0].update(gpus=1)),
+])
+def test_unknown_field_is_rejected_naming_it(where, mutate):
+    msg = _error(with_(mutate))
+    assert f"'{where}'" in msg and "Extra inputs are not permitted" in msg
+
+
+def test_select_configurations_keeps_named_ones_and_rejects_unknown():
+    spec = parse_spec(with_(lambda d: d["configurations"].append(
+        {"name": "pd-tcp", "topology": "pd", "kv_transport": "tcp",
+         "roles": [{"role": "prefill"}, {"role": "decode"}]})))
+    assert select_configurations(spec, None) is spec
+    assert [c.name for c in select_configurations(spec, ["pd-tcp"]).configurations] == ["pd-tcp"]
+    with pytest.raises(SpecError) as exc:
+        select_configurations(spec, ["pd-rdma"])
+    msg = str(exc.value)
+    assert "\n" not in msg
+    assert "pd-rdma" in msg and "aggregated" in msg and "pd-tcp" in msg
+
+
+def test_resolve_spec_path_unknown_preset():
+    with pytest.raises(SpecError) as exc:
+        resolve_spec_path("no-such-preset-xyz")
+    msg = str(exc.value)
+    assert "no-such-preset-xyz" in msg and "smoke" in msg and "\n" not in msg
+
+
+def test_load_spec_from_a_yaml_path_reports_path_and_field(tmp_path):
+    import yaml
+    bad = base_spec()
+    bad["trials"] = 0
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    with pytest.raises(SpecError) as exc:
+        load_spec(str(path))
+    assert str(path) in str(exc.value) and "'trials'" in str(exc.value)

@@ -1,0 +1,153 @@
+"""specs/workload.py: matched, seeded request lists; exact prompt lengths; real images of the right size."""
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+
+import pytest
+from PIL import Image
+
+from specs.models import load_spec, parse_spec
+from specs.workload import build_requests, plan_cells
+
+PNG_PREFIX = "data:image/png;base64,"
+
+
+@pytest.fixture(scope="module")
+def smoke():
+    return load_spec("smoke")
+
+
+def spec_with(smoke, suites):
+    return parse_spec({**smoke.model_dump(mode="json"), "suites": suites})
+
+
+@pytest.fixture(scope="module")
+def spec(smoke):
+    return spec_with(smoke, [
+        {"kind": "fixed", "name": "fixed", "n_warmup": 2, "n_measured": 5,
+         "n_measured_by_concurrency": {8: 24},
+         "shapes": [{"input_tokens": 64, "output_tokens": 4}, {"input_tokens": 300, "output_tokens": 8}],
+         "concurrencies": [1, 4, 8]},
+        {"kind": "multimodal", "name": "mm", "n_warmup": 1, "n_measured": 3, "concurrencies": [2],
+         "cells": [{"name": "small", "image_px": 84, "text_tokens": 20, "output_tokens": 4},
+                   {"name": "1k", "image_px": 560, "text_tokens": 624, "output_tokens": 64}]},
+        {"kind": "multimodal", "name": "mm-reuse", "n_warmup": 1, "n_measured": 3, "concurrencies": [2],
+         "reuse_image": True, "cells": [{"name": "small", "image_px": 84, "text_tokens": 20, "output_tokens": 4}]},
+    ])
+
+
+def cell(spec, suite, workload_prefix, concurrency):
+    return next(c for c in plan_cells(spec) if c.suite == suite and c.workload.startswith(workload_prefix)
+                and c.concurrency == concurrency)
+
+
+def decode_image(req) -> bytes:
+    url = req.payload["messages"][0]["content"][0]["image_url"]["url"]
+    assert url.startswith(PNG_PREFIX)
+    return base64.b64decode(url[len(PNG_PREFIX):])
+
+
+def test_plan_cells_counts_and_measured_override(spec):
+    cells = plan_cells(spec)
+    by_suite = {s: [c for c in cells if c.suite == s] for s in ("fixed", "mm", "mm-reuse")}
+    assert len(by_suite["fixed"]) == 2 * 3 and len(by_suite["mm"]) == 2 * 1 and len(by_suite["mm-reuse"]) == 1
+    assert len(cells) == 9
+    assert len({c.cell_id for c in cells}) == len(cells)
+    for c in by_suite["fixed"]:
+        assert c.kind == "fixed" and c.n_warmup == 2
+        assert c.n_measured == (24 if c.concurrency == 8 else 5)
+    assert all(c.kind == "multimodal" and (c.n_warmup, c.n_measured) == (1, 3) for c in by_suite["mm"])
+
+
+def test_plan_cells_of_smoke_preset(smoke):
+    cells = plan_cells(smoke)
+    expected = sum(len(s.shapes if s.kind == "fixed" else s.cells) * len(s.concurrencies) for s in smoke.suites)
+    assert len(cells) == expected
+    for s in smoke.suites:
+        for c in (c for c in cells if c.suite == s.name):
+            assert c.n_measured == s.n_measured_by_concurrency.get(c.concurrency, s.n_measured)
+
+
+def test_build_requests_is_a_pure_function_of_spec_cell_and_seed(spec):
+    c = cell(spec, "fixed", "64/", 4)
+    first = build_requests(spec, c)
+    assert build_requests(spec, c) == first
+    assert build_requests(spec, c, seed=spec.seed) == first
+    # every trial replays the same list (matched replay)
+    assert build_requests(spec, c, trial=3) == first
+    other = build_requests(spec, c, seed=spec.seed + 1)
+    assert len(other) == len(first)
+    assert all(a.payload["prompt"] != b.payload["prompt"] for a, b in zip(first, other))
+
+
+def test_warmup_then_measured_counts(spec):
+    c = cell(spec, "fixed", "64/", 8)
+    reqs = build_requests(spec, c)
+    assert [r.phase for r in reqs] == ["warmup"] * 2 + ["measured"] * 24
+    assert [r.index for r in reqs] == list(range(26))
+
+
+@pytest.mark.parametrize("shape", ["64/4", "300/8"])
+def test_fixed_prompts_have_exact_length_and_unique_nonce(spec, shape):
+    c = cell(spec, "fixed", shape, 1)
+    n_in, n_out = (int(x) for x in shape.split("/"))
+    reqs = build_requests(spec, c)
+    for r in reqs:
+        assert r.api == "completions"
+        assert len(r.payload["prompt"].split()) == n_in
+        assert r.target_prompt_tokens == n_in
+        assert r.payload["max_tokens"] == n_out == r.max_tokens
+        assert r.payload["ignore_eos"] is True
+    first_words = [r.payload["prompt"].split()[0] for r in reqs]
+    assert len(set(first_words)) == len(reqs)
+
+
+def test_nonces_differ_across_cells_of_the_same_shape(spec):
+    a = build_requests(spec, cell(spec, "fixed", "64/", 1))
+    b = build_requests(spec, cell(spec, "fixed", "64/", 4))
+    assert not {r.payload["prompt"].split()[0] for r in a} & {r.payload["prompt"].split()[0] for r in b}
+
+
+def test_multimodal_requests_carry_png_of_exact_size(spec):
+    c = cell(spec, "mm", "small", 2)
+    reqs = build_requests(spec, c)
+    assert len(reqs) == 4
+    for r in reqs:
+        assert r.api == "chat" and r.image_px == 84
+        data = decode_image(r)
+        img = Image.open(io.BytesIO(data))
+        assert img.format == "PNG" and img.size == (84, 84)
+        # the recorded hash identifies the bytes actually sent
+        assert r.image_hash == hashlib.sha256(data).hexdigest()[:16]
+        text = r.payload["messages"][0]["content"][1]["text"]
+        assert len(text.split()) == 20
+
+
+def test_unique_images_without_reuse(spec):
+    reqs = build_requests(spec, cell(spec, "mm", "small", 2))
+    assert len({r.image_hash for r in reqs}) == len(reqs)
+    assert len({decode_image(r) for r in reqs}) == len(reqs)
+
+
+def test_one_image_with_reuse(spec):
+    reqs = build_requests(spec, cell(spec, "mm-reuse", "small", 2))
+    assert len(reqs) == 4
+    assert len({r.image_hash for r in reqs}) == 1
+    assert len({decode_image(r) for r in reqs}) == 1
+    # still one unique question per request
+    assert len({r.prompt_hash for r in reqs}) == len(reqs)
+
+
+def test_images_are_seeded(spec):
+    c = cell(spec, "mm", "small", 2)
+    assert [decode_image(r) for r in build_requests(spec, c)] == [decode_image(r) for r in build_requests(spec, c)]
+    assert decode_image(build_requests(spec, c, seed=7)[0]) != decode_image(build_requests(spec, c)[0])
+
+
+def test_target_prompt_tokens_of_560px_image_on_smoke_model(spec):
+    reqs = build_requests(spec, cell(spec, "mm", "1k", 2))
+    # 624 text + 23 chat template + 400 image tokens (560² px / 28² px), WORKLOADS.md: measured 1,047–1,050
+    assert {r.target_prompt_tokens for r in reqs} == {624 + 23 + 400} == {1047}
+    assert Image.open(io.BytesIO(decode_image(reqs[0]))).size == (560, 560)
