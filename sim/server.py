@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
 import os
 import sys
@@ -70,7 +69,10 @@ class Replica:
         self.encoder_cache: set[str] = set()
         self.window = {"bytes": 0, "count": 0, "lat_ms": []}
         self.session: aiohttp.ClientSession | None = None
-        self.ids = itertools.count()
+        self.genuine = spec.target.sim.kv_engine == "mooncake" and self.moves_kv
+        self.mooncake = None  # sim.mooncake_kv.MooncakeKV once serving, in genuine mode
+        # Every line about KV movement carries the emulated mark, unless real bytes move (genuine mode).
+        self.kv_mark = "" if self.genuine else f" {logfmt.EMULATED_MARK}"
 
     # --- logging -------------------------------------------------------------------------
     def api_log(self, msg: str, level: str = "INFO", file: str = "api_server.py", line: int = 1) -> None:
@@ -92,15 +94,22 @@ class Replica:
 
     def startup_lines(self) -> None:
         hw = self.spec.hardware
-        self.api_log(f"epdbench simulator {logfmt.EMULATED_MARK}: vLLM API server role={self.role} "
+        what = "[epdbench sim: emulated GPU, genuine Mooncake KV transport]" if self.genuine else logfmt.EMULATED_MARK
+        self.api_log(f"epdbench simulator {what}: vLLM API server role={self.role} "
                      f"replica={self.replica} config={self.config.name} model={self.spec.model.name} "
                      f"tp={self.role_spec.tp} hardware={hw.gpu}")
         if self.moves_kv:
             kv_role = "kv_producer" if self.role == "prefill" else "kv_consumer"
             self.engine_log(f"Creating v1 connector with name: MooncakeConnector and engine_id: {self.engine_id} "
-                            f"(kv_role={kv_role}) {logfmt.EMULATED_MARK}", file="factory.py")
+                            f"(kv_role={kv_role}){self.kv_mark}", file="factory.py")
             self.engine_log("Registering KV_Caches. use_mla: False", file="mooncake_connector.py")
-            if self.transport == "tcp":
+            if self.genuine:
+                from sim.mooncake_kv import MooncakeKV
+                self.mooncake = MooncakeKV(self.host, self.spec.target.sim.kv_buffer_mb * 1024 ** 2)
+                self.engine_log(f"Genuine KV transport: Mooncake transfer engine session {self.mooncake.session}, "
+                                f"moving {self.spec.target.sim.kv_scale:g} of modelled KV bytes",
+                                file="mooncake_connector.py")
+            elif self.transport == "tcp":
                 self.mc_log("MC_FORCE_TCP is set, using TCP transport only")
                 self.mc_log("No RDMA devices found, check your device installation", "W", "topology.cpp")
                 self.mc_log("Topology discovery complete. Found 0 HCAs.")
@@ -112,7 +121,8 @@ class Replica:
                 for i in range(n):
                     self.mc_log(f"RDMA device: sim_mlx5_{i}, LID: 0, GID: (GID_Index 0) "
                                 "00:00:00:00:00:00:00:00:00:00:00:00:00:00:00:00", file="rdma_context.cpp")
-            self.mc_log(f"Transfer Engine RPC using P2P handshake, listening on {self.host}:{self.port + 10000}")
+            if not self.genuine:
+                self.mc_log(f"Transfer Engine RPC using P2P handshake, listening on {self.host}:{self.port + 10000}")
         self.api_log(f"Starting vLLM API server 0 on http://{self.host}:{self.port}", file="launcher.py")
 
     # --- request parsing -----------------------------------------------------------------
@@ -253,9 +263,10 @@ class Replica:
         t0 = time.perf_counter()
         assert self.session is not None
         try:
-            async with self.session.post(f"{url}/epdbench/kv_pull",
-                                         json={"transfer_id": xfer, "request_id": rid,
-                                               "tokens": prompt_tokens, "engine_id": self.engine_id}) as r:
+            body = {"transfer_id": xfer, "request_id": rid, "tokens": prompt_tokens, "engine_id": self.engine_id}
+            if self.mooncake:
+                body.update({"mooncake_session": self.mooncake.session, "mooncake_addr": self.mooncake.addr})
+            async with self.session.post(f"{url}/epdbench/kv_pull", json=body) as r:
                 ok = r.status == 200
                 detail = await r.json() if ok else await r.text()
         except aiohttp.ClientError as e:
@@ -269,7 +280,7 @@ class Replica:
         self.counters.kv_bytes += detail["bytes"]
         self.counters.kv_xfer_seconds += time.perf_counter() - t0
         self.engine_log(f"Received KV for {rid} (transfer {xfer}): {detail['bytes']} bytes over "
-                        f"{self.transport} in {(time.perf_counter() - t0) * 1e3:.1f} ms {logfmt.EMULATED_MARK}",
+                        f"{self.transport} in {(time.perf_counter() - t0) * 1e3:.1f} ms{self.kv_mark}",
                         file="mooncake_connector.py")
         return True
 
@@ -289,7 +300,18 @@ class Replica:
         seconds = transfer_seconds(self.spec.hardware, self.transport, n_bytes, self.role_spec.rdma_interfaces)
         t0 = time.perf_counter()
         async with self.link_lock:
+            real = None
+            if self.mooncake and body.get("mooncake_session"):
+                n_real = int(n_bytes * self.spec.target.sim.kv_scale)
+                real = asyncio.create_task(asyncio.to_thread(
+                    self.mooncake.write, body["mooncake_session"], int(body["mooncake_addr"]), n_real))
             await asyncio.sleep(seconds)
+            if real is not None and await real != 0:
+                self.counters.kv_failed_transfers += 1
+                self.engine_log(f"Sending to {body.get('engine_id')} failed (ret=-1) after "
+                                f"{(time.perf_counter() - t0) * 1e3:.1f} ms: Mooncake write of {rid} failed",
+                                level="ERROR", file="mooncake_connector.py")
+                return web.json_response({"error": "mooncake transfer failed"}, status=500)
         latency_ms = (time.perf_counter() - t0) * 1e3
         self.counters.kv_transfers += 1
         self.counters.kv_bytes += n_bytes
@@ -298,8 +320,7 @@ class Replica:
         self.window["count"] += 1
         self.window["lat_ms"].append(latency_ms)
         self.engine_log(f"Sent KV of {rid} (transfer {xfer}) to {body.get('engine_id')}: {n_bytes} bytes over "
-                        f"{self.transport} in {latency_ms:.1f} ms {logfmt.EMULATED_MARK}",
-                        file="mooncake_connector.py")
+                        f"{self.transport} in {latency_ms:.1f} ms{self.kv_mark}", file="mooncake_connector.py")
         return web.json_response({"bytes": n_bytes, "seconds": seconds})
 
     async def bootstrap_query(self, request: web.Request) -> web.Response:
@@ -460,7 +481,7 @@ class Replica:
         while True:
             await asyncio.sleep(interval_s)
             w = self.window
-            if w["count"]:
+            if w["count"] and not self.genuine:
                 mb_s = w["bytes"] / 1e6 / interval_s
                 lat = sorted(w["lat_ms"])
                 under_1ms = sum(1 for x in lat if x < 1) / len(lat) * 100
@@ -478,8 +499,8 @@ class Replica:
                     "APIServer", self.pid, "INFO", "metrics.py", 103,
                     f"KV Transfer metrics: Num successful transfers={dn}, Avg MB per transfer={avg_mb:.1f}, "
                     f"Num failed transfers={new['failed'] - last['failed']}, "
-                    f"Num failed recvs={new['recv_failed'] - last['recv_failed']}, Num KV expired reqs=0 "
-                    f"{logfmt.EMULATED_MARK}"))
+                    f"Num failed recvs={new['recv_failed'] - last['recv_failed']}, Num KV expired reqs=0"
+                    f"{self.kv_mark}"))
                 last = new
 
     # --- app ---------------------------------------------------------------------------------

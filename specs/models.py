@@ -209,6 +209,14 @@ class SimTargetSpec(Strict):
                                      description="Time allowed for every process of a configuration to serve.")
     faults: SimFaults = Field(default_factory=SimFaults, title="Faults",
                               description="Faults to inject, to prove the verifiers catch them.")
+    kv_engine: Literal["emulated", "mooncake"] = Field(
+        "emulated", title="KV transfer engine",
+        description="emulated: KV handoff timed by the cost model; mooncake: real byte buffers also move "
+                    "through the real Mooncake transfer engine (needs the mooncake extra and libibverbs1).")
+    kv_scale: float = Field(1 / 16, gt=0, le=1, title="Genuine KV scale",
+                            description="Fraction of the modelled KV bytes really moved when kv_engine is mooncake.")
+    kv_buffer_mb: int = Field(64, ge=1, le=4096, title="Genuine KV buffer (MB)",
+                              description="Registered buffer per KV process; larger transfers are capped to it.")
 
 
 K8S_NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"

@@ -99,7 +99,7 @@ def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_
     # Mooncake's own knobs: metrics windows on, every second so short suites still log transfer activity.
     env = {"MC_TE_METRIC_INTERVAL_SECONDS": "1", **os.environ, "MC_TE_METRIC": "1", "PYTHONUNBUFFERED": "1"}
     if config.kv_transport == "tcp":
-        env["MC_FORCE_TCP"] = "1"
+        env["MC_FORCE_TCP"] = "1"   # as on a cluster: Mooncake would pick RDMA by itself if it found HCAs
     else:
         env.pop("MC_FORCE_TCP", None)
     procs: list[Process] = []

@@ -1,0 +1,172 @@
+"""The Kubernetes API calls the pipeline makes, on plain dicts, through the official `kubernetes` client:
+server-side apply, list/get/delete by label, pod logs, events, nodes, port-forward. Nothing else."""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import urllib3
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+
+from specs.models import KubernetesTargetSpec
+
+FIELD_MANAGER = "epdbench"
+REQUEST_TIMEOUT_S = 30
+
+
+class KubeApiError(RuntimeError):
+    """An API call that failed; `status` is the HTTP status (0 when the server was not reached)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Kind:
+    group_version: str   # v1, apps/v1, rbac.authorization.k8s.io/v1
+    plural: str
+    namespaced: bool = True
+
+    def collection_path(self, namespace: str) -> str:
+        root = "/api/v1" if self.group_version == "v1" else f"/apis/{self.group_version}"
+        return f"{root}/namespaces/{namespace}/{self.plural}" if self.namespaced else f"{root}/{self.plural}"
+
+
+KINDS: dict[str, Kind] = {
+    "ServiceAccount": Kind("v1", "serviceaccounts"),
+    "Service": Kind("v1", "services"),
+    "Pod": Kind("v1", "pods"),
+    "Event": Kind("v1", "events"),
+    "PersistentVolumeClaim": Kind("v1", "persistentvolumeclaims"),
+    "Namespace": Kind("v1", "namespaces", namespaced=False),
+    "Node": Kind("v1", "nodes", namespaced=False),
+    "StatefulSet": Kind("apps/v1", "statefulsets"),
+    "Deployment": Kind("apps/v1", "deployments"),
+    "ReplicaSet": Kind("apps/v1", "replicasets"),
+    "ControllerRevision": Kind("apps/v1", "controllerrevisions"),
+    "Role": Kind("rbac.authorization.k8s.io/v1", "roles"),
+    "RoleBinding": Kind("rbac.authorization.k8s.io/v1", "rolebindings"),
+}
+# Owners first, so their dependents are garbage-collected rather than recreated.
+LABELLED_KINDS = ["Deployment", "StatefulSet", "ReplicaSet", "ControllerRevision", "Service", "RoleBinding", "Role",
+                  "ServiceAccount", "Pod"]
+
+
+def kubeconfig_paths(target: KubernetesTargetSpec) -> list[Path]:
+    raw = target.kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+    return [Path(p).expanduser() for p in raw.split(os.pathsep) if p]
+
+
+def load_configuration(target: KubernetesTargetSpec) -> k8s_client.Configuration:
+    """Credentials from the kubeconfig (context as given), or in-cluster ones when no kubeconfig exists."""
+    cfg = k8s_client.Configuration()
+    paths = kubeconfig_paths(target)
+    try:
+        if any(p.exists() for p in paths):
+            k8s_config.load_kube_config(os.pathsep.join(map(str, paths)), context=target.context,
+                                        client_configuration=cfg, persist_config=False)
+        elif not target.kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            k8s_config.load_incluster_config(client_configuration=cfg)
+        else:
+            raise KubeApiError(0, f"kubeconfig {os.pathsep.join(map(str, paths))} not found: give --kubeconfig "
+                                  "or set KUBECONFIG")
+    except ConfigException as e:
+        raise KubeApiError(0, f"kubeconfig: {str(e).splitlines()[0]}") from None
+    return cfg
+
+
+def connect(target: KubernetesTargetSpec) -> "KubeApi":
+    return KubeApi(k8s_client.ApiClient(load_configuration(target)), target.namespace)
+
+
+class KubeApi:
+    def __init__(self, api_client: k8s_client.ApiClient, namespace: str):
+        self.client = api_client
+        self.namespace = namespace
+
+    @property
+    def host(self) -> str:
+        return self.client.configuration.host
+
+    def auth_headers(self) -> dict[str, str]:
+        """Credential headers of this client (bearer token, refreshed by the client's hook if any)."""
+        return {s["key"]: s["value"] for s in self.client.configuration.auth_settings().values()
+                if s["in"] == "header"}
+
+    def call(self, method: str, path: str, query: list[tuple[str, str]] | None = None, body=None,
+             content_type: str | None = None, timeout_s: float = REQUEST_TIMEOUT_S) -> bytes:
+        headers = {"Accept": "application/json, */*"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        method, url, headers, body, _ = self.client.param_serialize(
+            method, path, query_params=query or [], header_params=headers, body=body, auth_settings=["BearerToken"])
+        try:
+            resp = self.client.call_api(method, url, headers, body, _request_timeout=timeout_s)
+            data = resp.read()
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+            raise KubeApiError(0, f"cannot reach the API server at {self.host}: {str(e).splitlines()[0]}") from None
+        if not 200 <= resp.status < 300:
+            raise KubeApiError(resp.status, f"{method} {path}: HTTP {resp.status} {status_message(data)}")
+        return data
+
+    def call_json(self, method: str, path: str, **kw) -> dict:
+        return json.loads(self.call(method, path, **kw) or b"{}")
+
+    def path_of(self, kind: str, name: str | None = None) -> str:
+        path = KINDS[kind].collection_path(self.namespace)
+        return path if name is None else f"{path}/{name}"
+
+    def server_version(self) -> str:
+        info = self.call_json("GET", "/version")
+        found = re.match(r"^v?(\d+)\.(\d+)", info.get("gitVersion", ""))
+        return f"{found.group(1)}.{found.group(2)}" if found else f"{info['major']}.{re.sub(r'\D', '', info['minor'])}"
+
+    def apply(self, obj: dict) -> dict:
+        """Server-side apply: creates or updates the object, taking over fields from other managers."""
+        return self.call_json("PATCH", self.path_of(obj["kind"], obj["metadata"]["name"]), body=obj,
+                              query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+                              content_type="application/apply-patch+yaml")
+
+    def get(self, kind: str, name: str) -> dict:
+        return self.call_json("GET", self.path_of(kind, name))
+
+    def list(self, kind: str, label_selector: str | None = None) -> list[dict]:
+        query = [("labelSelector", label_selector)] if label_selector else []
+        return self.call_json("GET", self.path_of(kind), query=query).get("items") or []
+
+    def delete(self, kind: str, name: str) -> bool:
+        """Delete one object (dependents in the background); False when it was already gone."""
+        try:
+            self.call("DELETE", self.path_of(kind, name), content_type="application/json",
+                      body={"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"})
+        except KubeApiError as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
+
+    def pod_log(self, pod: str, container: str, previous: bool = False) -> str:
+        query = [("container", container)] + ([("previous", "true")] if previous else [])
+        return self.call("GET", f"{self.path_of('Pod', pod)}/log", query=query).decode("utf-8", "replace")
+
+    def port_forward(self, pod: str, port: int):
+        """A kubernetes.stream PortForward whose .socket(port) reaches the pod's port."""
+        from kubernetes.stream import portforward
+        core = k8s_client.CoreV1Api(self.client)
+        return portforward(core.connect_get_namespaced_pod_portforward, pod, self.namespace, ports=str(port))
+
+
+def status_message(data: bytes) -> str:
+    """The one-line message of a Kubernetes Status body (or the start of any other body)."""
+    try:
+        body = json.loads(data)
+        return str(body.get("message") or body.get("reason") or "").splitlines()[0]
+    except (ValueError, AttributeError, IndexError):
+        return data[:200].decode("utf-8", "replace").replace("\n", " ")

@@ -1,0 +1,165 @@
+"""What the cluster says, in words (pure): pod readiness, why a configuration is not ready, where its
+pods run, whether the GPU node can hold it. Functions of API dicts only; no client, no I/O."""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from manifests.render import LABEL_RUN, LABEL_ROLE
+
+BENIGN_WAITING = {"ContainerCreating", "PodInitializing"}
+MESSAGE_MAX = 240
+
+
+def short(text: str) -> str:
+    line = " ".join(str(text).split())
+    return line if len(line) <= MESSAGE_MAX else line[:MESSAGE_MAX - 1] + "…"
+
+
+def name_of(obj: dict) -> str:
+    return obj["metadata"]["name"]
+
+
+def is_terminating(obj: dict) -> bool:
+    return bool(obj["metadata"].get("deletionTimestamp"))
+
+
+def condition(pod: dict, kind: str) -> dict | None:
+    return next((c for c in pod.get("status", {}).get("conditions") or [] if c.get("type") == kind), None)
+
+
+def is_ready(pod: dict) -> bool:
+    ready = condition(pod, "Ready")
+    return ready is not None and ready.get("status") == "True" and not is_terminating(pod)
+
+
+def live_pods(pods: list[dict]) -> list[dict]:
+    return [p for p in pods if not is_terminating(p)]
+
+
+def process_name(pod: dict) -> str:
+    """prefill-0, decode-1, router: the pod's role and StatefulSet ordinal (same names as the sim target)."""
+    role = pod["metadata"].get("labels", {}).get(LABEL_ROLE, "pod")
+    if role == "router":
+        return "router"
+    return f"{role}-{name_of(pod).rsplit('-', 1)[-1]}"
+
+
+def container_problem(status: dict) -> str | None:
+    state = status.get("state") or {}
+    waiting, terminated = state.get("waiting"), state.get("terminated")
+    if waiting and waiting.get("reason") not in BENIGN_WAITING:
+        text = waiting.get("reason", "Waiting")
+        last = (status.get("lastState") or {}).get("terminated")
+        if last:
+            text += f" (restarts {status.get('restartCount', 0)}, last exit {last.get('exitCode')}"
+            text += f" {last.get('reason', '')})".replace(" )", ")")
+        if waiting.get("message"):
+            text += f": {waiting['message']}"
+        return text
+    if terminated:
+        return f"container exited {terminated.get('exitCode')} ({terminated.get('reason', 'Error')})"
+    return None
+
+
+def latest_warning_among(events: list[dict]) -> str | None:
+    warnings = [e for e in events if e.get("type") == "Warning"]
+    if not warnings:
+        return None
+    last = max(warnings, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+    return f"{last.get('reason', 'Warning')}: {last.get('message', '')}"
+
+
+def latest_warning(events: list[dict], name: str) -> str | None:
+    return latest_warning_among([e for e in events if e.get("involvedObject", {}).get("name") == name])
+
+
+def pod_problem(pod: dict, events: list[dict]) -> str:
+    """Why one pod is not ready, in the cluster's own words."""
+    for status in pod.get("status", {}).get("containerStatuses") or []:
+        problem = container_problem(status)
+        if problem:
+            return problem
+    scheduled = condition(pod, "PodScheduled")
+    if scheduled and scheduled.get("status") == "False":
+        return f"{scheduled.get('reason', 'Unschedulable')}: {scheduled.get('message', '')}"
+    warning = latest_warning(events, name_of(pod))
+    phase = pod.get("status", {}).get("phase", "Unknown")
+    if phase == "Running":
+        return f"running but not ready ({warning or 'readiness probe /health not passing yet'})"
+    return f"{phase}" + (f" ({warning})" if warning else "")
+
+
+def missing_pods_problem(workloads: list[dict], events: list[dict]) -> str | None:
+    """Why pods were not even created (admission, quota): the latest warning of the workloads or their ReplicaSets."""
+    names = [name_of(w) for w in workloads]
+    related = [e for e in events if e.get("involvedObject", {}).get("kind") in ("StatefulSet", "Deployment", "ReplicaSet")
+               and any(e["involvedObject"].get("name", "").startswith(n) for n in names)]
+    return latest_warning_among(related)
+
+
+def readiness_line(pods: list[dict], expected: int) -> str:
+    pods = live_pods(pods)
+    waiting = [f"{name_of(p)} {p.get('status', {}).get('phase', '?')}" for p in pods if not is_ready(p)]
+    line = f"{sum(map(is_ready, pods))}/{expected} pods ready"
+    return line + (f" (waiting: {', '.join(waiting)})" if waiting else "")
+
+
+def diagnose(pods: list[dict], workloads: list[dict], events: list[dict], expected: int, waited_s: float) -> str:
+    """One line: which pods are not ready and why, grouped by reason (unschedulable GPUs, image pull …)."""
+    pods = live_pods(pods)
+    by_reason: dict[str, list[str]] = defaultdict(list)
+    for pod in pods:
+        if not is_ready(pod):
+            by_reason[short(pod_problem(pod, events))].append(name_of(pod))
+    parts = [f"{', '.join(names)}: {reason}" for reason, names in by_reason.items()]
+    if len(pods) < expected:
+        why = missing_pods_problem(workloads, events)
+        parts.append(f"{expected - len(pods)} of {expected} pods not created" + (f" ({short(why)})" if why else ""))
+    return f"not ready after {waited_s:.0f} s: " + "; ".join(parts or ["pods ready but the check timed out"])
+
+
+def placement(pods: list[dict], gpu_resource: str, rdma_resource: str | None) -> list[dict]:
+    """Where each pod runs and what it was given: node, pod IP, GPUs and RDMA interfaces requested."""
+    out = []
+    for pod in sorted(pods, key=name_of):
+        limits: dict = {}
+        for c in pod["spec"].get("containers", []):
+            limits.update((c.get("resources") or {}).get("limits") or {})
+        out.append({"pod": name_of(pod), "process": process_name(pod), "node": pod["spec"].get("nodeName"),
+                    "pod_ip": pod.get("status", {}).get("podIP"), "gpus": int(limits.get(gpu_resource, 0)),
+                    "rdma": int(limits.get(rdma_resource, 0)) if rdma_resource else 0,
+                    "restarts": sum(s.get("restartCount", 0)
+                                    for s in pod.get("status", {}).get("containerStatuses") or [])})
+    return out
+
+
+def node_capacity_problem(nodes: list[dict], selector: dict[str, str], gpu_resource: str, gpus: int,
+                          rdma_resource: str | None, rdma: int) -> str | None:
+    """Why no node matching the selector can hold the configuration (allocatable, not free), or None."""
+    if not nodes:
+        return f"no node matches the GPU node selector {selector}"
+
+    def allocatable(node: dict, resource: str | None) -> int:
+        return int((node.get("status", {}).get("allocatable") or {}).get(resource, 0)) if resource else 0
+
+    best = max(nodes, key=lambda n: allocatable(n, gpu_resource))
+    if allocatable(best, gpu_resource) < gpus:
+        return (f"needs {gpus} {gpu_resource} on one node, node {name_of(best)} has "
+                f"{allocatable(best, gpu_resource)} allocatable")
+    if rdma and allocatable(best, rdma_resource) < rdma:
+        return (f"needs {rdma} {rdma_resource}, node {name_of(best)} has {allocatable(best, rdma_resource)} "
+                "allocatable: check the RDMA device plugin and target.kubernetes.node.rdma_resource")
+    return None
+
+
+def other_runs(objects: list[dict], run_label: str) -> list[str]:
+    """Run labels of epdbench objects that belong to another run."""
+    runs = {o["metadata"].get("labels", {}).get(LABEL_RUN) for o in objects}
+    return sorted(r for r in runs if r and r != run_label)
+
+
+def log_delta(fetched_before: str, current: str) -> str:
+    """Text to append to a local log file so it only grows: the new tail, or everything after a restart."""
+    if current.startswith(fetched_before):
+        return current[len(fetched_before):]
+    return f"--- epdbench: container log restarted ---\n{current}"
