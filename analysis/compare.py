@@ -8,7 +8,8 @@ import pandas as pd
 from analysis.metrics import HIGHER_IS_BETTER, LOWER_IS_BETTER
 
 MATCH_KEYS = ["suite", "workload", "concurrency", "stream"]
-REPORT_METRICS = ["ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms", "itl_p99_ms", "itl_max_ms", "output_tok_s", "req_s"]
+REPORT_METRICS = ["ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms", "itl_p99_ms", "itl_max_ms", "output_tok_s", "req_s",
+                  "output_tok_s_per_gpu"]
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,12 @@ METRIC_KEYS = ["ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "tpot_p50_ms", "itl_
 SUMMARY_COLUMNS = CELL_KEYS + ["requests_ok", "requests_total", "requests_failed", "ttft_p50_ms", "ttft_p95_ms",
                                "ttft_p99_ms", "tpot_p50_ms", "itl_p99_ms", "itl_max_ms", "output_tok_s", "req_s",
                                "window_s", "output_tokens", "chunks_multi_token", "client_lag_p99_ms",
-                               "prompt_tokens_mean", "target_prompt_tokens"]
+                               "prompt_tokens_mean", "target_prompt_tokens", "n_ttft_samples", "n_itl_samples",
+                               "gpus", "output_tok_s_per_gpu"]
 # Direction of "better" for the comparison.
 LOWER_IS_BETTER = {"ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "tpot_p50_ms", "itl_p99_ms", "itl_max_ms",
                    "requests_failed"}
-HIGHER_IS_BETTER = {"output_tok_s", "req_s", "requests_ok"}
+HIGHER_IS_BETTER = {"output_tok_s", "req_s", "requests_ok", "output_tok_s_per_gpu"}
 
 
 def percentile(values, q: float) -> float | None:
@@ -54,19 +55,26 @@ def tpot_ms(row) -> float | None:
     return (row["e2e_ms"] - row["ttft_ms"]) / (out - 1)
 
 
-def summarize_cell(df: pd.DataFrame) -> dict:
-    """Statistics of one cell's records (any phases; only measured ones count)."""
+def measured_window_ns(df: pd.DataFrame) -> tuple[int, int] | None:
+    """(first send, last completion) of the measured requests of `df`."""
+    m = df[df["phase"] == "measured"]
+    if m.empty:
+        return None
+    done = pd.to_numeric(m["done_ms"], errors="coerce").fillna(0) * 1e6
+    return int(m["send_ns"].min()), int((m["send_ns"] + done).max())
+
+
+def summarize_cell(df: pd.DataFrame, window_ns: tuple[int, int] | None = None) -> dict:
+    """Statistics of one cell's records (any phases; only measured ones count). `window_ns` overrides
+    the cell's own window (streams of a mixed suite share the whole mixed window)."""
     m = df[df["phase"] == "measured"]
     ok = m[m["ok"].astype(bool)]
     total = int(len(m))
     n_ok = int(len(ok))
     itls = pooled_itl_ms(ok["chunk_offsets_ns"])
     tpots = [tpot_ms(r) for _, r in ok.iterrows()]
-    window_s = None
-    if total:
-        start = m["send_ns"].min()
-        end = (m["send_ns"] + (m["done_ms"].fillna(0) * 1e6)).max()
-        window_s = float(end - start) / 1e9 if end > start else None
+    window = window_ns or measured_window_ns(df)
+    window_s = (window[1] - window[0]) / 1e9 if window and window[1] > window[0] else None
     out_tokens = ok["output_tokens"].dropna()
     out_sum = int(out_tokens.sum()) if len(out_tokens) else None
     multi = None
@@ -75,6 +83,8 @@ def summarize_cell(df: pd.DataFrame) -> dict:
     lag = ((m["send_ns"] - m["scheduled_ns"]) / 1e6).tolist() if total else []
     prompt = ok["prompt_tokens"].dropna()
     return {
+        "n_ttft_samples": n_ok,
+        "n_itl_samples": len(itls),
         "requests_ok": n_ok,
         "requests_total": total,
         "requests_failed": total - n_ok,
@@ -95,12 +105,22 @@ def summarize_cell(df: pd.DataFrame) -> dict:
     }
 
 
-def summarize(records: pd.DataFrame) -> pd.DataFrame:
-    """One row per config × suite × workload × concurrency × stream × trial."""
+def summarize(records: pd.DataFrame, gpus: dict[str, int] | None = None) -> pd.DataFrame:
+    """One row per config × suite × workload × concurrency × stream × trial. Streams of a mixed suite
+    (stream != "main") share the suite's whole window as throughput denominator. With `gpus`
+    (config → GPUs), output tok/s per GPU is added for the equal-budget view."""
     if records.empty:
         return pd.DataFrame(columns=SUMMARY_COLUMNS)
+    mixed = records[records["stream"] != "main"]
+    shared = {key: measured_window_ns(g) for key, g in mixed.groupby(["config", "suite", "trial"], sort=False)}
     rows = []
     for key, group in records.groupby(CELL_KEYS, sort=False):
-        rows.append({**dict(zip(CELL_KEYS, key)), **summarize_cell(group)})
-    out = pd.DataFrame(rows)[SUMMARY_COLUMNS]
+        k = dict(zip(CELL_KEYS, key))
+        window = shared.get((k["config"], k["suite"], k["trial"])) if k["stream"] != "main" else None
+        rows.append({**k, **summarize_cell(group, window)})
+    out = pd.DataFrame(rows)
+    out["gpus"] = out["config"].map(gpus) if gpus else None
+    out["output_tok_s_per_gpu"] = [(t / g) if (t is not None and g and not pd.isna(t)) else None
+                                   for t, g in zip(out["output_tok_s"], out["gpus"])]
+    out = out[SUMMARY_COLUMNS]
     return out.astype(object).where(out.notna(), None)

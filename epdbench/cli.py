@@ -48,6 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: sqlite under .epdbench/)")
     c.add_argument("--experiment", default=None, help="MLflow experiment name (default: spec's, epdbench)")
     c.add_argument("--seed", type=int, default=None, help="override the spec's seed")
+    add_kube_flags(c)
+    c.add_argument("--keep", action="store_true", help="leave each configuration running (--target kubernetes)")
+
+    pl = sub.add_parser("plan", help="show every cell, its counts and estimated duration, without running")
+    pl.add_argument("--spec", default="smoke", help="spec YAML path or preset name (default: smoke)")
+    pl.add_argument("--configs", default=None, help="comma-separated configuration names (default: all)")
+    pl.add_argument("--json", action="store_true", help="print a JSON list of cells")
 
     r = sub.add_parser("report", help="re-render report.md from a results directory")
     r.add_argument("results_dir")
@@ -57,17 +64,66 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--expect", required=True, choices=["tcp", "rdma"], help="the transport the deployment asked for")
     v.add_argument("--json", action="store_true", help="print transport.json instead of text")
 
+    m = sub.add_parser("manifests", help="render and validate the Kubernetes manifests of configurations")
+    m.add_argument("--spec", default="smoke", help="spec YAML path or preset name (default: smoke)")
+    m.add_argument("--config", default=None, help="configuration name (default: every configuration)")
+    m.add_argument("--out", required=True, help="directory; one sub-folder of YAML files per configuration")
+    m.add_argument("--namespace", default=None, help="namespace written into the objects (default: spec's)")
+    m.add_argument("--run", default="preview", help="value of the epdbench/run label (default: preview)")
+
+    k = sub.add_parser("cleanup", help="delete every Kubernetes object of a run (leftovers of a crashed run)")
+    k.add_argument("--run", required=True, help="run id: the epdbench/run label, printed by compare")
+    add_kube_flags(k)
+
     s = sub.add_parser("sim", help="serve one simulated role replica (used by the sim target)")
     s.add_argument("args", nargs=argparse.REMAINDER)
     return p
+
+
+def add_kube_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kube-context", default=None, help="kubeconfig context (default: the current one)")
+    parser.add_argument("--namespace", default=None, help="namespace of the objects (default: spec's, epdbench)")
+    parser.add_argument("--kubeconfig", default=None, help="kubeconfig path (default: $KUBECONFIG, ~/.kube/config)")
+
+
+KUBE_FLAGS = {"kube_context": "context", "namespace": "namespace", "kubeconfig": "kubeconfig", "keep": "keep"}
+
+
+def kube_overrides(args) -> dict:
+    """Kubernetes target settings given as flags: {spec field: value}."""
+    return {field: getattr(args, flag) for flag, field in KUBE_FLAGS.items()
+            if getattr(args, flag, None) not in (None, False)}
+
+
+def with_target(spec, kind: str, overrides: dict, source: str):
+    """The spec on the chosen target with the command line's Kubernetes settings, validated again."""
+    from specs.models import SpecError, parse_spec
+
+    if overrides and kind != "kubernetes":
+        flag = next(f for f, field in KUBE_FLAGS.items() if field in overrides)
+        raise SpecError(f"--{flag.replace('_', '-')}: applies to --target kubernetes only")
+    data = spec.model_dump(mode="json")
+    data["target"]["kind"] = kind
+    data["target"]["kubernetes"].update(overrides)
+    return parse_spec(data, source)
+
+
+def check_kubeconfig(target) -> None:
+    from specs.models import SpecError
+    from tasks.k8s_api import kubeconfig_paths
+
+    if not any(p.exists() for p in kubeconfig_paths(target)) and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        raise SpecError(f"--kubeconfig: {target.kubeconfig or os.environ.get('KUBECONFIG') or '~/.kube/config'} "
+                        "not found: give the kubeconfig of the cluster")
 
 
 def load_compare_spec(args):
     from specs.models import SpecError, load_spec, select_configurations
 
     spec = load_spec(args.spec)
-    if args.target == "kubernetes":
-        raise SpecError("--target kubernetes: the Kubernetes target is not available in this version; use --target sim")
+    spec = with_target(spec, args.target or spec.target.kind, kube_overrides(args), args.spec)
+    if spec.target.kind == "kubernetes":
+        check_kubeconfig(spec.target.kubernetes)
     updates: dict = {}
     if args.seed is not None:
         if args.seed < 0:
@@ -97,6 +153,77 @@ def cmd_compare(args) -> int:
     return EXIT_OK if outcome["all_verified"] else EXIT_FAILURES
 
 
+def cmd_manifests(args) -> int:
+    from manifests.render import (DEFAULT_SCHEMA_VERSION, ManifestError, manifest_files, render_manifests,
+                                  validate_manifests)
+    from specs.models import load_spec
+
+    spec = with_target(load_spec(args.spec), "kubernetes", kube_overrides(args), args.spec)
+    names = [c.name for c in spec.configurations]
+    if args.config and args.config not in names:
+        raise CliError(f"--config {args.config}: not in this spec; it has {', '.join(names)}")
+    version = spec.target.kubernetes.version or DEFAULT_SCHEMA_VERSION
+    for config in spec.configurations:
+        if args.config and config.name != args.config:
+            continue
+        objects = render_manifests(spec, config, args.run)
+        try:
+            validate_manifests(objects, version)
+        except ManifestError as e:
+            raise CliError(f"{config.name}: {e}") from None
+        out = Path(args.out) / config.name
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in manifest_files(objects).items():
+            (out / name).write_text(text)
+        print(f"{out}/: {len(objects)} objects, {config.gpus} GPUs, valid for Kubernetes {version}")
+    return EXIT_OK
+
+
+def cmd_cleanup(args) -> int:
+    from pydantic import ValidationError
+
+    from specs.models import KubernetesTargetSpec, describe_validation_error
+    from tasks.k8s_api import KubeApiError
+    from tasks.k8s_target import cleanup
+
+    try:
+        target = KubernetesTargetSpec(**kube_overrides(args))
+    except ValidationError as e:
+        raise CliError(describe_validation_error(e, "cleanup")) from None
+    try:
+        found, left = cleanup(target, args.run)
+    except KubeApiError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAILURES
+    print(f"run {args.run} in namespace {target.namespace}: {found} objects found, {found - len(left)} gone"
+          + (f"; still there: {', '.join(left)}" if left else ""))
+    return EXIT_FAILURES if left else EXIT_OK
+
+
+def cmd_plan(args) -> int:
+    import json
+
+    from specs.models import load_spec, select_configurations
+    from specs.plan import plan, total_seconds
+
+    spec = load_spec(args.spec)
+    configs = [x.strip() for x in args.configs.split(",") if x.strip()] if args.configs else None
+    spec = select_configurations(spec, configs)
+    rows = plan(spec)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return EXIT_OK
+    print(f"{'config':<12} {'suite':<12} {'workload':<22} {'conc':>4} {'stream':<14} {'warm':>4} {'meas':>5} "
+          f"{'prompts':<16} {'est s':>7}")
+    for r in rows:
+        print(f"{r['config']:<12} {r['suite']:<12} {r['workload']:<22} {r['concurrency']:>4} {r['stream']:<14} "
+              f"{r['n_warmup']:>4} {r['n_measured']:>5} {r['prompt_set_hash']:<16} {r['est_seconds']:>7.1f}")
+    total = total_seconds(spec, rows)
+    print(f"{len(rows)} cells × {spec.trials} trial(s); estimated {total / 60:.1f} min on the simulator "
+          f"(cost model; real hardware differs)")
+    return EXIT_OK
+
+
 def cmd_report(args) -> int:
     import json
 
@@ -109,7 +236,8 @@ def cmd_report(args) -> int:
         raise CliError(f"{rdir}: no records.parquet/outcome.json here; give a results directory written by "
                        "'epdbench compare'")
     outcome = json.loads((rdir / "outcome.json").read_text())
-    summary = summarize(read_records(rdir / "records.parquet"))
+    gpus = {c["name"]: c["gpus"] for c in outcome["meta"]["configurations"]}
+    summary = summarize(read_records(rdir / "records.parquet"), gpus)
     (rdir / "report.md").write_text(render_report(outcome["meta"], summary, outcome["verdicts"]))
     print(rdir / "report.md")
     return EXIT_OK
@@ -149,8 +277,14 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_compare(args)
         if args.command == "report":
             return cmd_report(args)
+        if args.command == "plan":
+            return cmd_plan(args)
         if args.command == "verify-transport":
             return cmd_verify_transport(args)
+        if args.command == "manifests":
+            return cmd_manifests(args)
+        if args.command == "cleanup":
+            return cmd_cleanup(args)
     except CliError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

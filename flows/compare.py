@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import sys
 import traceback
 from dataclasses import dataclass, field
@@ -14,13 +15,15 @@ from pathlib import Path
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from analysis.metrics import summarize, summarize_cell
+from analysis.metrics import summarize
+from analysis.trials import aggregate_trials
 from reports.render import render_report
 from specs.models import ConfigurationSpec, ExperimentSpec, spec_to_yaml
-from specs.workload import Cell, build_requests, plan_cells, prompt_set_hash
+from specs.workload import Calibration, Cell, RequestSpec, build_requests, plan_cells, prompt_set_hash
 from tasks import evidence
 from tasks.deployment import ProvisionError
 from tasks.targets import target_module
+from tasks.calibrate import calibrate, needed_keys
 from tasks.loadgen import LoadGenerator, records_as_dicts
 from tasks.results import append_records, read_records, write_json, write_summary
 from tasks.tracking import Tracker, default_tracking_uri
@@ -59,32 +62,60 @@ def _cell_line(config: str, cell: Cell, trial: int, s: dict) -> str:
 
 
 @task(name="run-suite", cache_policy=NO_CACHE, retries=0)
-def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run: str,
-              records_path: str) -> list[dict]:
+def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run: str, records_path: str,
+              calibration: dict) -> list[dict]:
     """Every cell of one suite, every trial, on one shared HTTP session; records appended after each
-    cell. Never retried: a measured cell is not repeated behind the user's back."""
+    cell (after each mixed window). Never retried: a measured cell is not repeated behind the user's back."""
     import pandas as pd
 
+    cal = Calibration({k: tuple(v) for k, v in calibration.items()})
     cells = [c for c in plan_cells(spec) if c.suite == suite]
     done: list[dict] = []
+
+    def rows_of(cell: Cell, trial: int, recs) -> list[dict]:
+        return [{**r, "run": run, "trial": trial, "config": config, "suite": cell.suite, "cell": cell.cell_id,
+                 "workload": cell.workload, "stream": cell.stream, "concurrency": cell.concurrency}
+                for r in records_as_dicts(recs)]
+
+    def finish(batch: list[tuple[Cell, list[RequestSpec], list[dict]]], trial: int) -> None:
+        rows = [r for _, _, rs in batch for r in rs]
+        append_records(Path(records_path), rows)
+        summaries = summarize(pd.DataFrame(rows)).set_index("stream", drop=False)
+        for cell, requests, _ in batch:
+            s = summaries.loc[cell.stream].to_dict()
+            say(_cell_line(config, cell, trial, s))
+            done.append({"cell": cell, "trial": trial, "summary": s, "rows": [r for c, _, rs in batch
+                                                                              if c == cell for r in rs],
+                         "prompt_set_hash": prompt_set_hash(requests)})
 
     async def go():
         async with LoadGenerator(endpoint, spec.model.name, spec.request_timeout_s, run_tag=run[-8:]) as lg:
             for trial in range(spec.trials):
+                if cells[0].kind == "mixed":
+                    requests = [build_requests(spec, c, trial, calibration=cal) for c in cells]
+                    recs = await lg.run_streams([(r, c.concurrency) for r, c in zip(requests, cells)])
+                    finish([(c, q, rows_of(c, trial, rs)) for c, q, rs in zip(cells, requests, recs)], trial)
+                    continue
                 for cell in cells:
-                    requests = build_requests(spec, cell, trial)
-                    recs = records_as_dicts(await lg.run_cell(requests, cell.concurrency))
-                    rows = [{**r, "run": run, "trial": trial, "config": config, "suite": cell.suite,
-                             "cell": cell.cell_id, "workload": cell.workload, "stream": cell.stream,
-                             "concurrency": cell.concurrency} for r in recs]
-                    append_records(Path(records_path), rows)
-                    summary = summarize_cell(pd.DataFrame(rows))
-                    say(_cell_line(config, cell, trial, summary))
-                    done.append({"cell": cell, "trial": trial, "summary": summary, "rows": rows,
-                                 "prompt_set_hash": prompt_set_hash(requests)})
+                    requests = build_requests(spec, cell, trial, calibration=cal)
+                    recs = await lg.run_cell(requests, cell.concurrency)
+                    finish([(cell, requests, rows_of(cell, trial, recs))], trial)
 
     asyncio.run(go())
     return done
+
+
+@task(name="calibrate-prompts", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
+def calibrate_prompts(engine_url: str, spec: ExperimentSpec, path: str) -> dict:
+    """Once per run, against the first configuration's engine; reused by every configuration."""
+    if Path(path).exists():
+        return json.loads(Path(path).read_text())
+    keys = needed_keys([r for c in plan_cells(spec) for r in build_requests(spec, c)[:1]])
+    fits = calibrate(engine_url, spec.model.name, keys).fits
+    write_json(Path(path), fits)
+    say(f"Prompt calibration against {engine_url}/tokenize: " +
+        ", ".join(f"{k}: {a:.3f} tokens/word + {b:.0f}" for k, (a, b) in fits.items()))
+    return fits
 
 
 @task(name="log-configuration", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
@@ -99,7 +130,8 @@ def log_configuration(tracker: Tracker, parent: str, spec: ExperimentSpec, confi
         params={"topology": config.topology, "roles": roles_text(config), "gpus": config.gpus,
                 "tp": ",".join(f"{r.role}={r.tp}" for r in config.roles), "transport": config.kv_transport,
                 "connectors": "MooncakeConnector" if config.kv_transport != "none" else "none",
-                "router": outcome.router, "image": "epdbench-sim" if spec.target.kind == "sim" else "vllm/vllm-openai",
+                "router": outcome.router,
+                "image": "epdbench-sim" if spec.target.kind == "sim" else spec.target.kubernetes.engine.image,
                 "engine_args": spec.engine.model_dump_json(), "error": outcome.error or ""},
         metrics={"transport_verified": 1.0 if t.get("verdict") == "verified" else 0.0,
                  "stages_verified": 1.0 if outcome.stages.get("verdict") == "verified" else 0.0,
@@ -120,6 +152,9 @@ def log_configuration(tracker: Tracker, parent: str, spec: ExperimentSpec, confi
                          summary=item["summary"])
     if Path(evidence_dir).exists():
         tracker.log_artifacts(run_id, Path(evidence_dir), "evidence")
+    manifests_dir = Path(evidence_dir).parents[1] / "manifests" / config.name   # kubernetes target only
+    if manifests_dir.exists():
+        tracker.log_artifacts(run_id, manifests_dir, "manifests")
     tracker.finish(run_id, outcome.ok)
     return run_id
 
@@ -139,10 +174,13 @@ def run_configuration(spec: ExperimentSpec, config: ConfigurationSpec, run: str,
         outcome.router = dep.router
         say(f"[{config.name}] serving at {dep.endpoint} via {dep.router}")
         emulated = spec.target.kind == "sim"
+        engine = next(p for p in dep.engines if p.role in ("server", "prefill"))
+        calibration = calibrate_prompts(engine.url, spec, str(rdir / "calibration.json"))
         first = snap = evidence.snapshot(dep)
         suites: dict[str, dict] = {}
         for suite in spec.suites:
-            items = run_suite(dep.endpoint, spec, suite.name, config.name, run, str(rdir / "records.parquet"))
+            items = run_suite(dep.endpoint, spec, suite.name, config.name, run, str(rdir / "records.parquet"),
+                              calibration)
             after = evidence.snapshot(dep)
             rows = [r for item in items for r in item["rows"]]
             suites[suite.name] = evidence.suite_evidence(dep, config, snap, after, rows, emulated)
@@ -195,8 +233,9 @@ def compare(spec: ExperimentSpec, out_dir: str | None = None, tracking_uri: str 
         outcomes[config.name] = run_configuration(spec, config, run, str(rdir))
         log_configuration(tracker, parent, spec, config, outcomes[config.name], str(rdir / "evidence" / config.name))
 
-    summary = summarize(read_records(rdir / "records.parquet"))
+    summary = summarize(read_records(rdir / "records.parquet"), {c.name: c.gpus for c in spec.configurations})
     write_summary(rdir, summary)
+    aggregate_trials(summary).to_csv(rdir / "summary_trials.csv", index=False)
     verdicts = {name: verdict_view(o) for name, o in outcomes.items()}
     meta = report_meta(spec, run, outcomes)
     (rdir / "report.md").write_text(render_report(meta, summary, verdicts))
@@ -208,7 +247,8 @@ def compare(spec: ExperimentSpec, out_dir: str | None = None, tracking_uri: str 
     outcome["all_verified"] = all(c["verified"] for c in outcome["configs"].values())
     outcome["meta"], outcome["verdicts"] = meta, verdicts
     write_json(rdir / "outcome.json", outcome)
-    for name in ("report.md", "summary.csv", "summary.parquet", "records.parquet", "spec.yaml", "outcome.json"):
+    for name in ("report.md", "summary.csv", "summary_trials.csv", "summary.parquet", "records.parquet", "spec.yaml",
+                 "calibration.json", "outcome.json"):
         tracker.log_artifacts(parent, rdir / name)
     tracker.set_tags(parent, {"epdbench.all_verified": outcome["all_verified"]})
     tracker.finish(parent, ok=all(o.ok for o in outcomes.values()))

@@ -13,12 +13,14 @@ import yaml
 
 from analysis.compare import REPORT_METRICS, Comparison, compare, ratio_phrase, wins
 from analysis.metrics import LOWER_IS_BETTER
+from analysis.trials import aggregate_trials, low_support
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 
 COLUMN_TITLES = {
     "ttft_p50_ms": "TTFT p50 (ms)", "ttft_p95_ms": "TTFT p95 (ms)", "tpot_p50_ms": "TPOT p50 (ms)",
     "itl_p99_ms": "ITL p99 (ms)", "itl_max_ms": "ITL max (ms)", "output_tok_s": "Output tok/s", "req_s": "Req/s",
+    "output_tok_s_per_gpu": "tok/s per GPU",
 }
 
 
@@ -33,34 +35,38 @@ def make_env(template_dir: Path = TEMPLATE_DIR, html: bool = False) -> jinja2.En
 def fmt(value, metric: str = "") -> str:
     if value is None or (isinstance(value, float) and pd.isna(value)):
         return "—"
-    if metric in ("output_tok_s",):
+    if metric in ("output_tok_s", "output_tok_s_per_gpu"):
         return f"{value:,.1f}"
     if metric == "req_s":
         return f"{value:.2f}"
     return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.2f}"
 
 
+def _cell_text(row, metric: str, best: Comparison | None) -> str:
+    text = fmt(row[metric], metric)
+    ci = row.get(f"{metric}_ci95")
+    if ci is not None and not pd.isna(ci) and text != "—":
+        text += f" ± {fmt(ci, metric)}"
+    if row["trials"] == 1 and low_support(metric, row["n_ttft_samples"], row["n_itl_samples"]) and text != "—":
+        text += " †"
+    if best and best.best == row["config"]:
+        text = f"**{text}**"
+    return text
+
+
 def suite_tables(summary: pd.DataFrame, comparisons: list[Comparison]) -> list[dict]:
-    """Per suite: rows (one per cell × config) with formatted, bold-where-best cells, and ratio lines."""
+    """Per suite: rows (one per cell × config; means ± 95% CI over trials), the better value per
+    matched cell in bold, low-support tails marked †, and ratio lines."""
     best = {(c.suite, c.workload, c.concurrency, c.stream, c.metric): c for c in comparisons}
-    agg = (summary.groupby(["suite", "workload", "concurrency", "stream", "config"], sort=False)
-           .agg({**{m: (lambda s: s.dropna().astype(float).mean() if s.notna().any() else None)
-                    for m in REPORT_METRICS},
-                 "requests_ok": "sum", "requests_total": "sum"}).reset_index())
+    agg = aggregate_trials(summary)
     out = []
     for suite, sdf in agg.groupby("suite", sort=False):
         rows = []
         for _, r in sdf.iterrows():
-            cells = []
-            for m in REPORT_METRICS:
-                c = best.get((suite, r["workload"], r["concurrency"], r["stream"], m))
-                text = fmt(r[m], m)
-                if c and c.best == r["config"] and c.worst is not None:
-                    text = f"**{text}**"
-                cells.append(text)
+            key = (suite, r["workload"], r["concurrency"], r["stream"])
             rows.append({"config": r["config"], "workload": r["workload"], "concurrency": int(r["concurrency"]),
                          "stream": r["stream"], "requests": f"{int(r['requests_ok'])}/{int(r['requests_total'])}",
-                         "cells": cells})
+                         "cells": [_cell_text(r, m, best.get((*key, m))) for m in REPORT_METRICS]})
         ratios = []
         for c in comparisons:
             if (c.suite != suite or c.ratio is None or c.best is None

@@ -23,7 +23,8 @@ def print_summary(outcome: dict, console: Console | None = None) -> None:
             for col in ["config", "workload", "conc", "ok"] + [t_ for _, t_ in TERMINAL_METRICS]:
                 t.add_column(col, justify="left" if col in ("config", "workload") else "right")
             for _, r in sdf.sort_values(["workload", "concurrency", "config"], kind="stable").iterrows():
-                t.add_row(r["config"], str(r["workload"]), str(r["concurrency"]),
+                workload = str(r["workload"]) + ("" if r["stream"] == "main" else f" ({r['stream']})")
+                t.add_row(r["config"], workload, str(r["concurrency"]),
                           f"{r['requests_ok']}/{r['requests_total']}",
                           *[fmt(None if pd.isna(r[m]) else r[m], m) for m, _ in TERMINAL_METRICS])
             console.print(t)

@@ -1,7 +1,10 @@
-"""Matched, seeded workloads: the request list of a cell is a pure function of (spec, cell, seed).
+"""Matched, seeded workloads: the request list of a cell is a pure function of (spec, cell, seed,
+calibration).
 
-Every configuration receives exactly the same prompts and images. Each prompt starts with a
-unique nonce so prefix caching cannot inflate results.
+Every configuration receives exactly the same prompts and images. Each prompt starts with a unique
+nonce so prefix caching cannot inflate results (unless a suite reuses an image on purpose).
+Prompt lengths are hit through a calibration measured once per run against the endpoint's own
+/tokenize (see tasks/calibrate.py); without one, one word counts as one token.
 """
 from __future__ import annotations
 
@@ -9,10 +12,10 @@ import base64
 import hashlib
 import io
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sim.costmodel import image_tokens
-from specs.models import ExperimentSpec, FixedSuite, MultimodalSuite
+from specs.models import ExperimentSpec, FixedSuite, MixedSuite, MultimodalSuite, StreamSpec
 
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar "
          "papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu river stone cloud amber "
@@ -29,6 +32,9 @@ class Cell:
     n_warmup: int
     n_measured: int
     stream: str = "main"
+    arrival: str = "closed"            # closed | burst
+    burst_size: int = 1
+    burst_interval_s: float = 0.0
 
     @property
     def cell_id(self) -> str:
@@ -51,15 +57,35 @@ class RequestSpec:
     prompt_hash: str
     image_px: int | None = None
     image_hash: str | None = None
+    offset_s: float | None = None   # scheduled send time from the start of the phase (burst arrival only)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Prompt tokens = tokens_per_word × words + overhead_tokens, per (api, image edge)."""
+    fits: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    @staticmethod
+    def key(api: str, image_px: int | None) -> str:
+        return f"{api}:{image_px or 0}"
+
+    def words_for(self, api: str, image_px: int | None, target_tokens: int, default_overhead: int) -> int:
+        slope, overhead = self.fits.get(self.key(api, image_px), (1.0, float(default_overhead)))
+        return max(1, round((target_tokens - overhead) / slope))
 
 
 def plan_cells(spec: ExperimentSpec) -> list[Cell]:
     cells: list[Cell] = []
     for suite in spec.suites:
-        if isinstance(suite, FixedSuite):
-            workloads = [s.workload for s in suite.shapes]
-        else:
-            workloads = [c.workload for c in suite.cells]
+        if isinstance(suite, MixedSuite):
+            for st in suite.streams:
+                cells.append(Cell(suite.name, suite.kind, st.workload, st.concurrency, suite.n_warmup,
+                                  st.n_requests, st.name, st.arrival,
+                                  st.burst_size if st.arrival == "burst" else 1,
+                                  st.burst_interval_s if st.arrival == "burst" else 0.0))
+            continue
+        workloads = ([s.workload for s in suite.shapes] if isinstance(suite, FixedSuite)
+                     else [c.workload for c in suite.cells])
         for w in workloads:
             for conc in suite.concurrencies:
                 cells.append(Cell(suite.name, suite.kind, w, conc, suite.n_warmup, suite.measured_for(conc)))
@@ -77,8 +103,8 @@ def synth_text(rng: random.Random, n_words: int, nonce: str) -> str:
     return " ".join(words[:max(1, n_words)])
 
 
-def synth_image(rng: random.Random, px: int) -> bytes:
-    """A seeded PNG of exactly px × px: a coloured background with random shapes (compresses well)."""
+def synth_image(rng: random.Random, px: int, fmt: str = "png") -> bytes:
+    """A seeded image of exactly px × px: a coloured background with random shapes."""
     from PIL import Image, ImageDraw
     img = Image.new("RGB", (px, px), tuple(rng.randrange(256) for _ in range(3)))
     draw = ImageDraw.Draw(img)
@@ -88,7 +114,7 @@ def synth_image(rng: random.Random, px: int) -> bytes:
         fill = tuple(rng.randrange(256) for _ in range(3))
         (draw.rectangle if rng.random() < 0.5 else draw.ellipse)([x0, y0, x1, y1], fill=fill)
     buf = io.BytesIO()
-    img.save(buf, format="PNG", optimize=False)
+    img.save(buf, format="PNG" if fmt == "png" else "JPEG", **({"quality": 90} if fmt == "jpeg" else {}))
     return buf.getvalue()
 
 
@@ -99,40 +125,71 @@ def _hash(*parts: bytes | str) -> str:
     return h.hexdigest()[:16]
 
 
-def build_requests(spec: ExperimentSpec, cell: Cell, trial: int = 0, seed: int | None = None) -> list[RequestSpec]:
+@dataclass(frozen=True)
+class _Shape:
+    """What one request of a cell asks for, before synthesis."""
+    text_tokens: int | None        # target tokens of the text part (chat) ...
+    prompt_tokens: int | None      # ... or of the whole prompt (completions)
+    output_tokens: int
+    image_px: int | None
+    reuse_image: bool
+    image_format: str
+
+
+def _shape_for(spec: ExperimentSpec, cell: Cell, rng: random.Random) -> _Shape:
+    suite = next(s for s in spec.suites if s.name == cell.suite)
+    if isinstance(suite, FixedSuite):
+        shape = next(s for s in suite.shapes if s.workload == cell.workload)
+        return _Shape(None, shape.input_tokens, shape.output_tokens, None, False, "png")
+    if isinstance(suite, MultimodalSuite):
+        mm = next(c for c in suite.cells if c.workload == cell.workload)
+        return _Shape(mm.text_tokens, None, mm.output_tokens, mm.image_px, suite.reuse_image, suite.image_format)
+    st: StreamSpec = next(s for s in suite.streams if s.name == cell.stream)
+    n = st.input_tokens if st.input_tokens is not None else rng.randint(st.input_tokens_min, st.input_tokens_max)
+    if st.image_px:
+        return _Shape(n, None, st.output_tokens, st.image_px, False, "png")
+    return _Shape(None, n, st.output_tokens, None, False, "png")
+
+
+def build_requests(spec: ExperimentSpec, cell: Cell, trial: int = 0, seed: int | None = None,
+                   calibration: Calibration | None = None) -> list[RequestSpec]:
     """Warm-up then measured requests of a cell. Trial-independent: every trial replays the same list."""
     seed = spec.seed if seed is None else seed
-    suite = next(s for s in spec.suites if s.name == cell.suite)
-    total = cell.n_warmup + cell.n_measured
+    cal = calibration or Calibration()
     out: list[RequestSpec] = []
-    image_cache: dict[int, tuple[bytes, str]] = {}
-    for i in range(total):
+    images: dict[object, tuple[bytes, str]] = {}
+    chat_overhead = spec.model.chat_overhead_tokens
+    for i in range(cell.n_warmup + cell.n_measured):
         phase = "warmup" if i < cell.n_warmup else "measured"
         rng = _rng(seed, cell.suite, cell.workload, cell.concurrency, cell.stream, i)
+        shape = _shape_for(spec, cell, rng)
         nonce = f"req{_hash(str(seed), cell.cell_id, str(i))}"
-        if isinstance(suite, FixedSuite):
-            shape = next(s for s in suite.shapes if s.workload == cell.workload)
-            prompt = synth_text(rng, shape.input_tokens, nonce)
+        offset_s = None
+        if phase == "measured" and cell.arrival == "burst":
+            offset_s = ((i - cell.n_warmup) // cell.burst_size) * cell.burst_interval_s
+        if shape.image_px is None:
+            target = shape.prompt_tokens
+            prompt = synth_text(rng, cal.words_for("completions", None, target, 0), nonce)
             payload = {"prompt": prompt, "max_tokens": shape.output_tokens, "ignore_eos": True}
-            out.append(RequestSpec(i, phase, "completions", payload, shape.input_tokens, shape.output_tokens,
-                                   _hash(prompt)))
+            out.append(RequestSpec(i, phase, "completions", payload, target, shape.output_tokens, _hash(prompt),
+                                   offset_s=offset_s))
             continue
-        assert isinstance(suite, MultimodalSuite)
-        mm = next(c for c in suite.cells if c.workload == cell.workload)
-        key = 0 if suite.reuse_image else i
-        if key not in image_cache:
-            img_rng = _rng(seed, cell.suite, cell.workload, "image", key if not suite.reuse_image else "shared")
-            data = synth_image(img_rng, mm.image_px)
-            image_cache[key] = (data, _hash(data))
-        data, ihash = image_cache[key]
-        text = synth_text(rng, mm.text_tokens, nonce)
-        url = "data:image/png;base64," + base64.b64encode(data).decode()
+        key = "shared" if shape.reuse_image else i
+        if key not in images:
+            data = synth_image(_rng(seed, cell.suite, cell.workload, cell.stream, "image", key), shape.image_px,
+                               shape.image_format)
+            images[key] = (data, _hash(data))
+        data, ihash = images[key]
+        img_tok = image_tokens(spec.model, shape.image_px, shape.image_px)
+        target = shape.text_tokens + chat_overhead + img_tok
+        text = synth_text(rng, cal.words_for("chat", shape.image_px, target, chat_overhead + img_tok), nonce)
+        mime = "image/png" if shape.image_format == "png" else "image/jpeg"
+        url = f"data:{mime};base64," + base64.b64encode(data).decode()
         payload = {"messages": [{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": text}]}],
-            "max_tokens": mm.output_tokens, "ignore_eos": True}
-        target = mm.text_tokens + spec.model.chat_overhead_tokens + image_tokens(spec.model, mm.image_px, mm.image_px)
-        out.append(RequestSpec(i, phase, "chat", payload, target, mm.output_tokens, _hash(text, ihash),
-                               mm.image_px, ihash))
+            "max_tokens": shape.output_tokens, "ignore_eos": True}
+        out.append(RequestSpec(i, phase, "chat", payload, target, shape.output_tokens, _hash(text, ihash),
+                               shape.image_px, ihash, offset_s))
     return out
 
 

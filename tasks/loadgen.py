@@ -174,11 +174,13 @@ class LoadGenerator:
 
     async def run_phase(self, session, requests: list[RequestSpec], concurrency: int,
                         on_record: Callable[[Record], None] | None = None) -> list[Record]:
-        """Closed loop: `concurrency` workers, each sends its next request as soon as the last ends."""
+        """`concurrency` workers, each sends its next request as soon as the last ends (closed loop), or
+        not before the request's scheduled offset (bursts); scheduled vs actual send time is recorded."""
         queue: asyncio.Queue[RequestSpec] = asyncio.Queue()
-        for r in requests:
+        for r in sorted(requests, key=lambda r: (r.offset_s or 0.0, r.index)):
             queue.put_nowait(r)
         records: list[Record] = []
+        start_ns = self.clock()
 
         async def worker():
             while True:
@@ -186,7 +188,13 @@ class LoadGenerator:
                     req = queue.get_nowait()
                 except asyncio.QueueEmpty:
                     return
-                rec = await self.send(session, req, self.clock())
+                scheduled_ns = self.clock()
+                if req.offset_s is not None:  # open-loop arrival (bursts): wait for the request's slot
+                    scheduled_ns = start_ns + int(req.offset_s * 1e9)
+                    delay_s = (scheduled_ns - self.clock()) / 1e9
+                    if delay_s > 0:
+                        await asyncio.sleep(delay_s)
+                rec = await self.send(session, req, scheduled_ns)
                 records.append(rec)
                 if on_record:
                     on_record(rec)
@@ -200,6 +208,19 @@ class LoadGenerator:
 
     async def __aexit__(self, *exc) -> None:
         await self.session.close()
+
+    async def run_streams(self, streams: list[tuple[list[RequestSpec], int]],
+                          on_record: Callable[[Record], None] | None = None) -> list[list[Record]]:
+        """Several streams at once (a mixed suite): warm-ups of every stream first, then all measured
+        phases together in one window."""
+        warm: list[list[Record]] = []
+        for requests, conc in streams:
+            phase = [r for r in requests if r.phase == "warmup"]
+            warm.append(await self.run_phase(self.session, phase, conc, on_record) if phase else [])
+        measured = await asyncio.gather(*(
+            self.run_phase(self.session, [r for r in requests if r.phase == "measured"], conc, on_record)
+            for requests, conc in streams))
+        return [w + m for w, m in zip(warm, measured)]
 
     async def run_cell(self, requests: list[RequestSpec], concurrency: int,
                        on_record: Callable[[Record], None] | None = None) -> list[Record]:

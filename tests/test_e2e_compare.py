@@ -49,6 +49,23 @@ def test_compare_exits_zero_and_writes_results(run):
     assert not leftovers(str(out)), "simulator processes left running"
 
 
+def test_mixed_streams_share_one_window_and_gpus_are_counted(run):
+    _, out, _ = run
+    s = pd.read_csv(out / "summary.csv")
+    mixed = s[s["suite"] == "mixed"]
+    assert set(mixed["stream"]) == {"steady", "burst"}
+    for _, g in mixed.groupby("config"):
+        assert g["window_s"].nunique() == 1               # both streams: the whole mixed window
+    agg = s[(s["config"] == "pd-tcp") & (s["suite"] == "fixed")].iloc[0]
+    assert agg["gpus"] == 2 and agg["output_tok_s_per_gpu"] == pytest.approx(agg["output_tok_s"] / 2)
+    rec = pd.read_parquet(out / "records.parquet")
+    burst = rec[(rec["stream"] == "burst") & (rec["phase"] == "measured") & (rec["config"] == "pd-tcp")]
+    lag_ms = (burst["send_ns"] - burst["scheduled_ns"]) / 1e6
+    assert (lag_ms >= 0).all() and burst["scheduled_ns"].nunique() == 2      # two bursts of two
+    assert (rec["prompt_tokens"] == rec["target_prompt_tokens"]).all()       # calibrated to the tokenizer
+    assert (out / "calibration.json").exists() and (out / "summary_trials.csv").exists()
+
+
 def test_every_configuration_got_the_same_prompts(run):
     _, out, _ = run
     rec = pd.read_parquet(out / "records.parquet")
@@ -82,7 +99,7 @@ def test_stage_correlation_and_per_suite_deltas(run):
                           "pd-rdma": ["decode", "prefill"], "epd": ["decode", "encode", "prefill"]}.items():
         stages = json.loads((out / f"evidence/{config}/stages.json").read_text())
         assert stages["fraction_seen"] == {r: 1.0 for r in roles}, config
-        assert set(stages["suites"]) == {"fixed", "mm"}
+        assert set(stages["suites"]) == {"fixed", "mm", "mixed"}
     pd_tcp = json.loads((out / "evidence/pd-tcp/stages.json").read_text())["suites"]
     kv_bytes = pd_tcp["fixed"]["metrics_delta"]["prefill"]["mooncake_bytes_transferred"]
     assert kv_bytes == (1 + 8) * 4096 * 57344          # warm-up + measured requests of the suite, no probe
@@ -129,7 +146,7 @@ def test_mlflow_holds_comparison_configuration_and_cell_runs(run):
     assert len(kinds["configuration"]) == 4
     assert all(r.data.tags["mlflow.parentRunId"] == parent.info.run_id for r in kinds["configuration"])
     config_ids = {r.info.run_id for r in kinds["configuration"]}
-    assert len(kinds["cell"]) == 4 * 2
+    assert len(kinds["cell"]) == 4 * 4          # fixed, mm, and the two streams of mixed
     for r in kinds["cell"]:
         assert r.data.tags["mlflow.parentRunId"] in config_ids
         assert set(METRIC_KEYS) <= set(r.data.metrics)

@@ -16,7 +16,7 @@ def summary_row(config: str, ttft: float, itl: float, tok_s: float) -> dict:
     row.update(config=config, suite="fixed", workload="4096/64", concurrency=8, stream="main", trial=0,
                requests_ok=8, requests_total=8, requests_failed=0, ttft_p50_ms=ttft, ttft_p95_ms=ttft * 1.2,
                ttft_p99_ms=ttft * 1.3, tpot_p50_ms=None, itl_p99_ms=itl, itl_max_ms=itl * 2, output_tok_s=tok_s,
-               req_s=tok_s / 64)
+               req_s=tok_s / 64, n_ttft_samples=8, n_itl_samples=8 * 63)
     return row
 
 
@@ -54,7 +54,8 @@ def table_row(report: str, config: str) -> list[str]:
 
 def test_better_value_is_bold_and_worse_is_not(sim_report):
     pd_row, agg_row = table_row(sim_report, "pd-rdma"), table_row(sim_report, "aggregated")
-    # columns: config, workload, conc., requests, TTFT p50, TTFT p95, TPOT p50, ITL p99, ITL max, tok/s, req/s
+    # columns: config, workload, conc., requests, TTFT p50, TTFT p95, TPOT p50, ITL p99, ITL max, tok/s, req/s,
+    # tok/s per GPU
     assert pd_row[4] == "**10.0**" and agg_row[4] == "154.0"
     assert pd_row[7] == "**12.0**" and agg_row[7] == "40.0"
     assert pd_row[9] == "**300.0**" and agg_row[9] == "100.0"
@@ -113,3 +114,12 @@ def test_a_tie_is_not_bold():
     tied = SUMMARY.assign(tpot_p50_ms=[5.0, 5.0])
     report = render_report(meta("sim"), tied, VERDICTS)
     assert [table_row(report, c)[6] for c in ("aggregated", "pd-rdma")] == ["5.00", "5.00"]
+
+
+def test_low_support_tail_is_marked_and_trials_show_ci():
+    report = render_report(meta("sim"), SUMMARY, VERDICTS)
+    assert table_row(report, "aggregated")[5].endswith("†")          # TTFT p95 from 8 samples
+    two = pd.concat([SUMMARY, SUMMARY.assign(trial=1, ttft_p50_ms=[160.0, 12.0])], ignore_index=True)
+    report = render_report({**meta("sim"), "trials": 2}, two, VERDICTS)
+    assert table_row(report, "aggregated")[4].startswith("157.0 ± ")   # mean ± 95% CI
+    assert "mean ± 95% CI over 2 trials" in report

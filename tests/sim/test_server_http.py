@@ -100,3 +100,12 @@ def test_unhealthy_process_fails_provisioning_with_reason(tiny_spec, tmp_path):
     with pytest.raises(ProvisionError) as e:
         sim_target.start(tiny_spec, tiny_spec.configuration("aggregated"), broken, tmp_path / "logs")
     assert "exited with code" in str(e.value)
+
+
+def test_calibration_against_the_engines_tokenizer(deploy, tiny_spec):
+    from tasks.calibrate import calibrate
+    dep = deploy("aggregated")
+    cal = calibrate(dep.by_role("server")[0].url, tiny_spec.model.name, {("completions", None), ("chat", 560)})
+    assert cal.fits["completions:0"] == (1.0, 0.0)
+    assert cal.fits["chat:560"] == (1.0, 23.0 + 400.0)          # chat template + 400 image tokens
+    assert cal.words_for("chat", 560, 1047, 0) == 624            # the published 1k cell

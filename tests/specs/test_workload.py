@@ -63,11 +63,54 @@ def test_plan_cells_counts_and_measured_override(spec):
 
 def test_plan_cells_of_smoke_preset(smoke):
     cells = plan_cells(smoke)
-    expected = sum(len(s.shapes if s.kind == "fixed" else s.cells) * len(s.concurrencies) for s in smoke.suites)
-    assert len(cells) == expected
-    for s in smoke.suites:
+    grids = [s for s in smoke.suites if s.kind != "mixed"]
+    streams = [st for s in smoke.suites if s.kind == "mixed" for st in s.streams]
+    expected = sum(len(s.shapes if s.kind == "fixed" else s.cells) * len(s.concurrencies) for s in grids)
+    assert len(cells) == expected + len(streams)
+    for s in grids:
         for c in (c for c in cells if c.suite == s.name):
             assert c.n_measured == s.n_measured_by_concurrency.get(c.concurrency, s.n_measured)
+    for st in streams:
+        c = next(c for c in cells if c.stream == st.name)
+        assert c.n_measured == st.n_requests and c.concurrency == st.concurrency and c.arrival == st.arrival
+
+
+def test_burst_stream_is_seeded_and_scheduled_in_bursts():
+    spec = load_spec("pd-text")
+    burst = next(c for c in plan_cells(spec) if c.stream == "burst")
+    reqs = build_requests(spec, burst)
+    lengths = [r.target_prompt_tokens for r in reqs]
+    assert all(4096 <= n <= 8192 for n in lengths) and len(set(lengths)) > 30
+    assert lengths == [r.target_prompt_tokens for r in build_requests(spec, burst)]        # seeded
+    assert lengths != [r.target_prompt_tokens for r in build_requests(spec, burst, seed=1)]
+    assert [r.offset_s for r in reqs[:9]] == [0, 0, 0, 0, 2, 2, 2, 2, 4]
+    steady = next(c for c in plan_cells(spec) if c.stream == "steady")
+    assert {r.offset_s for r in build_requests(spec, steady)} == {None}          # closed loop
+    assert all(len(r.payload["prompt"].split()) == r.target_prompt_tokens for r in reqs)
+
+
+def test_calibration_sets_word_counts():
+    from specs.workload import Calibration
+    spec = load_spec("smoke")
+    c = next(c for c in plan_cells(spec) if c.workload == "512/64")
+    cal = Calibration({"completions:0": (1.25, 3.0)})       # e.g. a BPE tokenizer: 1.25 tokens per word
+    r = build_requests(spec, c, calibration=cal)[0]
+    assert len(r.payload["prompt"].split()) == round((512 - 3) / 1.25)
+    assert r.target_prompt_tokens == 512
+
+
+def test_jpeg_images_have_the_right_size():
+    spec = load_spec("smoke")
+    data = spec.model_dump(mode="json")
+    data["suites"] = [{"kind": "multimodal", "name": "mm", "image_format": "jpeg", "concurrencies": [1],
+                       "n_warmup": 0, "n_measured": 1,
+                       "cells": [{"name": "s", "image_px": 840, "text_tokens": 10, "output_tokens": 2}]}]
+    spec = parse_spec(data)
+    r = build_requests(spec, plan_cells(spec)[0])[0]
+    url = r.payload["messages"][0]["content"][0]["image_url"]["url"]
+    assert url.startswith("data:image/jpeg;base64,")
+    with Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))) as im:
+        assert im.size == (840, 840) and im.format == "JPEG"
 
 
 def test_build_requests_is_a_pure_function_of_spec_cell_and_seed(spec):

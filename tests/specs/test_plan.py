@@ -1,0 +1,38 @@
+"""specs/plan.py and `epdbench plan`: every cell per configuration, before anything runs."""
+import json
+
+from epdbench.cli import main
+from specs.models import load_spec
+from specs.plan import plan, total_seconds
+
+KEYS = {"config", "suite", "workload", "concurrency", "stream", "n_warmup", "n_measured", "prompt_set_hash",
+        "est_seconds"}
+
+
+def test_plan_lists_every_cell_of_every_configuration():
+    spec = load_spec("pd-text")
+    rows = plan(spec)
+    assert len(rows) == 3 * (16 + 2)
+    assert all(set(r) == KEYS for r in rows)
+    fixed16 = [r for r in rows if r["suite"] == "fixed" and r["concurrency"] == 16]
+    assert {r["n_measured"] for r in fixed16} == {64} and {r["n_warmup"] for r in fixed16} == {4}
+    # matched: the same prompt set for every configuration
+    by_cell = {}
+    for r in rows:
+        by_cell.setdefault((r["suite"], r["workload"], r["concurrency"], r["stream"]), set()).add(r["prompt_set_hash"])
+    assert all(len(h) == 1 for h in by_cell.values())
+
+
+def test_estimates_follow_the_cost_model():
+    rows = {(r["config"], r["workload"], r["concurrency"]): r["est_seconds"] for r in plan(load_spec("pd-text"))}
+    assert rows[("pd-tcp", "256/1024", 1)] > rows[("pd-tcp", "512/256", 1)]        # 4× the output tokens
+    assert rows[("pd-tcp", "8192/128", 16)] > rows[("pd-rdma", "8192/128", 16)]     # TCP handoff slower
+    spec = load_spec("smoke")
+    assert 30 < total_seconds(spec, plan(spec)) < 600
+
+
+def test_plan_json_cli(capsys):
+    assert main(["plan", "--spec", "smoke", "--configs", "pd-tcp", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows and all(r["config"] == "pd-tcp" and set(r) == KEYS for r in rows)
+    assert main(["plan", "--configs", "nope"]) == 2
