@@ -289,8 +289,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        print("interrupted: every started process was stopped", file=sys.stderr)
-        return 130
+        # Teardown already ran in the flow's finally blocks; stop any straggler, then leave without
+        # waiting on background threads (Prefect's event workers can hang once their server is gone).
+        from tasks.sim_target import stop_all
+        stop_all()
+        print("interrupted: every started process was stopped", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(130)
     except Exception as e:  # noqa: BLE001
         from specs.models import SpecError
         if isinstance(e, SpecError):

@@ -23,10 +23,12 @@ class Sequence:
     max_tokens: int
     image_tokens: int = 0          # vision work this engine must do before the first prefill chunk
     computed: int = 0              # prompt tokens already in the KV cache
+    cached: int = 0                # of which found in the prefix cache
     generated: int = 0
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
     finish_reason: str | None = None
     aborted: bool = False
+    on_prefilled: object = None    # callable run once the prompt's KV is complete (prefix-cache insert)
 
     @property
     def context(self) -> int:
@@ -117,6 +119,8 @@ class Engine:
             seq.image_tokens = 0
             self.stats.prompt_tokens_computed += chunk.tokens
             if seq.computed >= seq.prompt_tokens:
+                if seq.on_prefilled:
+                    seq.on_prefilled()
                 self.waiting.remove(seq)
                 self.running.append(seq)
                 self._emit(seq)  # the step that completes a prefill also samples the first token

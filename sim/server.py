@@ -23,7 +23,8 @@ from aiohttp import web
 from sim import logfmt
 from sim.costmodel import CostModel, image_tokens, transfer_seconds
 from sim.engine import Engine, Sequence
-from sim.tokenizer import chat_parts, image_hash, image_size, text_tokens, token_ids
+from sim.prefix_cache import PrefixCache
+from sim.tokenizer import chat_parts, image_hash, image_size, prompt_ids
 from specs.models import ConfigurationSpec, ExperimentSpec, load_spec
 
 OUTPUT_WORDS = ["the", "model", "answers", "with", "tokens", "that", "stream", "back", "to", "you"]
@@ -48,6 +49,8 @@ class Counters:
     kv_failed_recvs: int = 0
     kv_xfer_seconds: float = 0.0
     ec_bytes: int = 0
+    prefix_queries: int = 0
+    prefix_hits: int = 0
 
 
 class Replica:
@@ -67,12 +70,20 @@ class Replica:
         self.link_lock = asyncio.Lock()                   # the sending pod's NIC(s): one transfer at a time
         self.encoder_lock = asyncio.Lock()                # the encode replica's GPU
         self.encoder_cache: set[str] = set()
+        self.prefix_cache = (PrefixCache(self.kv_capacity_tokens())
+                             if spec.engine.enable_prefix_caching and role in ("server", "prefill", "decode")
+                             else None)
         self.window = {"bytes": 0, "count": 0, "lat_ms": []}
         self.session: aiohttp.ClientSession | None = None
         self.genuine = spec.target.sim.kv_engine == "mooncake" and self.moves_kv
         self.mooncake = None  # sim.mooncake_kv.MooncakeKV once serving, in genuine mode
         # Every line about KV movement carries the emulated mark, unless real bytes move (genuine mode).
         self.kv_mark = "" if self.genuine else f" {logfmt.EMULATED_MARK}"
+
+    def kv_capacity_tokens(self) -> int:
+        """KV cache of the replica: memory left after the weights, over bytes per token."""
+        total = self.spec.hardware.hbm_gb * 1e9 * self.spec.engine.gpu_memory_utilization * self.role_spec.tp
+        return max(0, int((total - self.spec.model.weight_bytes) / self.spec.model.kv_bytes_per_token))
 
     # --- logging -------------------------------------------------------------------------
     def api_log(self, msg: str, level: str = "INFO", file: str = "api_server.py", line: int = 1) -> None:
@@ -126,22 +137,23 @@ class Replica:
         self.api_log(f"Starting vLLM API server 0 on http://{self.host}:{self.port}", file="launcher.py")
 
     # --- request parsing -----------------------------------------------------------------
-    def parse(self, body: dict, chat: bool) -> tuple[int, list[bytes], int]:
-        """(prompt tokens, images, image tokens) of a request body."""
+    def parse(self, body: dict, chat: bool) -> tuple[list[int], list[bytes]]:
+        """(prompt token ids, raw images) of a request body."""
         if chat:
             text, images = chat_parts(body.get("messages") or [])
-            img_tok = sum(image_tokens(self.spec.model, *image_size(b)) for b in images)
-            return text_tokens(text) + self.spec.model.chat_overhead_tokens + img_tok, images, img_tok
+            placed = [(image_hash(b), image_tokens(self.spec.model, *image_size(b))) for b in images]
+            return prompt_ids(text, placed, True, self.spec.model.chat_overhead_tokens), images
         prompt = body.get("prompt", "")
         if isinstance(prompt, list):
             prompt = " ".join(str(p) for p in prompt)
-        return text_tokens(prompt), [], 0
+        return prompt_ids(prompt, [], False, 0), []
 
     # --- handlers --------------------------------------------------------------------------
     async def generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         try:
             body = await request.json()
-            prompt_tokens, images, img_tok = self.parse(body, chat)
+            ids, images = self.parse(body, chat)
+            prompt_tokens = len(ids)
         except (ValueError, json.JSONDecodeError, OSError) as e:
             return web.json_response({"error": {"message": f"bad request: {e}", "code": 400}}, status=400)
         if images and self.spec.model.vision is None:
@@ -162,6 +174,7 @@ class Replica:
 
         seq = Sequence(request_id=rid, prompt_tokens=prompt_tokens, max_tokens=max_tokens)
         hashes = [image_hash(b) for b in images]
+        cached = self.prefix_lookup(seq, ids, kvp)
         prefill_only = self.role in ("prefill", "encode") or bool(kvp.get("do_remote_decode"))
         if prefill_only:
             seq.max_tokens = 1
@@ -169,7 +182,8 @@ class Replica:
             if self.role == "encode":
                 await self.encode_images(rid, images, hashes)
                 return await self.respond_prefill_only(request, body, rid, seq, chat, kvp=None)
-            seq.image_tokens = await self.image_work(rid, body, images, hashes)
+            if cached < len(ids) - 1 or not images:   # images inside a cached prefix need no encoder
+                seq.image_tokens = await self.image_work(rid, body, images, hashes)
             if self.role == "decode" and kvp.get("do_remote_prefill"):
                 ok = await self.pull_kv(rid, kvp, prompt_tokens)
                 if ok:
@@ -181,8 +195,10 @@ class Replica:
         except PullError as e:
             return web.json_response({"error": {"message": str(e), "code": 502}}, status=502)
         self.counters.prompt_tokens += prompt_tokens
+        external = seq.computed - cached
         self.counters.prompt_by_source["local_compute"] += prompt_tokens - seq.computed
-        self.counters.prompt_by_source["external_kv_transfer"] += seq.computed
+        self.counters.prompt_by_source["local_cache_hit"] += cached
+        self.counters.prompt_by_source["external_kv_transfer"] += external
         self.engine_log(f"Added request {rid}.", file="scheduler.py")
         self.engine.submit(seq)
         if prefill_only:
@@ -190,6 +206,18 @@ class Replica:
         if body.get("stream"):
             return await self.stream(request, body, rid, seq, chat)
         return await self.complete(request, body, rid, seq, chat)
+
+    def prefix_lookup(self, seq: Sequence, ids: list[int], kvp: dict) -> int:
+        """Start the sequence after its cached prefix (vLLM automatic prefix caching); returns the
+        cached tokens. A decode leg that will receive the whole KV from Prefill does not look up."""
+        if self.prefix_cache is None or kvp.get("do_remote_prefill"):
+            return 0
+        cached = self.prefix_cache.lookup(ids)
+        self.counters.prefix_queries += len(ids)
+        self.counters.prefix_hits += cached
+        seq.computed = seq.cached = cached
+        seq.on_prefilled = lambda: self.prefix_cache.insert(ids)
+        return cached
 
     async def image_work(self, rid: str, body: dict, images: list[bytes], hashes: list[str]) -> int:
         """Image tokens this replica must encode itself (0 when the encoder output was pulled)."""
@@ -337,7 +365,7 @@ class Replica:
         n = seq.generated if generated is None else generated
         return {"prompt_tokens": seq.prompt_tokens, "completion_tokens": n,
                 "total_tokens": seq.prompt_tokens + n,
-                "prompt_tokens_details": {"cached_tokens": 0}}
+                "prompt_tokens_details": {"cached_tokens": seq.cached}}
 
     def finished(self, seq: Sequence, reason: str) -> None:
         self.counters.request_success[reason] = self.counters.request_success.get(reason, 0) + 1
@@ -422,11 +450,7 @@ class Replica:
 
     async def tokenize(self, request: web.Request) -> web.Response:
         body = await request.json()
-        if "messages" in body:
-            n, _, _ = self.parse(body, chat=True)
-            ids = list(range(n))
-        else:
-            ids = token_ids(body.get("prompt", ""))
+        ids, _ = self.parse(body, chat="messages" in body)
         return web.json_response({"count": len(ids), "max_model_len": self.spec.engine.max_model_len,
                                   "tokens": ids})
 
@@ -458,8 +482,8 @@ class Replica:
         counter("generation_tokens", c.generation_tokens)
         for src, n in c.prompt_by_source.items():
             counter("prompt_tokens_by_source", n, f',source="{src}"')
-        counter("prefix_cache_queries", c.prompt_tokens)
-        counter("prefix_cache_hits", 0)
+        counter("prefix_cache_queries", c.prefix_queries)
+        counter("prefix_cache_hits", c.prefix_hits)
         counter("mm_cache_queries", c.mm_cache_queries)
         counter("mm_cache_hits", c.mm_cache_hits)
         lines += ["# TYPE vllm:num_requests_running gauge",

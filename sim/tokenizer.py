@@ -56,3 +56,18 @@ def chat_parts(messages: list[dict]) -> tuple[str, list[bytes]]:
                     url = url.get("url") if isinstance(url, dict) else url
                     images.append(decode_data_url(url or ""))
     return " ".join(texts), images
+
+
+def prompt_ids(text: str, images: list[tuple[str, int]], chat: bool, chat_overhead: int) -> list[int]:
+    """Token ids of a prompt: for chat, the template's opening tokens, each image's placeholder tokens
+    (ids derived from the image hash, so the same image gives the same ids), the text, the template's
+    closing tokens."""
+    if not chat:
+        return token_ids(text)
+    opening = chat_overhead * 2 // 3
+    ids = list(range(VOCAB - chat_overhead, VOCAB - chat_overhead + opening))
+    for digest, n in images:
+        ids += [int(digest[:8], 16) % VOCAB] * n
+    ids += token_ids(text)
+    ids += list(range(VOCAB - chat_overhead + opening, VOCAB))
+    return ids

@@ -63,6 +63,8 @@ class HardwareSpec(Strict):
                                description="A configuration may not use more GPUs than this.")
     bf16_tflops: float = Field(gt=0, title="Peak dense BF16 TFLOP/s per GPU", description="From the datasheet.")
     hbm_tb_s: float = Field(gt=0, title="HBM bandwidth (TB/s) per GPU", description="From the datasheet.")
+    hbm_gb: float = Field(80, gt=0, title="HBM capacity (GB) per GPU",
+                          description="From the datasheet; bounds the KV cache (and so the prefix cache).")
     nvlink_gb_s: float = Field(gt=0, title="NVLink bandwidth (GB/s) per GPU",
                                description="From the datasheet; carries tensor-parallel all-reduces.")
     compute_efficiency: float = Field(0.5, gt=0, le=1, title="Achievable fraction of peak FLOP/s",
@@ -88,6 +90,11 @@ class EngineSpec(Strict):
                                         description="vLLM max_num_batched_tokens: decodes plus prefill chunk.")
     max_num_seqs: int = Field(256, ge=1, title="Max running sequences", description="vLLM max_num_seqs.")
     max_model_len: int = Field(32768, ge=64, title="Max model length", description="vLLM --max-model-len.")
+    enable_prefix_caching: bool = Field(True, title="Prefix caching",
+                                        description="vLLM automatic prefix caching (on by default in vLLM; the "
+                                                    "Encode role never prefills).")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, title="GPU memory utilisation",
+                                          description="vLLM --gpu-memory-utilization: weights plus KV cache.")
 
 
 class RoleSpec(Strict):

@@ -20,12 +20,13 @@ from tasks.deployment import Deployment, Process, ProvisionError
 _LIVE: set[subprocess.Popen] = set()
 
 
-def _kill_leftovers() -> None:
+def stop_all() -> None:
+    """Stop every process this module started and is still running (safety net)."""
     for p in list(_LIVE):
         _stop(p, grace_s=2)
 
 
-atexit.register(_kill_leftovers)
+atexit.register(stop_all)
 
 
 def free_port(host: str) -> int:

@@ -109,3 +109,18 @@ def test_calibration_against_the_engines_tokenizer(deploy, tiny_spec):
     assert cal.fits["completions:0"] == (1.0, 0.0)
     assert cal.fits["chat:560"] == (1.0, 23.0 + 400.0)          # chat template + 400 image tokens
     assert cal.words_for("chat", 560, 1047, 0) == 624            # the published 1k cell
+
+
+def test_prefix_cache_reuses_a_repeated_prompt_not_a_nonced_one(deploy, tiny_spec):
+    dep = deploy("aggregated")
+    server = dep.by_role("server")[0].url
+    prompt = " ".join(["same"] * 2000)
+    first = post(server + "/v1/completions", {"prompt": prompt, "max_tokens": 2})
+    again = post(server + "/v1/completions", {"prompt": prompt, "max_tokens": 2})
+    nonced = post(server + "/v1/completions", {"prompt": "nonce42 " + prompt, "max_tokens": 2})
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 1984     # full 16-token blocks, last recomputed
+    assert nonced["usage"]["prompt_tokens_details"]["cached_tokens"] == 0       # a unique first token defeats it
+    metrics = get(server + "/metrics")
+    hits = next(float(l.split()[-1]) for l in metrics.splitlines() if l.startswith("vllm:prefix_cache_hits_total"))
+    assert hits == 1984
