@@ -23,6 +23,8 @@ def quiet_defaults() -> None:
         "PREFECT_LOGGING_LEVEL": "WARNING",
         "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "false",
         "GIT_PYTHON_REFRESH": "quiet",
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",      # an unreachable server fails fast; `epdbench sync` later
+        "MLFLOW_HTTP_REQUEST_TIMEOUT": "20",
     }.items():
         os.environ.setdefault(k, v)
 
@@ -50,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=int, default=None, help="override the spec's seed")
     add_kube_flags(c)
     c.add_argument("--keep", action="store_true", help="leave each configuration running (--target kubernetes)")
+    c.add_argument("--resume", default=None, metavar="RUN",
+                   help="continue an interrupted run (results/RUN or a results path): recorded cells are skipped")
 
     pl = sub.add_parser("plan", help="show every cell, its counts and estimated duration, without running")
     pl.add_argument("--spec", default="smoke", help="spec YAML path or preset name (default: smoke)")
@@ -74,6 +78,23 @@ def build_parser() -> argparse.ArgumentParser:
     k = sub.add_parser("cleanup", help="delete every Kubernetes object of a run (leftovers of a crashed run)")
     k.add_argument("--run", required=True, help="run id: the epdbench/run label, printed by compare")
     add_kube_flags(k)
+
+    u = sub.add_parser("up", help="start Prefect, MLflow and the epdbench deployments on this machine")
+    u.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")
+    u.add_argument("--prefect-port", type=int, default=4200)
+    u.add_argument("--mlflow-port", type=int, default=5000)
+    u.add_argument("--data-dir", default=".epdbench", help="stores and logs (default: .epdbench)")
+    u.add_argument("--nightly-cron", default="0 2 * * *", help="schedule of nightly-comparison (default: 02:00)")
+    u.add_argument("--timezone", default="UTC", help="time zone of the schedule (default: UTC)")
+    u.add_argument("--nightly-preset", default="smoke", choices=["smoke", "pd-text", "epd-multimodal"])
+
+    d = sub.add_parser("down", help="stop what 'epdbench up' started")
+    d.add_argument("--data-dir", default=".epdbench")
+
+    y = sub.add_parser("sync", help="upload a results directory to MLflow (after MLflow was unreachable)")
+    y.add_argument("run", help="results/RUN or a results path")
+    y.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or "
+                                                        "the local store)")
 
     s = sub.add_parser("sim", help="serve one simulated role replica (used by the sim target)")
     s.add_argument("args", nargs=argparse.REMAINDER)
@@ -140,15 +161,30 @@ def load_compare_spec(args):
     return select_configurations(spec, configs)
 
 
+def results_dir_of(run: str) -> Path:
+    path = Path(run) if Path(run).is_dir() else Path("results") / run
+    if not (path / "spec.yaml").exists():
+        raise CliError(f"{run}: no results directory with a spec.yaml (looked in {path})")
+    return path
+
+
 def cmd_compare(args) -> int:
+    out = args.out
+    if args.resume:
+        rdir = results_dir_of(args.resume)
+        if args.out and Path(args.out).resolve() != rdir.resolve():
+            raise CliError("--out and --resume name different directories; give one of them")
+        out = str(rdir)
+        args.spec = str(rdir / "spec.yaml")
     spec = load_compare_spec(args)
-    if args.out and Path(args.out).exists() and any(Path(args.out).iterdir()):
-        raise CliError(f"--out {args.out}: directory exists and is not empty; choose a new one")
+    if not args.resume and out and Path(out).exists() and any(Path(out).iterdir()):
+        raise CliError(f"--out {out}: directory exists and is not empty; choose a new one or --resume it")
     quiet_defaults()
     from flows.compare import compare
     from reports.terminal import print_summary
 
-    outcome = compare(spec, out_dir=args.out, tracking_uri=args.tracking_uri, trigger="cli")
+    outcome = compare(spec, out_dir=out, tracking_uri=args.tracking_uri, trigger="cli",
+                      run_name=Path(out).name if args.resume else None, resume=bool(args.resume))
     print_summary(outcome)
     return EXIT_OK if outcome["all_verified"] else EXIT_FAILURES
 
@@ -243,6 +279,26 @@ def cmd_report(args) -> int:
     return EXIT_OK
 
 
+def cmd_up(args) -> int:
+    quiet_defaults()
+    from epdbench.services import up
+    return up(args.host, args.prefect_port, args.mlflow_port, Path(args.data_dir), args.nightly_cron,
+              args.timezone, args.nightly_preset)
+
+
+def cmd_down(args) -> int:
+    from epdbench.services import down
+    return down(Path(args.data_dir))
+
+
+def cmd_sync(args) -> int:
+    quiet_defaults()
+    from tasks.publish import sync_results
+    rdir = results_dir_of(args.run)
+    print(sync_results(rdir, args.tracking_uri))
+    return EXIT_OK
+
+
 def cmd_verify_transport(args) -> int:
     """Exit 0 only when the logs prove the expected transport carried the KV."""
     import json
@@ -279,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_report(args)
         if args.command == "plan":
             return cmd_plan(args)
+        if args.command in ("up", "down", "sync"):
+            return {"up": cmd_up, "down": cmd_down, "sync": cmd_sync}[args.command](args)
         if args.command == "verify-transport":
             return cmd_verify_transport(args)
         if args.command == "manifests":

@@ -20,13 +20,14 @@ from analysis.trials import aggregate_trials
 from reports.render import render_report
 from specs.models import ConfigurationSpec, ExperimentSpec, spec_to_yaml
 from specs.workload import Calibration, Cell, RequestSpec, build_requests, plan_cells, prompt_set_hash
-from tasks import evidence
+from tasks import evidence, publish
+from tasks.publish import roles_text
 from tasks.deployment import ProvisionError
 from tasks.targets import target_module
 from tasks.calibrate import calibrate, needed_keys
 from tasks.loadgen import LoadGenerator, records_as_dicts
 from tasks.results import append_records, read_records, write_json, write_summary
-from tasks.tracking import Tracker, default_tracking_uri
+from tasks.tracking import Tracker
 
 def say(msg: str) -> None:
     print(msg, flush=True)
@@ -44,13 +45,7 @@ class ConfigOutcome:
 
     def verified(self, target: str) -> bool:
         """Ran, and its evidence holds; `emulated` counts only on the simulator target."""
-        ok = {"verified", "not-applicable"} | ({"emulated"} if target == "sim" else set())
-        return self.ok and self.transport.get("verdict") in ok and self.stages.get("verdict") in ok
-
-
-def roles_text(config: ConfigurationSpec) -> str:
-    return " + ".join(f"{r.replicas}×{r.role} TP{r.tp}" + (f" {r.rdma_interfaces}×RDMA" if r.rdma_interfaces else "")
-                      for r in config.roles)
+        return publish.evidence_ok({"ok": self.ok, "transport": self.transport, "stages": self.stages}, target)
 
 
 def _cell_line(config: str, cell: Cell, trial: int, s: dict) -> str:
@@ -63,7 +58,7 @@ def _cell_line(config: str, cell: Cell, trial: int, s: dict) -> str:
 
 @task(name="run-suite", cache_policy=NO_CACHE, retries=0)
 def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run: str, records_path: str,
-              calibration: dict) -> list[dict]:
+              calibration: dict, skip: frozenset = frozenset(), progress: "Progress | None" = None) -> list[dict]:
     """Every cell of one suite, every trial, on one shared HTTP session; records appended after each
     cell (after each mixed window). Never retried: a measured cell is not repeated behind the user's back."""
     import pandas as pd
@@ -84,6 +79,8 @@ def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run:
         for cell, requests, _ in batch:
             s = summaries.loc[cell.stream].to_dict()
             say(_cell_line(config, cell, trial, s))
+            if progress:
+                progress.cell_done()
             done.append({"cell": cell, "trial": trial, "summary": s, "rows": [r for c, _, rs in batch
                                                                               if c == cell for r in rs],
                          "prompt_set_hash": prompt_set_hash(requests)})
@@ -91,12 +88,21 @@ def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run:
     async def go():
         async with LoadGenerator(endpoint, spec.model.name, spec.request_timeout_s, run_tag=run[-8:]) as lg:
             for trial in range(spec.trials):
+                if all((c.cell_id, trial) in skip for c in cells):
+                    say(f"  [{config}] {suite} trial {trial}: already recorded, skipped (resume)")
+                    if progress:
+                        progress.cell_done(len(cells))
+                    continue
                 if cells[0].kind == "mixed":
                     requests = [build_requests(spec, c, trial, calibration=cal) for c in cells]
                     recs = await lg.run_streams([(r, c.concurrency) for r, c in zip(requests, cells)])
                     finish([(c, q, rows_of(c, trial, rs)) for c, q, rs in zip(cells, requests, recs)], trial)
                     continue
                 for cell in cells:
+                    if (cell.cell_id, trial) in skip:
+                        if progress:
+                            progress.cell_done()
+                        continue
                     requests = build_requests(spec, cell, trial, calibration=cal)
                     recs = await lg.run_cell(requests, cell.concurrency)
                     finish([(cell, requests, rows_of(cell, trial, recs))], trial)
@@ -118,49 +124,20 @@ def calibrate_prompts(engine_url: str, spec: ExperimentSpec, path: str) -> dict:
     return fits
 
 
-@task(name="log-configuration", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
-def log_configuration(tracker: Tracker, parent: str, spec: ExperimentSpec, config: ConfigurationSpec,
-                      outcome: ConfigOutcome, evidence_dir: str) -> str:
-    t = outcome.transport
-    run_id = tracker.log_configuration(
-        parent, config.name,
-        tags={"epdbench.status": "ok" if outcome.ok else "failed",
-              "epdbench.transport_verdict": t.get("verdict", "none"),
-              "epdbench.stages_verdict": outcome.stages.get("verdict", "none")},
-        params={"topology": config.topology, "roles": roles_text(config), "gpus": config.gpus,
-                "tp": ",".join(f"{r.role}={r.tp}" for r in config.roles), "transport": config.kv_transport,
-                "connectors": "MooncakeConnector" if config.kv_transport != "none" else "none",
-                "router": outcome.router,
-                "image": "epdbench-sim" if spec.target.kind == "sim" else spec.target.kubernetes.engine.image,
-                "engine_args": spec.engine.model_dump_json(), "error": outcome.error or ""},
-        metrics={"transport_verified": 1.0 if t.get("verdict") == "verified" else 0.0,
-                 "stages_verified": 1.0 if outcome.stages.get("verdict") == "verified" else 0.0,
-                 "kv_throughput_min_mb_s": t.get("throughput_mb_s_min"),
-                 "kv_throughput_max_mb_s": t.get("throughput_mb_s_max"),
-                 "failed_transfers": t.get("failed_transfers"),
-                 "evidence_ok": 1.0 if outcome.verified(spec.target.kind) else 0.0,
-                 "stages_fraction_seen_min": min((f for f in outcome.stages.get("fraction_seen", {}).values()
-                                                  if f is not None), default=None)})
-    for item in outcome.cells:
-        cell: Cell = item["cell"]
-        tracker.log_cell(run_id, f"{config.name}:{cell.suite}:{cell.workload}:c{cell.concurrency}",
-                         tags={"epdbench.config": config.name, "epdbench.suite": cell.suite},
-                         params={"suite": cell.suite, "cell": cell.workload, "concurrency": cell.concurrency,
-                                 "stream": cell.stream, "n_measured": cell.n_measured, "n_warmup": cell.n_warmup,
-                                 "seed": spec.seed, "trial": item["trial"],
-                                 "prompt_set_hash": item["prompt_set_hash"]},
-                         summary=item["summary"])
-    if Path(evidence_dir).exists():
-        tracker.log_artifacts(run_id, Path(evidence_dir), "evidence")
-    manifests_dir = Path(evidence_dir).parents[1] / "manifests" / config.name   # kubernetes target only
-    if manifests_dir.exists():
-        tracker.log_artifacts(run_id, manifests_dir, "manifests")
-    tracker.finish(run_id, outcome.ok)
-    return run_id
+@task(name="publish-configuration", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
+def publish_configuration_task(tracker: Tracker, parent: str, spec: ExperimentSpec, config: ConfigurationSpec,
+                               rdir: str) -> str:
+    return publish.publish_configuration(tracker, parent, spec, config, Path(rdir))
+
+
+@task(name="publish-comparison", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
+def publish_comparison_task(tracker: Tracker, parent: str, rdir: str, all_verified: bool, all_ok: bool) -> None:
+    publish.publish_comparison(tracker, parent, Path(rdir), all_verified, all_ok)
 
 
 @flow(name="configuration", flow_run_name="{config.name}")
-def run_configuration(spec: ExperimentSpec, config: ConfigurationSpec, run: str, run_dir: str) -> ConfigOutcome:
+def run_configuration(spec: ExperimentSpec, config: ConfigurationSpec, run: str, run_dir: str,
+                      skip: frozenset = frozenset(), progress: "Progress | None" = None) -> ConfigOutcome:
     """Provision, verify readiness, run every suite, collect evidence; tear down always."""
     rdir = Path(run_dir)
     ev_dir = rdir / "evidence" / config.name
@@ -180,7 +157,7 @@ def run_configuration(spec: ExperimentSpec, config: ConfigurationSpec, run: str,
         suites: dict[str, dict] = {}
         for suite in spec.suites:
             items = run_suite(dep.endpoint, spec, suite.name, config.name, run, str(rdir / "records.parquet"),
-                              calibration)
+                              calibration, skip, progress)
             after = evidence.snapshot(dep)
             rows = [r for item in items for r in item["rows"]]
             suites[suite.name] = evidence.suite_evidence(dep, config, snap, after, rows, emulated)
@@ -201,6 +178,7 @@ def run_configuration(spec: ExperimentSpec, config: ConfigurationSpec, run: str,
             target.stop(dep)
     if outcome.error:
         say(f"[{config.name}] FAILED: {outcome.error}")
+    write_json(ev_dir / "outcome.json", {"ok": outcome.ok, "error": outcome.error, "router": outcome.router})
     return outcome
 
 
@@ -209,29 +187,73 @@ def run_name_for(spec: ExperimentSpec, now: dt.datetime | None = None) -> str:
     return f"{spec.name}-{spec.target.kind}-{now:%Y%m%d-%H%M%S}"
 
 
+class Progress:
+    """Cells done / total as a Prefect progress artifact (visible live in the UI)."""
+
+    def __init__(self, total: int):
+        self.total, self.done = max(1, total), 0
+        self.artifact_id = None
+        try:
+            from prefect.artifacts import create_progress_artifact
+            self.artifact_id = create_progress_artifact(0.0, key="epdbench-progress",
+                                                        description=f"cells done of {self.total}")
+        except Exception:  # noqa: BLE001 - no flow-run context: progress shows in the terminal only
+            self.artifact_id = None
+
+    def cell_done(self, n: int = 1) -> None:
+        self.done += n
+        if self.artifact_id is not None:
+            from prefect.artifacts import update_progress_artifact
+            update_progress_artifact(self.artifact_id, 100.0 * self.done / self.total)
+
+
+def _try_mlflow(what: str, fn, *args):
+    """MLflow being down must not lose a run: results stay on disk for `epdbench sync`."""
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001
+        say(f"MLflow unavailable ({what}): {type(e).__name__}: {str(e)[:200]}")
+        return None
+
+
 @flow(name="compare", flow_run_name="{spec.name}-{trigger}")
 def compare(spec: ExperimentSpec, out_dir: str | None = None, tracking_uri: str | None = None,
-            trigger: str = "cli", run_name: str | None = None) -> dict:
-    """Compare every configuration of the spec on matched workloads; returns the outcome."""
+            trigger: str = "cli", run_name: str | None = None, resume: bool = False) -> dict:
+    """Compare every configuration of the spec on matched workloads; returns the outcome. With
+    `resume`, cells already recorded in the results directory are skipped and configurations
+    already finished are not run again."""
     run = run_name or run_name_for(spec)
     rdir = Path(out_dir or Path("results") / run)
     rdir.mkdir(parents=True, exist_ok=True)
-    (rdir / "spec.yaml").write_text(spec_to_yaml(spec))
-    uri = tracking_uri or spec.tracking.tracking_uri or default_tracking_uri()
-    tracker = Tracker(uri, spec.tracking.experiment)
-    flow_run_id = _prefect_flow_run_id()
-    parent = tracker.start_comparison(
-        run, tags={"epdbench.target": spec.target.kind, "epdbench.spec": spec.name, "epdbench.trigger": trigger,
-                   "epdbench.prefect_flow_run_id": flow_run_id or "", "epdbench.results_dir": str(rdir.resolve())},
-        params={"configurations": ",".join(c.name for c in spec.configurations),
-                "suites": ",".join(s.name for s in spec.suites), "seed": spec.seed, "trials": spec.trials,
-                "model": spec.model.name, "hardware": spec.hardware.gpu})
-    say(f"Run {run}: {len(spec.configurations)} configurations × {len(plan_cells(spec))} cells × "
-        f"{spec.trials} trial(s) → {rdir}")
+    if not resume or not (rdir / "spec.yaml").exists():
+        (rdir / "spec.yaml").write_text(spec_to_yaml(spec))
+    state = publish.load_state(rdir)
+    uri = publish.resolve_tracking_uri(tracking_uri, spec)
+    tracker = _try_mlflow("connect", Tracker, uri, spec.tracking.experiment)
+    if tracker and not state["mlflow_parent"]:
+        state["mlflow_parent"] = _try_mlflow("start", publish.start_comparison, tracker, spec, run, rdir, trigger,
+                                             _prefect_flow_run_id())
+    publish.save_state(rdir, state)
+    cells = plan_cells(spec)
+    say(f"Run {run}: {len(spec.configurations)} configurations × {len(cells)} cells × "
+        f"{spec.trials} trial(s) → {rdir}" + (" (resuming)" if resume else ""))
+    progress = Progress(len(spec.configurations) * len(cells) * spec.trials)
     outcomes: dict[str, ConfigOutcome] = {}
     for config in spec.configurations:
-        outcomes[config.name] = run_configuration(spec, config, run, str(rdir))
-        log_configuration(tracker, parent, spec, config, outcomes[config.name], str(rdir / "evidence" / config.name))
+        finished = publish.config_outcome(rdir, config.name) if resume else {}
+        if finished.get("ok"):
+            say(f"[{config.name}] already finished in this run, skipped (resume)")
+            outcomes[config.name] = ConfigOutcome(config.name, True, None, finished["transport"],
+                                                  finished["stages"], finished.get("router", ""))
+            progress.cell_done(len(cells) * spec.trials)
+        else:
+            skip = frozenset(publish.cells_done(rdir, spec, config.name)) if resume else frozenset()
+            outcomes[config.name] = run_configuration(spec, config, run, str(rdir), skip, progress)
+        if tracker and state["mlflow_parent"] and config.name not in state["published"]:
+            if _try_mlflow(config.name, publish_configuration_task, tracker, state["mlflow_parent"], spec, config,
+                           str(rdir)):
+                state["published"].append(config.name)
+                publish.save_state(rdir, state)
 
     summary = summarize(read_records(rdir / "records.parquet"), {c.name: c.gpus for c in spec.configurations})
     write_summary(rdir, summary)
@@ -239,20 +261,64 @@ def compare(spec: ExperimentSpec, out_dir: str | None = None, tracking_uri: str 
     verdicts = {name: verdict_view(o) for name, o in outcomes.items()}
     meta = report_meta(spec, run, outcomes)
     (rdir / "report.md").write_text(render_report(meta, summary, verdicts))
+    parent = state["mlflow_parent"]
     outcome = {"run": run, "results_dir": str(rdir), "tracking_uri": uri, "mlflow_run_id": parent,
-               "mlflow_url": tracker.run_url(parent),
+               "mlflow_url": tracker.run_url(parent) if tracker and parent else None, "trigger": trigger,
                "configs": {n: {"ok": o.ok, "verified": o.verified(spec.target.kind), "error": o.error,
                                "transport": o.transport.get("verdict"), "stages": o.stages.get("verdict")}
                            for n, o in outcomes.items()}}
     outcome["all_verified"] = all(c["verified"] for c in outcome["configs"].values())
     outcome["meta"], outcome["verdicts"] = meta, verdicts
     write_json(rdir / "outcome.json", outcome)
-    for name in ("report.md", "summary.csv", "summary_trials.csv", "summary.parquet", "records.parquet", "spec.yaml",
-                 "calibration.json", "outcome.json"):
-        tracker.log_artifacts(parent, rdir / name)
-    tracker.set_tags(parent, {"epdbench.all_verified": outcome["all_verified"]})
-    tracker.finish(parent, ok=all(o.ok for o in outcomes.values()))
+    if tracker and parent and not state["parent_published"]:
+        _try_mlflow("comparison", publish_comparison_task, tracker, parent, str(rdir), outcome["all_verified"],
+                    all(o.ok for o in outcomes.values()))
+        state["parent_published"] = _published_ok(tracker, parent)
+        publish.save_state(rdir, state)
+    outcome["mlflow_pending"] = not (state["parent_published"]
+                                     and set(state["published"]) >= {c.name for c in spec.configurations})
+    if outcome["mlflow_pending"]:
+        say(f"Not everything reached MLflow; results are safe in {rdir}. Publish later with: "
+            f"epdbench sync {rdir}")
+    write_json(rdir / "outcome.json", outcome)
+    _prefect_summary_artifact(outcome, summary)
     return outcome
+
+
+def _published_ok(tracker: Tracker, parent: str) -> bool:
+    try:
+        names = {a.path for a in tracker.client.list_artifacts(parent)}
+    except Exception:  # noqa: BLE001
+        return False
+    return "report.md" in names
+
+
+def _prefect_summary_artifact(outcome: dict, summary) -> None:
+    """The Markdown artifact that ends a flow run in the Prefect UI: headline table, verdicts, MLflow link."""
+    try:
+        from prefect.artifacts import create_markdown_artifact
+    except ImportError:
+        return
+    lines = [f"# epdbench {outcome['run']}", ""]
+    if outcome.get("mlflow_url"):
+        lines += [f"MLflow comparison run: [{outcome['mlflow_run_id']}]({outcome['mlflow_url']})", ""]
+    lines += ["| configuration | ok | transport | stages |", "|---|---|---|---|"]
+    lines += [f"| {n} | {'yes' if c['ok'] else 'FAILED: ' + (c['error'] or '')} | {c['transport']} | {c['stages']} |"
+              for n, c in outcome["configs"].items()]
+    if not summary.empty:
+        lines += ["", "| config | suite | workload | conc | stream | ok | TTFT p50 ms | ITL p99 ms | tok/s |",
+                  "|---|---|---|---:|---|---:|---:|---:|---:|"]
+        for _, r in summary.iterrows():
+            def f(v):
+                return "—" if v is None else f"{float(v):.1f}"
+            lines.append(f"| {r['config']} | {r['suite']} | {r['workload']} | {r['concurrency']} | {r['stream']} | "
+                         f"{r['requests_ok']}/{r['requests_total']} | {f(r['ttft_p50_ms'])} | {f(r['itl_p99_ms'])} | "
+                         f"{f(r['output_tok_s'])} |")
+    lines += ["", f"Results: `{outcome['results_dir']}`"]
+    try:
+        create_markdown_artifact("\n".join(lines), key="epdbench-report", description=f"epdbench {outcome['run']}")
+    except Exception:  # noqa: BLE001 - outside a flow run context
+        pass
 
 
 def verdict_view(o: ConfigOutcome) -> dict:

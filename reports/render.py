@@ -59,6 +59,8 @@ def suite_tables(summary: pd.DataFrame, comparisons: list[Comparison]) -> list[d
     matched cell in bold, low-support tails marked †, and ratio lines."""
     best = {(c.suite, c.workload, c.concurrency, c.stream, c.metric): c for c in comparisons}
     agg = aggregate_trials(summary)
+    if agg.empty:          # every configuration failed: no table, the failures section says why
+        return []
     out = []
     for suite, sdf in agg.groupby("suite", sort=False):
         rows = []

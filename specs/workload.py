@@ -193,5 +193,10 @@ def build_requests(spec: ExperimentSpec, cell: Cell, trial: int = 0, seed: int |
     return out
 
 
+def hash_prompt_hashes(prompt_hashes: list[str]) -> str:
+    return _hash(*prompt_hashes)
+
+
 def prompt_set_hash(requests: list[RequestSpec]) -> str:
-    return _hash(*[r.prompt_hash for r in requests])
+    """One hash for a cell's whole request list (warm-up and measured, in order)."""
+    return hash_prompt_hashes([r.prompt_hash for r in requests])

@@ -123,3 +123,9 @@ def test_low_support_tail_is_marked_and_trials_show_ci():
     report = render_report({**meta("sim"), "trials": 2}, two, VERDICTS)
     assert table_row(report, "aggregated")[4].startswith("157.0 ± ")   # mean ± 95% CI
     assert "mean ± 95% CI over 2 trials" in report
+
+
+def test_a_run_where_every_configuration_failed_still_renders():
+    report = render_report({**meta("sim"), "failures": {"aggregated": "provisioning failed: boom"}},
+                           pd.DataFrame(columns=SUMMARY_COLUMNS), VERDICTS)
+    assert "provisioning failed: boom" in report and "## Suite" not in report

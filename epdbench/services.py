@@ -1,0 +1,200 @@
+"""`epdbench up` / `down`: a Prefect server, an MLflow tracking server and the epdbench deployments on
+this machine (loopback by default), with their state under --data-dir so history survives restarts."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+STATE_FILE = "up.json"
+
+
+@dataclass
+class Service:
+    name: str
+    cmd: list[str]
+    health_url: str
+    env: dict
+    log: Path
+    popen: subprocess.Popen | None = None
+
+
+def _bin(name: str) -> str:
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.exists() else name
+
+
+def plan_services(host: str, prefect_port: int, mlflow_port: int, data_dir: Path, nightly_cron: str,
+                  timezone: str, nightly_preset: str) -> list[Service]:
+    data_dir = data_dir.resolve()
+    base = {**os.environ, "DO_NOT_TRACK": "true", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "MLFLOW_DISABLE_TELEMETRY": "true", "PREFECT_HOME": str(data_dir / "prefect")}
+    base.pop("PREFECT_API_URL", None)
+    prefect_api = f"http://{host}:{prefect_port}/api"
+    mlflow_url = f"http://{host}:{mlflow_port}"
+    logs = data_dir / "logs"
+    return [
+        Service("prefect", [_bin("prefect"), "server", "start", "--host", host, "--port", str(prefect_port)],
+                f"{prefect_api}/health", base, logs / "prefect.log"),
+        Service("mlflow", [_bin("mlflow"), "server", "--backend-store-uri", f"sqlite:///{data_dir / 'mlflow.db'}",
+                           "--artifacts-destination", str(data_dir / "mlartifacts"), "--host", host,
+                           "--port", str(mlflow_port), "--workers", "1"],
+                f"{mlflow_url}/health", {**base, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}, logs / "mlflow.log"),
+        Service("deployments", [sys.executable, "-m", "flows.deployments", "--nightly-cron", nightly_cron,
+                                "--timezone", timezone, "--nightly-preset", nightly_preset],
+                "", {**base, "PREFECT_API_URL": prefect_api, "MLFLOW_TRACKING_URI": mlflow_url,
+                     "PREFECT_LOGGING_LEVEL": "INFO"}, logs / "deployments.log"),
+    ]
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def start(svc: Service, timeout_s: float) -> None:
+    svc.log.parent.mkdir(parents=True, exist_ok=True)
+    with open(svc.log, "ab") as fh:
+        svc.popen = subprocess.Popen(svc.cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=svc.env, start_new_session=True)
+    if not svc.health_url:
+        return
+    deadline = time.monotonic() + timeout_s
+    while not _healthy(svc.health_url):
+        if svc.popen.poll() is not None:
+            raise RuntimeError(f"{svc.name} exited (code {svc.popen.returncode}); see {svc.log}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{svc.name} not healthy after {timeout_s:.0f}s; see {svc.log}")
+        time.sleep(0.5)
+
+
+def stop(svc: Service, grace_s: float = 15) -> None:
+    p = svc.popen
+    if p is None or p.poll() is not None:
+        return
+    try:
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(timeout=5)
+    except ProcessLookupError:
+        pass
+
+
+def ensure_gpu_node_slot(prefect_api: str) -> None:
+    """A global concurrency limit of 1 so two comparisons never share the GPU node."""
+    os.environ["PREFECT_API_URL"] = prefect_api
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+
+    from flows.deployments import GPU_NODE_SLOT
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_global_concurrency_limit_by_name(GPU_NODE_SLOT)
+        except Exception:  # noqa: BLE001 - not found: create it
+            client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=GPU_NODE_SLOT, limit=1))
+
+
+def wait_for_deployments(prefect_api: str, names: list[str], timeout_s: float) -> None:
+    from prefect.client.orchestration import get_client
+
+    deadline = time.monotonic() + timeout_s
+    with get_client(sync_client=True) as client:
+        while time.monotonic() < deadline:
+            have = {d.name for d in client.read_deployments()}
+            if set(names) <= have:
+                return
+            time.sleep(1)
+    raise RuntimeError(f"deployments {names} not registered after {timeout_s:.0f}s")
+
+
+def up(host: str, prefect_port: int, mlflow_port: int, data_dir: Path, nightly_cron: str, timezone: str,
+       nightly_preset: str, timeout_s: float = 120) -> int:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    state_path = data_dir / STATE_FILE
+    if state_path.exists() and _alive(json.loads(state_path.read_text()).get("pid")):
+        print(f"error: epdbench up is already running (pid {json.loads(state_path.read_text())['pid']}); "
+              "run 'epdbench down' first", file=sys.stderr)
+        return 2
+    services = plan_services(host, prefect_port, mlflow_port, data_dir, nightly_cron, timezone, nightly_preset)
+    stopping = {"flag": False}
+
+    def on_signal(signum, frame):
+        stopping["flag"] = True
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    prefect_api = f"http://{host}:{prefect_port}/api"
+    try:
+        for svc in services[:2]:
+            print(f"starting {svc.name} ...", flush=True)
+            start(svc, timeout_s)
+        ensure_gpu_node_slot(prefect_api)
+        start(services[2], timeout_s)
+        wait_for_deployments(prefect_api, ["nightly-comparison", "adhoc-comparison"], timeout_s)
+        state_path.write_text(json.dumps({"pid": os.getpid(), "prefect": f"http://{host}:{prefect_port}",
+                                          "mlflow": f"http://{host}:{mlflow_port}",
+                                          "children": [s.popen.pid for s in services]}))
+        print(f"Prefect UI: http://{host}:{prefect_port}  (deployments nightly-comparison, adhoc-comparison)")
+        print(f"MLflow UI:  http://{host}:{mlflow_port}")
+        print(f"state and logs under {data_dir}/; Ctrl-C or 'epdbench down' stops everything", flush=True)
+        while all(s.popen.poll() is None for s in services):
+            time.sleep(1)
+        dead = [s.name for s in services if s.popen.poll() is not None]
+        print(f"error: {', '.join(dead)} stopped; see {data_dir / 'logs'}", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        return 0
+    except RuntimeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 3
+    finally:
+        for svc in reversed(services):
+            stop(svc)
+        state_path.unlink(missing_ok=True)
+        print("stopped Prefect, MLflow and the deployments", flush=True)
+
+
+def _alive(pid) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(int(pid), 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def down(data_dir: Path, timeout_s: float = 60) -> int:
+    state_path = data_dir / STATE_FILE
+    if not state_path.exists():
+        print(f"nothing to stop: no {state_path}")
+        return 0
+    state = json.loads(state_path.read_text())
+    pid = state.get("pid")
+    if _alive(pid):
+        os.kill(int(pid), signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+    for child in state.get("children", []):     # the up process died without cleaning up
+        if _alive(child):
+            try:
+                os.killpg(int(child), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    state_path.unlink(missing_ok=True)
+    print("stopped")
+    return 0

@@ -1,0 +1,67 @@
+"""What a user asks for from the Prefect UI (or a schedule): a preset plus overrides. The form is
+built from this model, so bad input is refused before a run starts. Resolving it is pure."""
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from specs.models import ExperimentSpec, SpecError, load_spec, parse_spec, select_configurations
+
+Preset = Literal["smoke", "pd-text", "epd-multimodal"]
+ConfigName = Literal["aggregated", "pd-tcp", "pd-rdma", "epd", "epd-rdma"]
+SuiteName = Literal["fixed", "mixed", "mm-context", "mm-mixed", "mm-reuse"]
+
+
+class RunRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    preset: Preset = Field("smoke", title="Preset", description="Workload and deployment preset to run.")
+    configurations: list[ConfigName] = Field(
+        default_factory=list, title="Configurations",
+        description="Which configurations to compare; empty: every configuration of the preset.")
+    suites: list[SuiteName] = Field(default_factory=list, title="Suites",
+                                    description="Which suites to run; empty: every suite of the preset.")
+    trials: int | None = Field(None, ge=1, le=20, title="Trials",
+                               description="Repetitions of every cell; empty: the preset's.")
+    seed: int | None = Field(None, ge=0, title="Seed", description="Prompt/image seed; empty: the preset's.")
+    target: Literal["sim", "kubernetes"] = Field("sim", title="Target",
+                                                 description="sim: embedded simulator; kubernetes: the cluster.")
+    model: str | None = Field(None, min_length=1, title="Model override",
+                              description="Serve another model id (same architecture figures as the preset).")
+    engine_image: str | None = Field(None, min_length=1, title="Engine image override",
+                                     description="vllm/vllm-openai image:tag for the Kubernetes target.")
+    namespace: str | None = Field(None, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", title="Namespace",
+                                  description="Kubernetes namespace (Kubernetes target).")
+    run_key: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$", title="Run key",
+                                description="Name of the results folder; re-running with the same key resumes "
+                                            "it, skipping cells already recorded.")
+
+
+def resolve_request(req: RunRequest) -> ExperimentSpec:
+    """The experiment spec a request stands for; SpecError (one line) when the combination is invalid."""
+    spec = load_spec(req.preset)
+    data = spec.model_dump(mode="json")
+    if req.suites:
+        unknown = [s for s in req.suites if s not in {x["name"] for x in data["suites"]}]
+        if unknown:
+            raise SpecError(f"suites: {', '.join(unknown)} not in preset {req.preset}")
+        data["suites"] = [s for s in data["suites"] if s["name"] in req.suites]
+    for key, value in (("trials", req.trials), ("seed", req.seed)):
+        if value is not None:
+            data[key] = value
+    if req.model:
+        data["model"]["name"] = req.model
+    data["target"]["kind"] = req.target
+    if req.engine_image:
+        data["target"]["kubernetes"]["engine"]["image"] = req.engine_image
+    if req.namespace:
+        data["target"]["kubernetes"]["namespace"] = req.namespace
+    spec = parse_spec(data, f"preset {req.preset}")
+    return select_configurations(spec, list(req.configurations) or None)
+
+
+def run_name(req: RunRequest, date: str) -> str:
+    """Flow-run and results-folder name, e.g. pd-text-sim-2026-11-29."""
+    return req.run_key or re.sub(r"[^A-Za-z0-9._-]", "-", f"{req.preset}-{req.target}-{date}")

@@ -1,0 +1,95 @@
+"""Operations: resume an interrupted run without duplicate or missing cells; nothing lost when MLflow
+is down (`epdbench sync` publishes later)."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from specs.models import load_spec
+from specs.workload import plan_cells
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+       "MLFLOW_HTTP_REQUEST_TIMEOUT": "3"}
+
+
+def epdbench(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "epdbench.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=400, env=ENV)
+
+
+def mlflow_runs(db: Path) -> dict[str, list]:
+    from mlflow.tracking import MlflowClient
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    exp = client.get_experiment_by_name("epdbench")
+    kinds: dict[str, list] = {}
+    for r in client.search_runs([exp.experiment_id], max_results=1000):
+        kinds.setdefault(r.data.tags["epdbench.kind"], []).append(r)
+    return kinds
+
+
+def assert_exact_cells(out: Path, spec_path: Path):
+    spec = load_spec(str(spec_path))
+    rec = pd.read_parquet(out / "records.parquet")
+    measured = rec[rec["phase"] == "measured"].groupby(["config", "cell", "trial"]).size()
+    expected = {(c.name, cell.cell_id, 0): cell.n_measured for c in spec.configurations for cell in plan_cells(spec)}
+    assert measured.to_dict() == expected
+    assert rec["request_id"].is_unique
+
+
+def test_interrupted_run_resumes_to_exactly_the_cells_of_an_uninterrupted_run(tmp_path, tiny_spec_path):
+    out, db = tmp_path / "results", tmp_path / "mlflow.db"
+    proc = subprocess.Popen([sys.executable, "-m", "epdbench.cli", "compare", "--spec", str(tiny_spec_path),
+                             "--out", str(out), "--tracking-uri", f"sqlite:///{db}"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
+    seen = []
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline:       # stop in the middle of pd-tcp, after one of its cells
+            line = proc.stdout.readline()
+            seen.append(line)
+            if not line or line.lstrip().startswith("[pd-tcp] fixed"):
+                break
+        assert any("[pd-tcp] fixed" in line for line in seen), "".join(seen)[-2000:]
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    before = pd.read_parquet(out / "records.parquet")
+    assert set(before["config"]) == {"aggregated", "pd-tcp"}
+    resumed = epdbench("compare", "--resume", str(out), "--tracking-uri", f"sqlite:///{db}", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-2000:]
+    assert "[aggregated] already finished in this run, skipped (resume)" in resumed.stdout
+    assert "already recorded, skipped (resume)" in resumed.stdout
+    assert_exact_cells(out, tiny_spec_path)
+    kinds = mlflow_runs(db)
+    assert len(kinds["comparison"]) == 1 and len(kinds["configuration"]) == 4
+    assert len(kinds["cell"]) == 4 * len(plan_cells(load_spec(str(tiny_spec_path))))
+
+
+def test_mlflow_down_loses_nothing_and_sync_publishes_later(tmp_path, tiny_spec_path):
+    import yaml
+    spec = yaml.safe_load(tiny_spec_path.read_text())
+    spec["configurations"] = [c for c in spec["configurations"] if c["name"] == "pd-tcp"]
+    spec["suites"] = [s for s in spec["suites"] if s["kind"] == "fixed"]
+    (tmp_path / "one.yaml").write_text(yaml.safe_dump(spec))
+    out, db = tmp_path / "results", tmp_path / "mlflow.db"
+    down = epdbench("compare", "--spec", str(tmp_path / "one.yaml"), "--out", str(out),
+                    "--tracking-uri", "http://127.0.0.1:9", cwd=tmp_path)          # nothing listens there
+    assert down.returncode == 0, down.stdout[-2000:] + down.stderr[-2000:]
+    assert "epdbench sync" in down.stdout
+    assert (out / "records.parquet").exists() and (out / "report.md").exists()
+    synced = epdbench("sync", str(out), "--tracking-uri", f"sqlite:///{db}", cwd=tmp_path)
+    assert synced.returncode == 0, synced.stderr
+    assert "published pd-tcp, comparison" in synced.stdout
+    again = epdbench("sync", str(out), "--tracking-uri", f"sqlite:///{db}", cwd=tmp_path)
+    assert "already in MLflow" in again.stdout                                       # idempotent
+    kinds = mlflow_runs(db)
+    assert len(kinds["comparison"]) == 1 and len(kinds["configuration"]) == 1 and len(kinds["cell"]) == 1
