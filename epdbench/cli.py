@@ -322,6 +322,42 @@ def cmd_verify_transport(args) -> int:
     return EXIT_OK if result["verdict"] == "verified" else EXIT_FAILURES
 
 
+def terminate_children(grace_s: float = 5.0) -> None:
+    """SIGTERM every direct child process still running, then SIGKILL what remains after grace_s."""
+    import signal
+    import time
+
+    def children() -> list[int]:
+        out = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == os.getpid() and fields[0] != "Z":
+                out.append(int(stat.parent.name))
+        return out
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = children()
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace_s
+        while pids and time.monotonic() < deadline:
+            for pid in list(pids):
+                try:
+                    if os.waitpid(pid, os.WNOHANG)[0]:
+                        pids.remove(pid)
+                except ChildProcessError:
+                    pids.remove(pid)
+            time.sleep(0.1)
+        if not pids:
+            return
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["sim"]:
@@ -347,10 +383,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        # Teardown already ran in the flow's finally blocks; stop any straggler, then leave without
-        # waiting on background threads (Prefect's event workers can hang once their server is gone).
+        # Teardown already ran in the flow's finally blocks; stop any straggler (simulator processes,
+        # Prefect's temporary server), then leave without waiting on background threads, which can hang
+        # once their server is gone.
         from tasks.sim_target import stop_all
         stop_all()
+        terminate_children()
         print("interrupted: every started process was stopped", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(130)

@@ -17,9 +17,13 @@ SUMMARY_REQUIRED = ["config", "suite", "workload", "concurrency", "stream", "req
                     "output_tok_s", "req_s"]
 
 
+RUN_MARK = os.urandom(6).hex()
+
+
 def epdbench(*args, cwd, **kw):
     return subprocess.run([sys.executable, "-m", "epdbench.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=400, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}, **kw)
+                          timeout=400, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]),
+                                            "EPDBENCH_TEST_MARK": RUN_MARK}, **kw)
 
 
 def leftovers(marker: str) -> list[str]:
@@ -47,6 +51,7 @@ def test_compare_exits_zero_and_writes_results(run):
     assert (summary["requests_ok"] == summary["requests_total"]).all()
     assert "ITL p99" in proc.stdout and "MLflow:" in proc.stdout          # compact terminal table + links
     assert not leftovers(str(out)), "simulator processes left running"
+    assert not marked_processes(RUN_MARK), "a child (simulator, router or Prefect server) outlived the run"
 
 
 def test_mixed_streams_share_one_window_and_gpus_are_counted(run):
@@ -175,12 +180,26 @@ def test_bad_input_gets_one_line_and_exit_2(args, needle, tmp_path):
     assert len(lines) == 1 and needle in lines[0], proc.stderr
 
 
+def marked_processes(mark: str) -> list[int]:
+    """Processes whose environment carries the mark (every descendant inherits it)."""
+    out = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if f"EPDBENCH_TEST_MARK={mark}".encode() in environ.read_bytes():
+                out.append(int(environ.parent.name))
+        except OSError:
+            continue
+    return out
+
+
 def test_interrupt_leaves_nothing_running(tmp_path, tiny_spec_path):
     out = tmp_path / "results"
+    mark = os.urandom(6).hex()
     proc = subprocess.Popen([sys.executable, "-m", "epdbench.cli", "compare", "--spec", str(tiny_spec_path),
                              "--out", str(out), "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]),
+                                 "EPDBENCH_TEST_MARK": mark})
     deadline = time.monotonic() + 180
     seen = []
     try:
@@ -199,3 +218,4 @@ def test_interrupt_leaves_nothing_running(tmp_path, tiny_spec_path):
     assert proc.returncode != 0
     time.sleep(0.5)
     assert not leftovers(str(out)), leftovers(str(out))
+    assert not marked_processes(mark), "a child (simulator, router or Prefect server) outlived the run"

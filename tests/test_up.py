@@ -1,0 +1,98 @@
+"""`epdbench up` end to end: Prefect server, MLflow server and both deployments on free loopback ports;
+an adhoc run triggered through the Prefect API lands in MLflow; `epdbench down` leaves nothing behind."""
+import datetime as dt
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def marked(mark: str) -> list[int]:
+    out = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if f"EPDBENCH_TEST_MARK={mark}".encode() in environ.read_bytes():
+                out.append(int(environ.parent.name))
+        except OSError:
+            continue
+    return out
+
+
+def test_up_adhoc_run_from_the_prefect_api_and_down(tmp_path):
+    from mlflow.tracking import MlflowClient
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    pp, mp, mark = free_port(), free_port(), os.urandom(6).hex()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "EPDBENCH_TEST_MARK": mark}
+    env.pop("PREFECT_API_URL", None)
+    data = tmp_path / ".epdbench"
+    up = subprocess.Popen([sys.executable, "-m", "epdbench.cli", "up", "--prefect-port", str(pp), "--mlflow-port",
+                           str(mp), "--data-dir", str(data)], cwd=tmp_path, env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        lines, deadline = [], time.monotonic() + 240
+        while time.monotonic() < deadline:
+            line = up.stdout.readline()
+            lines.append(line)
+            if not line or line.startswith("MLflow UI:"):
+                break
+        assert any(f"http://127.0.0.1:{mp}" in line for line in lines), "".join(lines)
+        api = f"http://127.0.0.1:{pp}/api"
+        with temporary_settings({PREFECT_API_URL: api}):
+            with get_client(sync_client=True) as client:
+                deployments = {d.name: d for d in client.read_deployments()}
+                assert {"nightly-comparison", "adhoc-comparison"} <= set(deployments)
+                nightly = deployments["nightly-comparison"]
+                assert [s.schedule.cron for s in nightly.schedules] == ["0 2 * * *"]
+                upcoming, deadline = [], time.monotonic() + 90       # the scheduler loop fills them in
+                while not upcoming and time.monotonic() < deadline:
+                    upcoming = [r for r in client.read_flow_runs() if r.deployment_id == nightly.id
+                                and r.state_name == "Scheduled"]
+                    time.sleep(2)
+                assert upcoming, "the nightly deployment shows no next run"
+                form = deployments["adhoc-comparison"].parameter_openapi_schema["definitions"]["RunRequest"]
+                assert form["properties"]["trials"]["anyOf"][0]["maximum"] == 20     # bounds reach the UI form
+            run = run_deployment("adhoc-comparison/adhoc-comparison", timeout=0, parameters={
+                "request": {"preset": "smoke", "configurations": ["pd-tcp"], "suites": ["mm-context"]}})
+            with get_client(sync_client=True) as client:
+                deadline = time.monotonic() + 300
+                while time.monotonic() < deadline:
+                    fr = client.read_flow_run(run.id)
+                    if fr.state and fr.state.is_final():
+                        break
+                    time.sleep(2)
+                assert fr.state_name == "Completed", fr.state
+                assert fr.name == f"smoke-sim-{dt.date.today().isoformat()}"
+                keys = {a.key for a in client.read_artifacts()}
+                assert {"epdbench-progress", "epdbench-report"} <= keys
+        mlflow = MlflowClient(f"http://127.0.0.1:{mp}")
+        exp = mlflow.get_experiment_by_name("epdbench")
+        runs = mlflow.search_runs([exp.experiment_id], filter_string="tags.`epdbench.kind` = 'comparison'")
+        assert len(runs) == 1 and runs[0].data.tags["epdbench.trigger"] == "adhoc"
+        assert "report.md" in {a.path for a in mlflow.list_artifacts(runs[0].info.run_id)}
+    finally:
+        down = subprocess.run([sys.executable, "-m", "epdbench.cli", "down", "--data-dir", str(data)], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=120)
+        try:
+            up.wait(timeout=60)
+        finally:
+            if up.poll() is None:
+                up.kill()
+    assert down.returncode == 0 and up.returncode == 0, down.stdout + down.stderr
+    time.sleep(1)
+    assert not marked(mark), "a process started by `up` is still running"
