@@ -8,6 +8,7 @@ import asyncio
 import datetime as dt
 import json
 import sys
+import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,7 @@ from prefect.cache_policies import NO_CACHE
 
 from analysis.metrics import summarize
 from analysis.trials import aggregate_trials
+from reports.live import LiveCell
 from reports.render import render_report
 from specs.models import ConfigurationSpec, ExperimentSpec, spec_to_yaml
 from specs.workload import Calibration, Cell, RequestSpec, build_requests, plan_cells, prompt_set_hash
@@ -58,9 +60,11 @@ def _cell_line(config: str, cell: Cell, trial: int, s: dict) -> str:
 
 @task(name="run-suite", cache_policy=NO_CACHE, retries=0)
 def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run: str, records_path: str,
-              calibration: dict, skip: frozenset = frozenset(), progress: "Progress | None" = None) -> list[dict]:
+              calibration: dict, skip: frozenset = frozenset(), progress: "Progress | None" = None,
+              deadline: float | None = None) -> list[dict]:
     """Every cell of one suite, every trial, on one shared HTTP session; records appended after each
-    cell (after each mixed window). Never retried: a measured cell is not repeated behind the user's back."""
+    cell (after each mixed window). Never retried: a measured cell is not repeated behind the user's back.
+    A cell past spec.cell_timeout_s (or the configuration's deadline, monotonic) raises CellTimeout."""
     import pandas as pd
 
     cal = Calibration({k: tuple(v) for k, v in calibration.items()})
@@ -85,6 +89,19 @@ def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run:
                                                                               if c == cell for r in rs],
                          "prompt_set_hash": prompt_set_hash(requests)})
 
+    live = LiveCell()
+
+    async def bounded(label: str, n_requests: int, work):
+        limits = [x for x in (spec.cell_timeout_s, deadline and deadline - time.monotonic()) if x]
+        live.reset(f"[{config}] {label}", n_requests)
+        try:
+            return await asyncio.wait_for(work, timeout=min(limits) if limits else None)
+        except asyncio.TimeoutError:
+            raise CellTimeout(f"{label} did not finish within {min(limits):.0f} s "
+                              "(cell_timeout_s / configuration_timeout_s)") from None
+        finally:
+            live.stop()
+
     async def go():
         async with LoadGenerator(endpoint, spec.model.name, spec.request_timeout_s, run_tag=run[-8:]) as lg:
             for trial in range(spec.trials):
@@ -95,7 +112,9 @@ def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run:
                     continue
                 if cells[0].kind == "mixed":
                     requests = [build_requests(spec, c, trial, calibration=cal) for c in cells]
-                    recs = await lg.run_streams([(r, c.concurrency) for r, c in zip(requests, cells)])
+                    recs = await bounded(f"{suite} (mixed) trial {trial}", sum(map(len, requests)),
+                                         lg.run_streams([(r, c.concurrency) for r, c in zip(requests, cells)],
+                                                        live.on_record))
                     finish([(c, q, rows_of(c, trial, rs)) for c, q, rs in zip(cells, requests, recs)], trial)
                     continue
                 for cell in cells:
@@ -104,11 +123,16 @@ def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run:
                             progress.cell_done()
                         continue
                     requests = build_requests(spec, cell, trial, calibration=cal)
-                    recs = await lg.run_cell(requests, cell.concurrency)
+                    recs = await bounded(f"{suite} {cell.workload} c={cell.concurrency} trial {trial}", len(requests),
+                                         lg.run_cell(requests, cell.concurrency, live.on_record))
                     finish([(cell, requests, rows_of(cell, trial, recs))], trial)
 
     asyncio.run(go())
     return done
+
+
+class CellTimeout(RuntimeError):
+    pass
 
 
 @task(name="calibrate-prompts", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
@@ -151,13 +175,14 @@ def run_configuration(spec: ExperimentSpec, config: ConfigurationSpec, run: str,
         outcome.router = dep.router
         say(f"[{config.name}] serving at {dep.endpoint} via {dep.router}")
         emulated = spec.target.kind == "sim"
+        deadline = time.monotonic() + spec.configuration_timeout_s if spec.configuration_timeout_s else None
         engine = next(p for p in dep.engines if p.role in ("server", "prefill"))
         calibration = calibrate_prompts(engine.url, spec, str(rdir / "calibration.json"))
         first = snap = evidence.snapshot(dep)
         suites: dict[str, dict] = {}
         for suite in spec.suites:
             items = run_suite(dep.endpoint, spec, suite.name, config.name, run, str(rdir / "records.parquet"),
-                              calibration, skip, progress)
+                              calibration, skip, progress, deadline)
             after = evidence.snapshot(dep)
             rows = [r for item in items for r in item["rows"]]
             suites[suite.name] = evidence.suite_evidence(dep, config, snap, after, rows, emulated)
@@ -170,6 +195,8 @@ def run_configuration(spec: ExperimentSpec, config: ConfigurationSpec, run: str,
         say(f"[{config.name}] transport {outcome.transport['verdict']}, stages {outcome.stages['verdict']}")
     except ProvisionError as e:
         outcome.error = f"provisioning failed: {e}"
+    except CellTimeout as e:
+        outcome.error = f"timed out: {e}"
     except Exception as e:  # noqa: BLE001 - a failed configuration must not stop the others
         outcome.error = f"{type(e).__name__}: {e}"
         traceback.print_exc(file=sys.stderr)

@@ -289,8 +289,6 @@ K8S_QUANTITY = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$"
 class KubeEngineSpec(Strict):
     image: str = Field("vllm/vllm-openai:v0.33.0", min_length=1, title="Engine image",
                        description="vLLM image with its tag; every role runs `vllm serve` from it.")
-    gpu_memory_utilization: float = Field(0.85, gt=0, le=1, title="GPU memory utilization",
-                                          description="vLLM --gpu-memory-utilization of every engine.")
     extra_args: list[str] = Field(default_factory=list, title="Extra engine arguments",
                                   description="Appended to every `vllm serve` command line.")
     shm_size: str = Field("16Gi", pattern=K8S_QUANTITY, title="/dev/shm size",
@@ -411,6 +409,13 @@ class ExperimentSpec(Strict):
     description: str = Field("", title="Description", description="What this spec compares.")
     seed: int = Field(0, ge=0, title="Seed", description="Seeds prompts and images; same seed, same requests.")
     trials: int = Field(1, ge=1, le=20, title="Trials", description="Repetitions of every cell.")
+    cell_timeout_s: float | None = Field(None, ge=1, title="Cell timeout (s)",
+                                         description="A cell (or mixed window) running longer fails its "
+                                                     "configuration; the other configurations still run. "
+                                                     "Empty: no limit.")
+    configuration_timeout_s: float | None = Field(None, ge=1, title="Configuration timeout (s)",
+                                                  description="Limit on all the suites of one configuration. "
+                                                              "Empty: no limit.")
     request_timeout_s: float = Field(300, gt=0, le=3600, title="Request timeout (s)",
                                      description="A request slower than this is recorded as an error.")
     model: ModelSpec = Field(title="Model", description="Served model and its architecture figures.")

@@ -93,3 +93,24 @@ def test_mlflow_down_loses_nothing_and_sync_publishes_later(tmp_path, tiny_spec_
     assert "already in MLflow" in again.stdout                                       # idempotent
     kinds = mlflow_runs(db)
     assert len(kinds["comparison"]) == 1 and len(kinds["configuration"]) == 1 and len(kinds["cell"]) == 1
+
+
+def test_a_cell_past_its_timeout_fails_that_configuration_only(tmp_path, tiny_spec_path):
+    import json
+
+    import yaml
+    spec = yaml.safe_load(tiny_spec_path.read_text())
+    spec["configurations"] = [c for c in spec["configurations"] if c["name"] in ("aggregated", "pd-tcp")]
+    spec["suites"] = [s for s in spec["suites"] if s["kind"] == "fixed"]
+    spec["cell_timeout_s"] = 1          # 4096/32 at concurrency 4, 9 requests: about 2 s on the simulator
+    (tmp_path / "slow.yaml").write_text(yaml.safe_dump(spec))
+    out = tmp_path / "results"
+    proc = epdbench("compare", "--spec", str(tmp_path / "slow.yaml"), "--out", str(out),
+                    "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", cwd=tmp_path)
+    assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
+    outcome = json.loads((out / "outcome.json").read_text())
+    for name in ("aggregated", "pd-tcp"):                       # the second still ran after the first failed
+        assert not outcome["configs"][name]["ok"]
+        assert "did not finish within 1 s" in outcome["configs"][name]["error"]
+    assert not (out / "records.parquet").exists()               # no partial cell recorded
+    assert "timed out" in (out / "report.md").read_text()
