@@ -20,7 +20,7 @@ import aiohttp
 from aiohttp import web
 
 from sim import logfmt
-from sim.server import log
+from sim.server import access_log_middleware, log
 
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "content-encoding"}
 
@@ -138,20 +138,7 @@ class Proxy:
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     def app(self) -> web.Application:
-        @web.middleware
-        async def access_log(request: web.Request, handler):
-            status = 500
-            try:
-                resp = await handler(request)
-                status = resp.status
-                return resp
-            finally:
-                peer = request.transport.get_extra_info("peername") if request.transport else None
-                peer_s = f"{peer[0]}:{peer[1]}" if peer else "127.0.0.1:0"
-                log(logfmt.access_line(self.pid, peer_s, request.method, request.path_qs, status,
-                                       "OK" if status == 200 else ""))
-
-        app = web.Application(middlewares=[access_log], client_max_size=256 * 1024 ** 2)
+        app = web.Application(middlewares=[access_log_middleware(self.pid)], client_max_size=256 * 1024 ** 2)
         app.router.add_post("/v1/completions", self.generate)
         app.router.add_post("/v1/chat/completions", self.generate)
         app.router.add_post("/tokenize", self.tokenize)

@@ -529,23 +529,7 @@ class Replica:
 
     # --- app ---------------------------------------------------------------------------------
     def app(self) -> web.Application:
-        @web.middleware
-        async def access_log(request: web.Request, handler):
-            status = 500
-            try:
-                resp = await handler(request)
-                status = resp.status
-                return resp
-            except web.HTTPException as e:
-                status = e.status
-                raise
-            finally:
-                peer = request.transport.get_extra_info("peername") if request.transport else None
-                peer_s = f"{peer[0]}:{peer[1]}" if peer else "127.0.0.1:0"
-                reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 502: "Bad Gateway"}.get(status, "")
-                log(logfmt.access_line(self.pid, peer_s, request.method, request.path_qs, status, reason))
-
-        app = web.Application(middlewares=[access_log], client_max_size=256 * 1024 ** 2)
+        app = web.Application(middlewares=[access_log_middleware(self.pid)], client_max_size=256 * 1024 ** 2)
         app.router.add_post("/v1/completions", lambda r: self.generate(r, chat=False))
         app.router.add_post("/v1/chat/completions", lambda r: self.generate(r, chat=True))
         app.router.add_post("/tokenize", self.tokenize)
@@ -561,6 +545,28 @@ class Replica:
         app.router.add_get("/query", self.bootstrap_query)
         app.router.add_post("/epdbench/kv_pull", self.kv_pull)
         return app
+
+
+REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 500: "Internal Server Error", 502: "Bad Gateway"}
+
+
+def access_log_middleware(pid: int):
+    """One uvicorn-format access line per request, as vLLM's API server writes them."""
+    @web.middleware
+    async def access_log(request: web.Request, handler):
+        status = 500
+        try:
+            resp = await handler(request)
+            status = resp.status
+            return resp
+        except web.HTTPException as e:
+            status = e.status
+            raise
+        finally:
+            peer = request.transport.get_extra_info("peername") if request.transport else None
+            peer_s = f"{peer[0]}:{peer[1]}" if peer else "127.0.0.1:0"
+            log(logfmt.access_line(pid, peer_s, request.method, request.path_qs, status, REASONS.get(status, "")))
+    return access_log
 
 
 class PullError(RuntimeError):
