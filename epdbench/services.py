@@ -42,7 +42,8 @@ def plan_services(host: str, prefect_port: int, mlflow_port: int, data_dir: Path
     logs = data_dir / "logs"
     return [
         Service("prefect", [_bin("prefect"), "server", "start", "--host", host, "--port", str(prefect_port)],
-                f"{prefect_api}/health", {**base, "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "15"},
+                f"{prefect_api}/health", {**base, "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "15",
+                                          "PREFECT_UI_API_URL": prefect_api},   # the UI calls the API here
                 logs / "prefect.log"),
         Service("mlflow", [_bin("mlflow"), "server", "--backend-store-uri", f"sqlite:///{data_dir / 'mlflow.db'}",
                            "--artifacts-destination", str(data_dir / "mlartifacts"), "--host", host,

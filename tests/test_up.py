@@ -5,6 +5,7 @@ import os
 import socket
 import subprocess
 import sys
+import shutil
 import time
 from pathlib import Path
 
@@ -29,6 +30,22 @@ def marked(mark: str) -> list[int]:
         except OSError:
             continue
     return out
+
+
+ARTIFACTS = ROOT / "tests" / "artifacts"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def browse(url: str, tmp: Path, screenshot: Path) -> str:
+    """Headless Chromium: the page's DOM after its scripts ran, and a screenshot kept as a test artifact."""
+    flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--disable-component-update", "--no-first-run", "--disable-sync", "--virtual-time-budget=15000",
+             "--window-size=1400,1000"]
+    screenshot.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([*flags, f"--user-data-dir={tmp / 'shot'}", f"--screenshot={screenshot}", url],
+                   capture_output=True, timeout=120)
+    return subprocess.run([*flags, f"--user-data-dir={tmp / 'dom'}", "--dump-dom", url], capture_output=True,
+                          text=True, timeout=120).stdout
 
 
 def test_up_adhoc_run_from_the_prefect_api_and_down(tmp_path):
@@ -85,6 +102,12 @@ def test_up_adhoc_run_from_the_prefect_api_and_down(tmp_path):
         runs = mlflow.search_runs([exp.experiment_id], filter_string="tags.`epdbench.kind` = 'comparison'")
         assert len(runs) == 1 and runs[0].data.tags["epdbench.trigger"] == "adhoc"
         assert "report.md" in {a.path for a in mlflow.list_artifacts(runs[0].info.run_id)}
+        if CHROMIUM:   # what a person sees: both deployments in the Prefect UI, the run in the MLflow UI
+            dom = browse(f"http://127.0.0.1:{pp}/deployments", tmp_path, ARTIFACTS / "prefect-deployments.png")
+            assert "nightly-comparison" in dom and "adhoc-comparison" in dom
+            run_page = f"http://127.0.0.1:{mp}/#/experiments/{exp.experiment_id}/runs/{runs[0].info.run_id}"
+            dom = browse(run_page, tmp_path, ARTIFACTS / "mlflow-comparison-run.png")
+            assert runs[0].info.run_name in dom
     finally:
         down = subprocess.run([sys.executable, "-m", "epdbench.cli", "down", "--data-dir", str(data)], cwd=tmp_path,
                               env=env, capture_output=True, text=True, timeout=120)
