@@ -126,7 +126,10 @@ class KubeApi:
     def server_version(self) -> str:
         info = self.call_json("GET", "/version")
         found = re.match(r"^v?(\d+)\.(\d+)", info.get("gitVersion", ""))
-        return f"{found.group(1)}.{found.group(2)}" if found else f"{info['major']}.{re.sub(r'\D', '', info['minor'])}"
+        if found:
+            return f"{found.group(1)}.{found.group(2)}"
+        minor = re.sub(r"\D", "", info["minor"])   # "31+" on some managed clusters
+        return f"{info['major']}.{minor}"
 
     def apply(self, obj: dict) -> dict:
         """Server-side apply: creates or updates the object, taking over fields from other managers."""
@@ -152,8 +155,12 @@ class KubeApi:
             raise
         return True
 
-    def pod_log(self, pod: str, container: str, previous: bool = False) -> str:
-        query = [("container", container)] + ([("previous", "true")] if previous else [])
+    def pod_log(self, pod: str, container: str, previous: bool = False, since: str | None = None,
+                timestamps: bool = False) -> str:
+        query = [("container", container)]
+        query += [("previous", "true")] if previous else []
+        query += [("sinceTime", since)] if since else []
+        query += [("timestamps", "true")] if timestamps else []
         return self.call("GET", f"{self.path_of('Pod', pod)}/log", query=query).decode("utf-8", "replace")
 
     def port_forward(self, pod: str, port: int):

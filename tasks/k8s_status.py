@@ -51,8 +51,8 @@ def container_problem(status: dict) -> str | None:
         text = waiting.get("reason", "Waiting")
         last = (status.get("lastState") or {}).get("terminated")
         if last:
-            text += f" (restarts {status.get('restartCount', 0)}, last exit {last.get('exitCode')}"
-            text += f" {last.get('reason', '')})".replace(" )", ")")
+            exit_text = f"last exit {last.get('exitCode')} {last.get('reason', '')}".rstrip()
+            text += f" (restarts {status.get('restartCount', 0)}, {exit_text})"
         if waiting.get("message"):
             text += f": {waiting['message']}"
         return text
@@ -92,7 +92,8 @@ def pod_problem(pod: dict, events: list[dict]) -> str:
 def missing_pods_problem(workloads: list[dict], events: list[dict]) -> str | None:
     """Why pods were not even created (admission, quota): the latest warning of the workloads or their ReplicaSets."""
     names = [name_of(w) for w in workloads]
-    related = [e for e in events if e.get("involvedObject", {}).get("kind") in ("StatefulSet", "Deployment", "ReplicaSet")
+    owners = ("StatefulSet", "Deployment", "ReplicaSet")
+    related = [e for e in events if e.get("involvedObject", {}).get("kind") in owners
                and any(e["involvedObject"].get("name", "").startswith(n) for n in names)]
     return latest_warning_among(related)
 
@@ -126,11 +127,20 @@ def placement(pods: list[dict], gpu_resource: str, rdma_resource: str | None) ->
         for c in pod["spec"].get("containers", []):
             limits.update((c.get("resources") or {}).get("limits") or {})
         out.append({"pod": name_of(pod), "process": process_name(pod), "node": pod["spec"].get("nodeName"),
-                    "pod_ip": pod.get("status", {}).get("podIP"), "gpus": int(limits.get(gpu_resource, 0)),
-                    "rdma": int(limits.get(rdma_resource, 0)) if rdma_resource else 0,
+                    "pod_ip": pod.get("status", {}).get("podIP"), "gpus": quantity_count(limits.get(gpu_resource, 0)),
+                    "rdma": quantity_count(limits.get(rdma_resource, 0)) if rdma_resource else 0,
                     "restarts": sum(s.get("restartCount", 0)
                                     for s in pod.get("status", {}).get("containerStatuses") or [])})
     return out
+
+
+def quantity_count(quantity) -> int:
+    """A device count from a Kubernetes quantity ("8", 8, "1k")."""
+    text = str(quantity)
+    for suffix, factor in (("Ki", 1024), ("Mi", 1024 ** 2), ("k", 1000), ("M", 1000 ** 2)):
+        if text.endswith(suffix):
+            return int(float(text[:-len(suffix)]) * factor)
+    return int(float(text))
 
 
 def node_capacity_problem(nodes: list[dict], selector: dict[str, str], gpu_resource: str, gpus: int,
@@ -140,7 +150,7 @@ def node_capacity_problem(nodes: list[dict], selector: dict[str, str], gpu_resou
         return f"no node matches the GPU node selector {selector}"
 
     def allocatable(node: dict, resource: str | None) -> int:
-        return int((node.get("status", {}).get("allocatable") or {}).get(resource, 0)) if resource else 0
+        return quantity_count((node.get("status", {}).get("allocatable") or {}).get(resource, 0)) if resource else 0
 
     best = max(nodes, key=lambda n: allocatable(n, gpu_resource))
     if allocatable(best, gpu_resource) < gpus:
@@ -158,8 +168,30 @@ def other_runs(objects: list[dict], run_label: str) -> list[str]:
     return sorted(r for r in runs if r and r != run_label)
 
 
-def log_delta(fetched_before: str, current: str) -> str:
-    """Text to append to a local log file so it only grows: the new tail, or everything after a restart."""
-    if current.startswith(fetched_before):
-        return current[len(fetched_before):]
-    return f"--- epdbench: container log restarted ---\n{current}"
+def related_events(events: list[dict], objects: list[dict]) -> list[dict]:
+    """Events about these very objects (by uid, so older objects of the same name do not mislead)."""
+    uids = {o["metadata"].get("uid") for o in objects} - {None}
+    return [e for e in events if e.get("involvedObject", {}).get("uid") in uids]
+
+
+def _sortable(stamp: str) -> str:
+    """RFC 3339 timestamp with the fraction padded to nanoseconds, so strings compare in time order."""
+    head, _, frac = stamp.rstrip("Z").partition(".")
+    return f"{head}.{frac:0<9}"
+
+
+def since_time(stamp: str) -> str:
+    """The API's sinceTime has whole seconds: the second the stamp falls in (lines are filtered after)."""
+    return stamp[:19] + "Z"
+
+
+def lines_after(timestamped_log: str, after: str | None) -> tuple[list[str], str | None]:
+    """Lines of a `timestamps=true` pod log newer than `after`, without their stamps, and the newest stamp."""
+    lines, newest = [], after
+    for line in timestamped_log.splitlines():
+        stamp, _, message = line.partition(" ")
+        if after and _sortable(stamp) <= _sortable(after):
+            continue
+        lines.append(message)
+        newest = stamp
+    return lines, newest

@@ -1,0 +1,280 @@
+"""Kubernetes manifests of one configuration (pure): spec → template context → objects → strict schema check.
+
+No cluster access here: tasks/k8s_target.py applies what this module returns. Templates live in
+manifests/templates/ and are rendered with the project's one Jinja environment (reports.render.make_env).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+from pathlib import Path
+
+import kubernetes_validate
+import yaml
+
+from reports.render import make_env
+from specs.models import ConfigurationSpec, ExperimentSpec, KubernetesTargetSpec, RoleSpec
+
+TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
+ENGINE_PORT = 8000
+ROUTER_PORT = 8000
+ROUTER_METRICS_PORT = 29000
+MOONCAKE_BOOTSTRAP_PORT = 8998
+NIXL_SIDE_CHANNEL_PORT = 5600
+HF_HOME = "/root/.cache/huggingface"
+DEFAULT_SCHEMA_VERSION = "1.31"
+LABEL_RUN, LABEL_CONFIG, LABEL_ROLE = "epdbench/run", "epdbench/config", "epdbench/role"
+EPD_PROXY = "/vllm-workspace/examples/online_serving/disaggregated_encoder/disagg_epd_proxy.py"
+_LABEL_VALUE_MAX = 63
+
+
+class ManifestError(ValueError):
+    """Manifests that must not be applied; the message is one line naming the object and the field."""
+
+
+def label_value(text: str) -> str:
+    """A valid label value for any run name: invalid characters become '-', long names keep a hash."""
+    clean = re.sub(r"[^A-Za-z0-9_.-]", "-", text).strip("-_.") or "run"
+    if len(clean) <= _LABEL_VALUE_MAX:
+        return clean
+    digest = hashlib.sha1(text.encode()).hexdigest()[:8]
+    return f"{clean[:_LABEL_VALUE_MAX - 9].rstrip('-_.')}-{digest}"
+
+
+def run_selector(run: str, config: str | None = None) -> str:
+    """Label selector of every object of a run (or of one configuration of it)."""
+    selector = f"{LABEL_RUN}={label_value(run)}"
+    return selector if config is None else f"{selector},{LABEL_CONFIG}={config}"
+
+
+def object_name(config: ConfigurationSpec, role: str) -> str:
+    return f"{config.name}-{role}"
+
+
+def pod_url(config: ConfigurationSpec, role: str, replica: int) -> str:
+    """In-cluster URL of one engine pod (StatefulSet pod behind its headless Service)."""
+    name = object_name(config, role)
+    return f"http://{name}-{replica}.{name}:{ENGINE_PORT}"
+
+
+def role_urls(config: ConfigurationSpec, role: str) -> list[str]:
+    spec = config.role(role)
+    return [] if spec is None else [pod_url(config, role, i) for i in range(spec.replicas)]
+
+
+def labels(run: str, config: ConfigurationSpec, role: str) -> dict[str, str]:
+    return {"app.kubernetes.io/managed-by": "epdbench", LABEL_RUN: label_value(run),
+            LABEL_CONFIG: config.name, LABEL_ROLE: role}
+
+
+def selector_labels(config: ConfigurationSpec, role: str) -> dict[str, str]:
+    return {LABEL_CONFIG: config.name, LABEL_ROLE: role}
+
+
+def moves_kv(config: ConfigurationSpec, role: str) -> bool:
+    return config.topology != "aggregated" and role in ("prefill", "decode")
+
+
+def kv_transfer_config(config: ConfigurationSpec, role: str) -> dict | None:
+    if not moves_kv(config, role):
+        return None
+    return {"kv_connector": "MooncakeConnector",
+            "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
+            "kv_connector_extra_config": {"mooncake_protocol": config.kv_transport}}
+
+
+def ec_transfer_config(target: KubernetesTargetSpec, config: ConfigurationSpec, role: str) -> dict | None:
+    if config.topology != "epd" or role not in ("encode", "prefill"):
+        return None
+    return {"ec_connector": target.engine.ec_connector,
+            "ec_role": "ec_producer" if role == "encode" else "ec_consumer"}
+
+
+def engine_args(spec: ExperimentSpec, config: ConfigurationSpec, role: RoleSpec) -> list[str]:
+    """`vllm serve` arguments of one role: model, TP, the WORKLOADS.md engine limits, evidence logging."""
+    target = spec.target.kubernetes
+    args = [spec.model.name, "--host", "0.0.0.0", "--port", str(ENGINE_PORT),
+            "--tensor-parallel-size", str(role.tp),
+            "--max-model-len", str(spec.engine.max_model_len),
+            "--max-num-seqs", str(spec.engine.max_num_seqs),
+            "--max-num-batched-tokens", str(spec.engine.max_num_batched_tokens),
+            "--gpu-memory-utilization", str(spec.engine.gpu_memory_utilization),
+            "--enable-request-id-headers", "--enable-log-requests"]
+    if role.role == "encode":
+        args.append("--enforce-eager")
+    if role.role == "encode" or not spec.engine.enable_prefix_caching:
+        args.append("--no-enable-prefix-caching")
+    kv = kv_transfer_config(config, role.role)
+    if kv:
+        args += ["--kv-transfer-config", json.dumps(kv, separators=(",", ":"))]
+    ec = ec_transfer_config(target, config, role.role)
+    if ec:
+        args += ["--ec-transfer-config", json.dumps(ec, separators=(",", ":"))]
+    return args + list(target.engine.extra_args)
+
+
+def engine_env(spec: ExperimentSpec, config: ConfigurationSpec, role: str) -> list[dict]:
+    """Environment that makes pods produce the evidence we verify (Mooncake metrics, forced TCP)."""
+    env = [{"name": "HF_HOME", "value": HF_HOME}]
+    secret = spec.target.kubernetes.engine.hf_token_secret
+    if secret:
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret, "key": "HF_TOKEN"}}})
+    if moves_kv(config, role):
+        env += [{"name": "MC_TE_METRIC", "value": "1"},
+                {"name": "MC_TE_METRIC_INTERVAL_SECONDS", "value": "5"},
+                {"name": "VLLM_MOONCAKE_BOOTSTRAP_PORT", "value": str(MOONCAKE_BOOTSTRAP_PORT)}]
+        if config.kv_transport == "tcp":
+            # Mooncake installs RDMA by itself whenever it discovers HCAs, whatever vLLM's config says.
+            env.append({"name": "MC_FORCE_TCP", "value": "1"})
+    if ec_transfer_config(spec.target.kubernetes, config, role):
+        env.append({"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(NIXL_SIDE_CHANNEL_PORT)})
+    return env
+
+
+def engine_ports(spec: ExperimentSpec, config: ConfigurationSpec, role: str) -> list[dict]:
+    ports = [{"name": "http", "containerPort": ENGINE_PORT}]
+    if moves_kv(config, role) and role == "prefill":
+        ports.append({"name": "kv-bootstrap", "containerPort": MOONCAKE_BOOTSTRAP_PORT})
+    if ec_transfer_config(spec.target.kubernetes, config, role):
+        ports.append({"name": "ec-side", "containerPort": NIXL_SIDE_CHANNEL_PORT})
+    return ports
+
+
+def uses_rdma(config: ConfigurationSpec, role: str) -> bool:
+    return config.kv_transport == "rdma" and moves_kv(config, role)
+
+
+def engine_resources(target: KubernetesTargetSpec, config: ConfigurationSpec, role: RoleSpec) -> dict[str, int]:
+    limits = {target.node.gpu_resource: role.tp}
+    if uses_rdma(config, role.role):
+        if not target.node.rdma_resource:
+            raise ManifestError(f"{config.name}: KV over RDMA needs target.kubernetes.node.rdma_resource")
+        limits[target.node.rdma_resource] = role.rdma_interfaces
+    return limits
+
+
+def role_context(spec: ExperimentSpec, config: ConfigurationSpec, role: RoleSpec, run: str) -> dict:
+    target = spec.target.kubernetes
+    rdma = uses_rdma(config, role.role)
+    return {
+        "name": object_name(config, role.role), "role": role.role, "replicas": role.replicas,
+        "labels": labels(run, config, role.role), "selector": selector_labels(config, role.role),
+        "annotations": dict(target.node.rdma_pod_annotations) if rdma else {},
+        "args": engine_args(spec, config, role), "env": engine_env(spec, config, role.role),
+        "ports": engine_ports(spec, config, role.role),
+        "resources": engine_resources(target, config, role),
+        "capabilities": ["IPC_LOCK"] if rdma else [],
+    }
+
+
+def router_urls_env(config: ConfigurationSpec) -> list[dict]:
+    """Worker URLs for routers that take them from the environment ($(PREFILL_URLS) in args)."""
+    return [{"name": f"{r.role.upper()}_URLS", "value": ",".join(role_urls(config, r.role))} for r in config.roles]
+
+
+def vllm_router_args(spec: ExperimentSpec, config: ConfigurationSpec) -> list[str]:
+    args = ["--host", "0.0.0.0", "--port", str(ROUTER_PORT), "--prometheus-port", str(ROUTER_METRICS_PORT),
+            "--policy", "round_robin",
+            "--worker-startup-timeout-secs", str(int(spec.target.kubernetes.ready_timeout_s))]
+    if config.topology == "aggregated":
+        return args + ["--worker-urls", *role_urls(config, "server")]
+    args += ["--vllm-pd-disaggregation", "--kv-connector", "mooncake"]
+    for url in role_urls(config, "prefill"):
+        args += ["--prefill", url, str(MOONCAKE_BOOTSTRAP_PORT)]
+    for url in role_urls(config, "decode"):
+        args += ["--decode", url]
+    return args
+
+
+def epd_proxy_args() -> list[str]:
+    return ["--host", "0.0.0.0", "--port", str(ROUTER_PORT), "--encode-servers-urls", "$(ENCODE_URLS)",
+            "--prefill-servers-urls", "$(PREFILL_URLS)", "--decode-servers-urls", "$(DECODE_URLS)"]
+
+
+def router_command(spec: ExperimentSpec, config: ConfigurationSpec) -> tuple[str, list[str], list[str]]:
+    """(router name, command, args): the spec's router, vLLM's EPD proxy, or vllm-router in PD mode."""
+    router = spec.target.kubernetes.router
+    if router.command is not None:
+        return "custom", list(router.command), list(router.args or [])
+    if config.topology == "epd":
+        return "vllm-epd-proxy", ["python3", EPD_PROXY], epd_proxy_args()
+    command = ["vllm-router"]
+    if router.pip_install:
+        script = f"pip install --quiet --no-cache-dir {shlex.quote(router.pip_install)} && exec vllm-router \"$@\""
+        command = ["sh", "-c", script, "vllm-router"]
+    return "vllm-router", command, vllm_router_args(spec, config)
+
+
+def router_context(spec: ExperimentSpec, config: ConfigurationSpec, run: str) -> dict:
+    target = spec.target.kubernetes
+    name, command, args = router_command(spec, config)
+    return {"name": object_name(config, "router"), "kind": name,
+            "labels": labels(run, config, "router"), "selector": selector_labels(config, "router"),
+            "image": target.router.image or target.engine.image,
+            "command": command, "args": args, "env": router_urls_env(config)}
+
+
+def manifest_context(spec: ExperimentSpec, config: ConfigurationSpec, run: str) -> dict:
+    target = spec.target.kubernetes
+    return {
+        "namespace": target.namespace, "config": config.name,
+        "service_account": f"epdbench-{config.name}",
+        "rbac_labels": labels(run, config, "rbac"),
+        "engine": target.engine, "node": target.node, "model_cache": target.model_cache, "hf_home": HF_HOME,
+        "engine_port": ENGINE_PORT, "router_port": ROUTER_PORT,
+        "roles": [role_context(spec, config, r, run) for r in config.roles],
+        "router": router_context(spec, config, run),
+    }
+
+
+def render_manifests(spec: ExperimentSpec, config: ConfigurationSpec, run: str) -> list[dict]:
+    """Every object of one configuration, in apply order: RBAC, engines (Service, StatefulSet), router."""
+    env = make_env(TEMPLATE_DIR)
+    ctx = manifest_context(spec, config, run)
+    texts = [env.get_template("rbac.yaml.j2").render(**ctx)]
+    texts += [env.get_template("engine.yaml.j2").render(**ctx, role=role) for role in ctx["roles"]]
+    texts.append(env.get_template("router.yaml.j2").render(**ctx))
+    return [obj for text in texts for obj in yaml.safe_load_all(text) if obj]
+
+
+def manifests_yaml(objects: list[dict]) -> str:
+    return yaml.safe_dump_all(objects, sort_keys=False, width=120)
+
+
+def manifest_files(objects: list[dict]) -> dict[str, str]:
+    """One YAML file per object, numbered in apply order: 00-serviceaccount-epdbench-pd-tcp.yaml …"""
+    return {f"{i:02d}-{o['kind'].lower()}-{o['metadata']['name']}.yaml": manifests_yaml([o])
+            for i, o in enumerate(objects)}
+
+
+def schema_version_for(cluster_version: str) -> str:
+    """The bundled schema version to validate against: the cluster's, or the newest bundled if newer."""
+    bundled = kubernetes_validate.utils.all_versions()
+    wanted = _version_tuple(cluster_version)
+    oldest, newest = _version_tuple(bundled[0]), _version_tuple(bundled[-1])
+    if wanted < oldest:
+        raise ManifestError(f"Kubernetes {cluster_version} is older than the oldest schema bundled with "
+                            f"kubernetes-validate ({bundled[0]}): upgrade the cluster")
+    return "%d.%d" % min(wanted, newest)
+
+
+def _version_tuple(version: str) -> tuple[int, int]:
+    major, minor = re.match(r"^v?(\d+)\.(\d+)", version).groups()
+    return int(major), int(minor)
+
+
+def validate_manifests(objects: list[dict], version: str) -> None:
+    """Strict OpenAPI-schema validation of every object; raises ManifestError naming object and field."""
+    for obj in objects:
+        what = f"{obj.get('kind')} {obj.get('metadata', {}).get('name')}"
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            where = ".".join(str(p) for p in e.absolute_path) or "(object)"
+            raise ManifestError(f"{what}: field '{where}': {e.message.splitlines()[0]} "
+                                f"(Kubernetes {version} schema)") from None
+        except kubernetes_validate.SchemaNotFoundError as e:
+            raise ManifestError(f"{what}: {e.message}") from None
+

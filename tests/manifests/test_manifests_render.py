@@ -1,0 +1,292 @@
+"""manifests/render.py: golden files per configuration, strict schema validation of both presets, and
+the properties the cluster relies on (GPU counts, forced TCP, RDMA resources, no host namespaces).
+
+Regenerate the golden files after an intended change: UPDATE_GOLDEN=1 python -m pytest tests/manifests
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import jinja2
+import kubernetes_validate
+import pytest
+
+from epdbench.cli import main as cli_main
+from manifests.render import (LABEL_CONFIG, LABEL_ROLE, LABEL_RUN, TEMPLATE_DIR, ManifestError, label_value,
+                              manifests_yaml, render_manifests, schema_version_for, validate_manifests)
+from reports.render import make_env
+from specs.models import SpecError, load_spec, parse_spec
+
+GOLDEN = Path(__file__).parent / "golden"
+ROOT = Path(__file__).resolve().parents[2]
+RUN = "golden"
+PRESET_CONFIGS = {"pd-text": ["aggregated", "pd-tcp", "pd-rdma"],
+                  "epd-multimodal": ["aggregated", "pd-tcp", "epd", "epd-rdma"]}
+CASES = [(preset, config) for preset, configs in PRESET_CONFIGS.items() for config in configs]
+EXPECTED_GPUS = {("pd-text", c): 6 for c in PRESET_CONFIGS["pd-text"]} | {
+    ("epd-multimodal", "aggregated"): 1, ("epd-multimodal", "pd-tcp"): 2,
+    ("epd-multimodal", "epd"): 3, ("epd-multimodal", "epd-rdma"): 3}
+SCHEMA_VERSIONS = ["1.31", kubernetes_validate.latest_version()]
+
+
+def on_kubernetes(preset: str, **kube) -> object:
+    data = load_spec(preset).model_dump(mode="json")
+    data["target"]["kind"] = "kubernetes"
+    data["target"]["kubernetes"].update(kube)
+    return parse_spec(data, preset)
+
+
+def render(preset: str, config: str, **kube) -> list[dict]:
+    spec = on_kubernetes(preset, **kube)
+    return render_manifests(spec, spec.configuration(config), RUN)
+
+
+def workloads(objects: list[dict]) -> list[dict]:
+    return [o for o in objects if o["kind"] in ("StatefulSet", "Deployment")]
+
+
+def engine_containers(objects: list[dict]) -> list[tuple[str, int, dict]]:
+    """(role, replicas, container) of every engine StatefulSet."""
+    return [(o["metadata"]["labels"][LABEL_ROLE], o["spec"]["replicas"], c)
+            for o in objects if o["kind"] == "StatefulSet" for c in o["spec"]["template"]["spec"]["containers"]]
+
+
+def env_of(container: dict) -> dict[str, str]:
+    return {e["name"]: e.get("value") for e in container.get("env", [])}
+
+
+def flag_value(args: list[str], flag: str) -> str | None:
+    return args[args.index(flag) + 1] if flag in args else None
+
+
+@pytest.mark.parametrize("preset,config", CASES)
+def test_rendered_manifests_match_golden_file(preset, config):
+    text = manifests_yaml(render(preset, config))
+    golden = GOLDEN / preset / f"{config}.yaml"
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        golden.parent.mkdir(parents=True, exist_ok=True)
+        golden.write_text(text)
+    assert golden.exists(), f"no golden file {golden}: run with UPDATE_GOLDEN=1"
+    assert text == golden.read_text(), f"{golden} differs: review, then UPDATE_GOLDEN=1"
+
+
+@pytest.mark.parametrize("version", SCHEMA_VERSIONS)
+@pytest.mark.parametrize("preset,config", CASES)
+def test_every_object_validates_strictly(preset, config, version):
+    validate_manifests(render(preset, config), version)
+
+
+@pytest.mark.parametrize("preset,config", CASES)
+def test_gpu_count_matches_workloads_md(preset, config):
+    gpus = sum(replicas * int(c["resources"]["limits"]["nvidia.com/gpu"])
+               for _, replicas, c in engine_containers(render(preset, config)))
+    assert gpus == EXPECTED_GPUS[(preset, config)]
+
+
+@pytest.mark.parametrize("preset,config", CASES)
+def test_kv_pods_force_tcp_exactly_when_kv_goes_over_tcp(preset, config):
+    spec = on_kubernetes(preset)
+    transport = spec.configuration(config).kv_transport
+    for role, _, container in engine_containers(render(preset, config)):
+        env = env_of(container)
+        kv_pod = role in ("prefill", "decode") and transport != "none"
+        assert (env.get("MC_FORCE_TCP") == "1") == (kv_pod and transport == "tcp"), (role, env)
+        assert (env.get("MC_TE_METRIC") == "1") == kv_pod
+
+
+@pytest.mark.parametrize("preset,config", CASES)
+def test_rdma_pods_request_rdma_and_ipc_lock_and_nothing_else_does(preset, config):
+    spec = on_kubernetes(preset)
+    conf = spec.configuration(config)
+    for role, _, container in engine_containers(render(preset, config)):
+        limits = container["resources"]["limits"]
+        added = container["securityContext"].get("capabilities", {}).get("add", [])
+        if conf.kv_transport == "rdma" and role in ("prefill", "decode"):
+            assert int(limits["rdma/rdma_shared_device_a"]) == conf.role(role).rdma_interfaces >= 1
+            assert added == ["IPC_LOCK"]
+        else:
+            assert not any(k.startswith("rdma/") for k in limits) and added == []
+
+
+@pytest.mark.parametrize("preset,config", CASES)
+def test_no_pod_shares_host_namespaces_or_runs_privileged(preset, config):
+    for workload in workloads(render(preset, config)):
+        pod = workload["spec"]["template"]["spec"]
+        assert pod.get("hostIPC") is False and pod.get("hostNetwork") is False and pod.get("hostPID") is False
+        for container in pod["containers"]:
+            security = container["securityContext"]
+            assert security["privileged"] is False and security["allowPrivilegeEscalation"] is False
+            assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+
+
+@pytest.mark.parametrize("preset,config", CASES)
+def test_engines_get_memory_shm_gpu_node_and_model_cache(preset, config):
+    for workload in workloads(render(preset, config)):
+        if workload["kind"] != "StatefulSet":
+            continue
+        pod = workload["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["shm"]["emptyDir"]["medium"] == "Memory"
+        assert volumes["model-cache"]["persistentVolumeClaim"]["claimName"] == "hf-cache"
+        assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+        assert pod["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize("preset,config", CASES)
+def test_every_object_carries_run_config_and_role_labels(preset, config):
+    for obj in render(preset, config):
+        labels = obj["metadata"]["labels"]
+        assert labels[LABEL_RUN] == RUN and labels[LABEL_CONFIG] == config and labels[LABEL_ROLE]
+        assert obj["metadata"]["namespace"] == "epdbench"
+    for workload in workloads(render(preset, config)):
+        pod_labels = workload["spec"]["template"]["metadata"]["labels"]
+        assert pod_labels[LABEL_RUN] == RUN and pod_labels[LABEL_CONFIG] == config
+
+
+@pytest.mark.parametrize("preset,config", CASES)
+def test_engine_args_carry_role_connectors_tp_and_limits(preset, config):
+    spec = on_kubernetes(preset)
+    conf = spec.configuration(config)
+    for role, _, container in engine_containers(render(preset, config)):
+        args = container["args"]
+        assert container["command"] == ["vllm", "serve"] and args[0] == spec.model.name
+        assert flag_value(args, "--tensor-parallel-size") == str(conf.role(role).tp)
+        assert flag_value(args, "--max-model-len") == str(spec.engine.max_model_len)
+        assert flag_value(args, "--gpu-memory-utilization") == str(spec.engine.gpu_memory_utilization)
+        assert ("--no-enable-prefix-caching" in args) == (role == "encode" or not spec.engine.enable_prefix_caching)
+        kv = flag_value(args, "--kv-transfer-config")
+        ec = flag_value(args, "--ec-transfer-config")
+        if role in ("prefill", "decode") and conf.topology != "aggregated":
+            want = "kv_producer" if role == "prefill" else "kv_consumer"
+            assert json.loads(kv)["kv_connector"] == "MooncakeConnector" and json.loads(kv)["kv_role"] == want
+        else:
+            assert kv is None
+        if conf.topology == "epd" and role in ("encode", "prefill"):
+            assert json.loads(ec)["ec_role"] == ("ec_producer" if role == "encode" else "ec_consumer")
+        else:
+            assert ec is None
+        assert ("--enforce-eager" in args) == (role == "encode")
+
+
+def router_of(objects: list[dict]) -> dict:
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    return deployment["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_pd_router_is_vllm_router_in_pd_mode_with_every_worker():
+    router = router_of(render("pd-text", "pd-tcp"))
+    args = router["args"]
+    assert "vllm-router==0.1.17" in router["command"][2] and "--vllm-pd-disaggregation" in args
+    assert args[args.index("--prefill") + 1:args.index("--prefill") + 3] == [
+        "http://pd-tcp-prefill-0.pd-tcp-prefill:8000", "8998"]
+    assert [args[i + 1] for i, a in enumerate(args) if a == "--decode"] == [
+        "http://pd-tcp-decode-0.pd-tcp-decode:8000", "http://pd-tcp-decode-1.pd-tcp-decode:8000"]
+
+
+def test_epd_router_is_vllms_epd_proxy_fed_from_the_environment():
+    router = router_of(render("epd-multimodal", "epd"))
+    assert router["command"][1].endswith("disaggregated_encoder/disagg_epd_proxy.py")
+    assert "$(ENCODE_URLS)" in router["args"]
+    assert env_of(router)["ENCODE_URLS"] == "http://epd-encode-0.epd-encode:8000"
+
+
+def test_a_clusters_own_router_can_be_swapped_in():
+    objects = render("pd-text", "pd-tcp", router={"image": "ghcr.io/llm-d/router:v1", "command": ["/router"],
+                                                  "args": ["--prefill=$(PREFILL_URLS)", "--decode=$(DECODE_URLS)"]})
+    router = router_of(objects)
+    assert router["image"] == "ghcr.io/llm-d/router:v1" and router["command"] == ["/router"]
+    assert router["args"] == ["--prefill=$(PREFILL_URLS)", "--decode=$(DECODE_URLS)"]
+    validate_manifests(objects, "1.31")
+
+
+@pytest.mark.parametrize("cache,volume_key", [({"kind": "host-path", "path": "/data/hf"}, "hostPath"),
+                                              ({"kind": "empty-dir"}, "emptyDir"),
+                                              ({"kind": "pvc", "claim_name": "models"}, "persistentVolumeClaim")])
+def test_model_cache_volume_kinds_render_and_validate(cache, volume_key):
+    objects = render("epd-multimodal", "aggregated", model_cache=cache)
+    validate_manifests(objects, "1.31")
+    pod = next(o for o in objects if o["kind"] == "StatefulSet")["spec"]["template"]["spec"]
+    assert volume_key in next(v for v in pod["volumes"] if v["name"] == "model-cache")
+
+
+def test_rdma_pod_annotations_reach_rdma_pods_only():
+    objects = render("pd-text", "pd-rdma", node={"rdma_pod_annotations": {"k8s.v1.cni.cncf.io/networks": "rdma-net"}})
+    for o in workloads(objects):
+        annotations = o["spec"]["template"]["metadata"].get("annotations", {})
+        assert ("k8s.v1.cni.cncf.io/networks" in annotations) == (o["kind"] == "StatefulSet")
+
+
+def test_rdma_configuration_without_rdma_resource_fails_as_a_spec_error():
+    with pytest.raises(SpecError) as exc:
+        on_kubernetes("pd-text", node={"rdma_resource": None})
+    msg = str(exc.value)
+    assert "\n" not in msg and "configurations.2" in msg and "rdma_resource" in msg
+
+
+def test_custom_router_command_needs_args():
+    with pytest.raises(SpecError) as exc:
+        on_kubernetes("pd-text", router={"command": ["/router"]})
+    assert "target.kubernetes.router" in str(exc.value)
+
+
+def test_invalid_object_fails_validation_naming_object_and_field():
+    objects = render("pd-text", "pd-tcp")
+    objects[4]["spec"]["replicass"] = 1
+    with pytest.raises(ManifestError) as exc:
+        validate_manifests(objects, "1.31")
+    msg = str(exc.value)
+    assert "\n" not in msg and "StatefulSet pd-tcp-prefill" in msg and "replicass" in msg
+
+
+def test_templates_reject_undefined_variables():
+    with pytest.raises(jinja2.UndefinedError):
+        make_env(TEMPLATE_DIR).get_template("rbac.yaml.j2").render(namespace="x")
+
+
+@pytest.mark.parametrize("name", ["pd-text-kubernetes-20260101-120000", "x" * 100, "Weird name/with:chars"])
+def test_run_labels_are_valid_label_values(name):
+    value = label_value(name)
+    assert len(value) <= 63 and re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?", value)
+    assert label_value(name) == value
+
+
+def test_long_run_names_stay_distinct():
+    assert label_value("a" * 80 + "1") != label_value("a" * 80 + "2")
+
+
+def test_schema_version_follows_the_cluster_within_the_bundled_range():
+    assert schema_version_for("1.31") == "1.31"
+    assert schema_version_for("v1.33.4-gke.100") == "1.33"
+    assert schema_version_for("1.99") == kubernetes_validate.latest_version().rsplit(".", 1)[0]
+    with pytest.raises(ManifestError):
+        schema_version_for("1.20")
+
+
+def test_renderer_and_diagnosis_stay_pure():
+    code = ("import importlib, json, sys\n"
+            "for m in ['manifests.render', 'tasks.k8s_status']: importlib.import_module(m)\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "['kubernetes', 'aiohttp', 'prefect', 'mlflow', 'urllib3', 'requests'])))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_manifests_command_renders_every_configuration_of_both_presets(tmp_path, capsys):
+    for preset, configs in PRESET_CONFIGS.items():
+        assert cli_main(["manifests", "--spec", preset, "--out", str(tmp_path / preset)]) == 0
+        assert sorted(p.name for p in (tmp_path / preset).iterdir()) == sorted(configs)
+    files = sorted(p.name for p in (tmp_path / "pd-text" / "pd-rdma").iterdir())
+    assert files[0] == "00-serviceaccount-epdbench-pd-rdma.yaml" and files[-1] == "08-deployment-pd-rdma-router.yaml"
+    assert "pd-rdma/: 9 objects, 6 GPUs, valid for Kubernetes 1.31" in capsys.readouterr().out
+
+
+def test_manifests_command_rejects_an_unknown_configuration_in_one_line(tmp_path, capsys):
+    assert cli_main(["manifests", "--spec", "pd-text", "--config", "epd", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().count("\n") == 0 and "--config epd" in err
