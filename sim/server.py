@@ -185,7 +185,7 @@ class Replica:
             if cached < len(ids) - 1 or not images:   # images inside a cached prefix need no encoder
                 seq.image_tokens = await self.image_work(rid, body, images, hashes)
             if self.role == "decode" and kvp.get("do_remote_prefill"):
-                ok = await self.pull_kv(rid, kvp, prompt_tokens)
+                ok = await self.pull_kv(rid, kvp, prompt_tokens - cached)
                 if ok:
                     seq.computed = prompt_tokens - 1  # last prompt token is recomputed locally
                     seq.image_tokens = 0
@@ -209,8 +209,8 @@ class Replica:
 
     def prefix_lookup(self, seq: Sequence, ids: list[int], kvp: dict) -> int:
         """Start the sequence after its cached prefix (vLLM automatic prefix caching); returns the
-        cached tokens. A decode leg that will receive the whole KV from Prefill does not look up."""
-        if self.prefix_cache is None or kvp.get("do_remote_prefill"):
+        cached tokens. On a decode leg, the KV connector then loads only the blocks not cached locally."""
+        if self.prefix_cache is None:
             return 0
         cached = self.prefix_cache.lookup(ids)
         self.counters.prefix_queries += len(ids)
@@ -278,7 +278,9 @@ class Replica:
             await asyncio.sleep(transfer_seconds(self.spec.hardware, "tcp", int(body.get("bytes", 0))))
         return web.json_response({"ok": True})
 
-    async def pull_kv(self, rid: str, kvp: dict, prompt_tokens: int) -> bool:
+    async def pull_kv(self, rid: str, kvp: dict, tokens: int) -> bool:
+        """Decode side of a KV handoff: ask the prefill to push `tokens` tokens of KV (those of the prompt
+        not already in this replica's prefix cache)."""
         addr = kvp.get("remote_bootstrap_addr") or (
             f"{kvp.get('remote_host')}:{kvp.get('remote_port')}" if kvp.get("remote_host") else None)
         if not addr:
@@ -291,7 +293,7 @@ class Replica:
         t0 = time.perf_counter()
         assert self.session is not None
         try:
-            body = {"transfer_id": xfer, "request_id": rid, "tokens": prompt_tokens, "engine_id": self.engine_id}
+            body = {"transfer_id": xfer, "request_id": rid, "tokens": tokens, "engine_id": self.engine_id}
             if self.mooncake:
                 body.update({"mooncake_session": self.mooncake.session, "mooncake_addr": self.mooncake.addr})
             async with self.session.post(f"{url}/epdbench/kv_pull", json=body) as r:
@@ -324,6 +326,7 @@ class Replica:
                             file="mooncake_connector.py")
             return web.json_response({"error": f"unknown transfer {xfer}"}, status=404)
         tokens, rid = held
+        tokens = min(tokens, int(body.get("tokens", tokens)))   # the decode already holds its cached prefix
         n_bytes = self.cost.kv_bytes(tokens)
         seconds = transfer_seconds(self.spec.hardware, self.transport, n_bytes, self.role_spec.rdma_interfaces)
         t0 = time.perf_counter()

@@ -124,3 +124,23 @@ def test_prefix_cache_reuses_a_repeated_prompt_not_a_nonced_one(deploy, tiny_spe
     metrics = get(server + "/metrics")
     hits = next(float(l.split()[-1]) for l in metrics.splitlines() if l.startswith("vllm:prefix_cache_hits_total"))
     assert hits == 1984
+
+
+def test_decode_pulls_only_the_kv_it_does_not_hold(deploy, tiny_spec):
+    dep = deploy("pd-tcp")
+    prefill, decode = dep.by_role("prefill")[0], dep.by_role("decode")[0]
+    prompt = " ".join(["shared"] * 1024)
+
+    def kv_bytes():
+        metrics = get(prefill.metrics_url)
+        return next(float(l.split()[-1]) for l in metrics.splitlines()
+                    if l.startswith("vllm:mooncake_bytes_transferred_total"))
+
+    start = kv_bytes()
+    post(dep.endpoint + "/v1/completions", {"model": tiny_spec.model.name, "prompt": prompt, "max_tokens": 2})
+    first = kv_bytes() - start
+    post(dep.endpoint + "/v1/completions", {"model": tiny_spec.model.name, "prompt": prompt, "max_tokens": 2})
+    second = kv_bytes() - start - first
+    per_token = tiny_spec.model.kv_bytes_per_token
+    assert first == 1024 * per_token
+    assert second == (1024 - 1008) * per_token       # decode's prefix cache held 63 full blocks of 16
