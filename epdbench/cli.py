@@ -1,16 +1,18 @@
 """epdbench command line. Bad input gets one line naming the field and the fix, and exit code 2.
 
 Exit codes of `compare`: 0 all configurations ran and their evidence holds (verified, or emulated
-on the simulator); 2 bad input; 3 completed with failures or unverified evidence.
+on the simulator); 2 bad input; 3 completed with failures or unverified evidence; 4 (with
+--fail-on-regression) a metric regressed beyond the noise of the previous runs.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 
-EXIT_OK, EXIT_BAD_INPUT, EXIT_FAILURES = 0, 2, 3
+EXIT_OK, EXIT_BAD_INPUT, EXIT_FAILURES, EXIT_REGRESSION = 0, 2, 3, 4
 
 
 def quiet_defaults() -> None:
@@ -54,14 +56,31 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--keep", action="store_true", help="leave each configuration running (--target kubernetes)")
     c.add_argument("--resume", default=None, metavar="RUN",
                    help="continue an interrupted run (results/RUN or a results path): recorded cells are skipped")
+    c.add_argument("--fail-on-regression", action="store_true",
+                   help="exit 4 when a metric regressed beyond the noise of the previous runs")
+    add_regression_flags(c)
 
     pl = sub.add_parser("plan", help="show every cell, its counts and estimated duration, without running")
     pl.add_argument("--spec", default="smoke", help="spec YAML path or preset name (default: smoke)")
     pl.add_argument("--configs", default=None, help="comma-separated configuration names (default: all)")
     pl.add_argument("--json", action="store_true", help="print a JSON list of cells")
 
-    r = sub.add_parser("report", help="re-render report.md from a results directory")
-    r.add_argument("results_dir")
+    r = sub.add_parser("report", help="re-render report.md and report.html from a results directory or MLflow run")
+    r.add_argument("results_dir", nargs="?", help="a results directory written by compare")
+    r.add_argument("--run-id", default=None, help="an MLflow comparison run id instead of a directory")
+    r.add_argument("--tracking-uri", default=None, help="MLflow tracking URI of --run-id (default: local store)")
+    r.add_argument("--out", default=None, help="where --run-id's results go (default: results/<run name>)")
+
+    h = sub.add_parser("history", help="a metric over the past runs of a spec, and whether the newest is noise")
+    h.add_argument("--spec", required=True, help="spec name (e.g. smoke, pd-text)")
+    h.add_argument("--target", choices=["sim", "kubernetes"], default="sim", help="target of the runs (default: sim)")
+    h.add_argument("--metric", default="itl_p99_ms", help="cell metric (default: itl_p99_ms)")
+    h.add_argument("--config", default=None, help="configuration name (default: all)")
+    h.add_argument("--workload", default=None, help="workload, e.g. 8192/128 (default: all)")
+    h.add_argument("--concurrency", type=int, default=None, help="concurrency (default: all)")
+    h.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: local store)")
+    h.add_argument("--experiment", default="epdbench", help="MLflow experiment (default: epdbench)")
+    add_regression_flags(h)
 
     v = sub.add_parser("verify-transport", help="which KV transport did these pod logs really use?")
     v.add_argument("logs", nargs="+", help="one log file per KV pod (Prefill and Decode)")
@@ -99,6 +118,31 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("sim", help="serve one simulated role replica (used by the sim target)")
     s.add_argument("args", nargs=argparse.REMAINDER)
     return p
+
+
+def add_regression_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--history-runs", type=int, default=None, metavar="N",
+                        help="past runs that form the noise band (default: 10)")
+    parser.add_argument("--noise-k", type=float, default=None, metavar="K",
+                        help="band half-width in robust standard deviations, 1.4826·MAD (default: 4)")
+
+
+def regression_settings(args):
+    """RegressionSettings from --history-runs / --noise-k; bad values are one line."""
+    from pydantic import ValidationError
+
+    from analysis.regression import RegressionSettings
+
+    given = {"last_n": args.history_runs, "k": args.noise_k}
+    given = {k: v for k, v in given.items() if v is not None}
+    if "last_n" in given:
+        given["min_history"] = min(RegressionSettings().min_history, given["last_n"])
+    try:
+        return RegressionSettings(**given)
+    except ValidationError as e:
+        err = e.errors()[0]
+        flag = {"last_n": "--history-runs", "k": "--noise-k"}.get(str(err["loc"][0]) if err["loc"] else "", "")
+        raise CliError(f"{flag or 'regression settings'}: {err['msg']}") from None
 
 
 def add_kube_flags(parser: argparse.ArgumentParser) -> None:
@@ -158,7 +202,19 @@ def load_compare_spec(args):
     updates["tracking"] = tracking
     spec = spec.model_copy(update=updates)
     configs = [x.strip() for x in args.configs.split(",") if x.strip()] if args.configs else None
-    return select_configurations(spec, configs)
+    spec = select_configurations(spec, configs)
+    check_keep_fits(spec)
+    return spec
+
+
+def check_keep_fits(spec) -> None:
+    """Kept configurations stay side by side on the GPU node: they must fit together."""
+    from specs.models import SpecError
+
+    gpus = sum(c.gpus for c in spec.configurations)
+    if spec.target.kind == "kubernetes" and spec.target.kubernetes.keep and gpus > spec.hardware.gpus_per_node:
+        raise SpecError(f"--keep: the configurations kept side by side need {gpus} GPUs, the node has "
+                        f"{spec.hardware.gpus_per_node}; pick fewer with --configs")
 
 
 def results_dir_of(run: str) -> Path:
@@ -179,14 +235,19 @@ def cmd_compare(args) -> int:
     spec = load_compare_spec(args)
     if not args.resume and out and Path(out).exists() and any(Path(out).iterdir()):
         raise CliError(f"--out {out}: directory exists and is not empty; choose a new one or --resume it")
+    settings = regression_settings(args)
     quiet_defaults()
     from flows.compare import compare
     from reports.terminal import print_summary
 
     outcome = compare(spec, out_dir=out, tracking_uri=args.tracking_uri, trigger="cli",
-                      run_name=Path(out).name if args.resume else None, resume=bool(args.resume))
+                      run_name=Path(out).name if args.resume else None, resume=bool(args.resume),
+                      regression=settings)
     print_summary(outcome)
-    return EXIT_OK if outcome["all_verified"] else EXIT_FAILURES
+    if not outcome["all_verified"]:
+        return EXIT_FAILURES
+    regressed = outcome["regression"].get("overall", {}).get("regressions", 0)
+    return EXIT_REGRESSION if args.fail_on_regression and regressed else EXIT_OK
 
 
 def cmd_manifests(args) -> int:
@@ -261,21 +322,54 @@ def cmd_plan(args) -> int:
 
 
 def cmd_report(args) -> int:
-    import json
+    """Re-render report.md, report.html and plots/ from a results directory or an MLflow comparison run."""
+    from tasks.report_files import ResultsError, download_comparison, rerender
 
-    from analysis.metrics import summarize
-    from reports.render import render_report
-    from tasks.results import read_records
+    if bool(args.results_dir) == bool(args.run_id):
+        raise CliError("report: give a results directory or --run-id, not both or neither")
+    try:
+        if args.run_id:
+            quiet_defaults()
+            rdir = download_comparison(tracking_uri_of(args), args.run_id, Path(args.out) if args.out else None)
+        else:
+            rdir = Path(args.results_dir)
+        paths = rerender(rdir)
+    except ResultsError as e:
+        raise CliError(str(e)) from None
+    for path in paths:
+        print(path)
+    return EXIT_OK
 
-    rdir = Path(args.results_dir)
-    if not (rdir / "records.parquet").exists() or not (rdir / "outcome.json").exists():
-        raise CliError(f"{rdir}: no records.parquet/outcome.json here; give a results directory written by "
-                       "'epdbench compare'")
-    outcome = json.loads((rdir / "outcome.json").read_text())
-    gpus = {c["name"]: c["gpus"] for c in outcome["meta"]["configurations"]}
-    summary = summarize(read_records(rdir / "records.parquet"), gpus)
-    (rdir / "report.md").write_text(render_report(outcome["meta"], summary, outcome["verdicts"]))
-    print(rdir / "report.md")
+
+def tracking_uri_of(args) -> str:
+    from tasks.tracking import default_tracking_uri
+
+    return args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
+
+
+def cmd_history(args) -> int:
+    """Print one metric over the past runs of a spec (oldest first) and where the newest stands."""
+    from analysis.metrics import METRIC_KEYS
+    from reports.trend import select, trend_lines
+    from tasks.history import cell_history, experiment_id, mlflow_client
+
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,60}", args.spec):
+        raise CliError(f"--spec {args.spec}: not a spec name (lowercase letters, digits and dashes, e.g. pd-text)")
+    if args.metric not in METRIC_KEYS:
+        raise CliError(f"--metric {args.metric}: not a cell metric; choose one of {', '.join(METRIC_KEYS)}")
+    settings = regression_settings(args)
+    quiet_defaults()
+    client = mlflow_client(tracking_uri_of(args))
+    exp_id = experiment_id(client, args.experiment)
+    if exp_id is None:
+        raise CliError(f"--experiment {args.experiment}: not in {tracking_uri_of(args)}; give --tracking-uri "
+                       "or --experiment of your runs")
+    history = cell_history(client, exp_id, args.spec, args.target, settings.last_n + 1)
+    if history.empty:
+        raise CliError(f"--spec {args.spec}: no comparison runs on target {args.target} in experiment "
+                       f"{args.experiment}")
+    for line in trend_lines(select(history, args.config, args.workload, args.concurrency), args.metric, settings):
+        print(line)
     return EXIT_OK
 
 
@@ -369,6 +463,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_compare(args)
         if args.command == "report":
             return cmd_report(args)
+        if args.command == "history":
+            return cmd_history(args)
         if args.command == "plan":
             return cmd_plan(args)
         if args.command in ("up", "down", "sync"):

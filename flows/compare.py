@@ -17,9 +17,10 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from analysis.metrics import summarize
+from analysis.regression import RegressionSettings
 from analysis.trials import aggregate_trials
+from reports.findings import regression_line
 from reports.live import LiveCell
-from reports.render import render_report
 from specs.models import ConfigurationSpec, ExperimentSpec, spec_to_yaml
 from specs.workload import Calibration, Cell, RequestSpec, build_requests, plan_cells, prompt_set_hash
 from tasks import evidence, publish
@@ -29,6 +30,8 @@ from tasks.targets import target_module
 from tasks.calibrate import calibrate, needed_keys
 from tasks.loadgen import LoadGenerator, records_as_dicts
 from tasks.results import append_records, read_records, write_json, write_summary
+from tasks.history import check_history, log_regression_check
+from tasks.report_files import write_report
 from tasks.tracking import Tracker
 
 def say(msg: str) -> None:
@@ -245,7 +248,8 @@ def _try_mlflow(what: str, fn, *args):
 
 @flow(name="compare", flow_run_name="{spec.name}-{trigger}")
 def compare(spec: ExperimentSpec, out_dir: str | None = None, tracking_uri: str | None = None,
-            trigger: str = "cli", run_name: str | None = None, resume: bool = False) -> dict:
+            trigger: str = "cli", run_name: str | None = None, resume: bool = False,
+            regression: RegressionSettings | None = None) -> dict:
     """Compare every configuration of the spec on matched workloads; returns the outcome. With
     `resume`, cells already recorded in the results directory are skipped and configurations
     already finished are not run again."""
@@ -287,20 +291,24 @@ def compare(spec: ExperimentSpec, out_dir: str | None = None, tracking_uri: str 
     aggregate_trials(summary).to_csv(rdir / "summary_trials.csv", index=False)
     verdicts = {name: verdict_view(o) for name, o in outcomes.items()}
     meta = report_meta(spec, run, outcomes)
-    (rdir / "report.md").write_text(render_report(meta, summary, verdicts))
     parent = state["mlflow_parent"]
+    check = check_history(uri, spec.tracking.experiment, spec.name, spec.target.kind, parent, summary,
+                          regression or RegressionSettings())
+    write_report(rdir, meta, verdicts, check, summary)
     outcome = {"run": run, "results_dir": str(rdir), "tracking_uri": uri, "mlflow_run_id": parent,
                "mlflow_url": tracker.run_url(parent) if tracker and parent else None, "trigger": trigger,
                "configs": {n: {"ok": o.ok, "verified": o.verified(spec.target.kind), "error": o.error,
                                "transport": o.transport.get("verdict"), "stages": o.stages.get("verdict")}
                            for n, o in outcomes.items()}}
     outcome["all_verified"] = all(c["verified"] for c in outcome["configs"].values())
-    outcome["meta"], outcome["verdicts"] = meta, verdicts
+    outcome["meta"], outcome["verdicts"], outcome["regression"] = meta, verdicts, check
     write_json(rdir / "outcome.json", outcome)
     if tracker and parent and not state["parent_published"]:
         _try_mlflow("comparison", publish_comparison_task, tracker, parent, str(rdir), outcome["all_verified"],
                     all(o.ok for o in outcomes.values()))
         state["parent_published"] = _published_ok(tracker, parent)
+        if check["status"] != "unavailable":
+            _try_mlflow("regression tags", log_regression_check, uri, parent, check)
         publish.save_state(rdir, state)
     outcome["mlflow_pending"] = not (state["parent_published"]
                                      and set(state["published"]) >= {c.name for c in spec.configurations})
@@ -341,7 +349,7 @@ def _prefect_summary_artifact(outcome: dict, summary) -> None:
             lines.append(f"| {r['config']} | {r['suite']} | {r['workload']} | {r['concurrency']} | {r['stream']} | "
                          f"{r['requests_ok']}/{r['requests_total']} | {f(r['ttft_p50_ms'])} | {f(r['itl_p99_ms'])} | "
                          f"{f(r['output_tok_s'])} |")
-    lines += ["", f"Results: `{outcome['results_dir']}`"]
+    lines += ["", regression_line(outcome.get("regression")), "", f"Results: `{outcome['results_dir']}`"]
     try:
         create_markdown_artifact("\n".join(lines), key="epdbench-report", description=f"epdbench {outcome['run']}")
     except Exception:  # noqa: BLE001 - outside a flow run context

@@ -1,7 +1,8 @@
-"""Report rendering (pure): summary rows + comparisons + evidence verdicts → Markdown / terminal text.
+"""Report rendering (pure): summary rows, records, evidence verdicts, environment and run history →
+one context → Markdown (report.md) and self-contained HTML (report.html, plots inline).
 
-One Jinja environment factory serves reports and (later) manifests: StrictUndefined, trimmed
-blocks, a toyaml filter, autoescape only for HTML.
+One Jinja environment factory serves reports and manifests: StrictUndefined, trimmed blocks, a toyaml
+filter, autoescape only for HTML.
 """
 from __future__ import annotations
 
@@ -11,9 +12,13 @@ import jinja2
 import pandas as pd
 import yaml
 
-from analysis.compare import REPORT_METRICS, Comparison, compare, ratio_phrase, wins
-from analysis.metrics import LOWER_IS_BETTER
+from analysis.compare import REPORT_METRICS, Comparison, compare, ratio_phrase
+from analysis.headline import MIN_HEADLINE_FACTOR, baseline_config, changes_vs_baseline, headline, tallies
+from analysis.regression import REGRESSION_METRICS
+from analysis.samples import early_stops, prompt_fit
 from analysis.trials import aggregate_trials, low_support
+from reports.findings import benefits, headline_sentence, history_view, limitations, suite_prose
+from reports.fmt import fmt
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 
@@ -22,6 +27,9 @@ COLUMN_TITLES = {
     "itl_p99_ms": "ITL p99 (ms)", "itl_max_ms": "ITL max (ms)", "output_tok_s": "Output tok/s", "req_s": "Req/s",
     "output_tok_s_per_gpu": "tok/s per GPU",
 }
+RATIO_METRICS = ("ttft_p50_ms", "itl_p99_ms", "output_tok_s")
+ROLE_COUNTS = {"completions": "Completions", "renders": "Renders", "errors": "Errors",
+               "local_prefills": "Local prefills", "request_ids": "Request ids"}
 
 
 def make_env(template_dir: Path = TEMPLATE_DIR, html: bool = False) -> jinja2.Environment:
@@ -32,80 +40,116 @@ def make_env(template_dir: Path = TEMPLATE_DIR, html: bool = False) -> jinja2.En
     return env
 
 
-def fmt(value, metric: str = "") -> str:
-    if value is None or (isinstance(value, float) and pd.isna(value)):
-        return "—"
-    if metric in ("output_tok_s", "output_tok_s_per_gpu"):
-        return f"{value:,.1f}"
-    if metric == "req_s":
-        return f"{value:.2f}"
-    return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.2f}"
-
-
-def _cell_text(row, metric: str, best: Comparison | None) -> str:
+def _cell(row, metric: str, best: Comparison | None) -> dict:
+    """One table cell: text (mean, ± CI, † on low support) and whether it is the matched cell's best."""
     text = fmt(row[metric], metric)
     ci = row.get(f"{metric}_ci95")
     if ci is not None and not pd.isna(ci) and text != "—":
         text += f" ± {fmt(ci, metric)}"
     if row["trials"] == 1 and low_support(metric, row["n_ttft_samples"], row["n_itl_samples"]) and text != "—":
         text += " †"
-    if best and best.best == row["config"]:
-        text = f"**{text}**"
-    return text
+    return {"text": text, "best": bool(best and best.best == row["config"])}
+
+
+def ratio_line(c: Comparison) -> str:
+    stream = "" if c.stream == "main" else f" {c.stream}"
+    return (f"{c.workload} @ c={c.concurrency}{stream}: {COLUMN_TITLES[c.metric]} {c.best} "
+            f"{fmt(c.values[c.best], c.metric)} vs {c.worst} {fmt(c.values[c.worst], c.metric)} — "
+            f"{ratio_phrase(c.metric, c.ratio)}")
 
 
 def suite_tables(summary: pd.DataFrame, comparisons: list[Comparison]) -> list[dict]:
     """Per suite: rows (one per cell × config; means ± 95% CI over trials), the better value per
-    matched cell in bold, low-support tails marked †, and ratio lines."""
+    matched cell flagged `best`, low-support tails marked †, ratio lines and generated prose."""
     best = {(c.suite, c.workload, c.concurrency, c.stream, c.metric): c for c in comparisons}
     agg = aggregate_trials(summary)
-    if agg.empty:          # every configuration failed: no table, the failures section says why
-        return []
     out = []
-    for suite, sdf in agg.groupby("suite", sort=False):
+    for suite, sdf in (agg.groupby("suite", sort=False) if not agg.empty else []):
         rows = []
         for _, r in sdf.iterrows():
             key = (suite, r["workload"], r["concurrency"], r["stream"])
             rows.append({"config": r["config"], "workload": r["workload"], "concurrency": int(r["concurrency"]),
                          "stream": r["stream"], "requests": f"{int(r['requests_ok'])}/{int(r['requests_total'])}",
-                         "cells": [_cell_text(r, m, best.get((*key, m))) for m in REPORT_METRICS]})
-        ratios = []
-        for c in comparisons:
-            if (c.suite != suite or c.ratio is None or c.best is None
-                    or c.metric not in ("ttft_p50_ms", "itl_p99_ms", "output_tok_s")):
-                continue
-            ratios.append(f"{c.workload} @ c={c.concurrency}{'' if c.stream == 'main' else ' ' + c.stream}: "
-                          f"{COLUMN_TITLES[c.metric]} {c.best} {fmt(c.values[c.best], c.metric)} vs {c.worst} "
-                          f"{fmt(c.values[c.worst], c.metric)} — {ratio_phrase(c.metric, c.ratio)}")
-        out.append({"name": suite, "rows": rows, "ratios": ratios})
+                         "cells": [_cell(r, m, best.get((*key, m))) for m in REPORT_METRICS]})
+        mine = [c for c in comparisons if c.suite == suite]
+        ratios = [ratio_line(c) for c in mine
+                  if c.ratio is not None and c.best is not None and c.metric in RATIO_METRICS]
+        out.append({"name": suite, "rows": rows, "ratios": ratios, "prose": suite_prose(mine)})
     return out
 
 
-def headline(comparisons: list[Comparison], n: int = 3) -> list[str]:
-    """The largest matched ratios of the report's key metrics, as sentences."""
-    key = [c for c in comparisons if c.ratio is not None and c.best is not None
-           and c.metric in ("ttft_p50_ms", "itl_p99_ms", "output_tok_s")]
-    key.sort(key=lambda c: c.ratio, reverse=True)
-    lines = []
-    for c in key[:n]:
-        verb = "lower" if c.metric in LOWER_IS_BETTER else "higher"
-        lines.append(f"At {c.workload}, concurrency {c.concurrency}, {COLUMN_TITLES[c.metric]} was "
-                     f"{fmt(c.values[c.best], c.metric)} on {c.best} vs {fmt(c.values[c.worst], c.metric)} on "
-                     f"{c.worst}: {c.ratio:.1f}× {verb}.")
-    return lines
+def configuration_rows(meta: dict, verdicts: dict, environment: dict | None) -> list[dict]:
+    """What was compared, with the environment and evidence of each configuration."""
+    env = (environment or {}).get("configurations", {})
+    rows = []
+    for c in meta["configurations"]:
+        v = verdicts.get(c["name"], {})
+        e = env.get(c["name"], {})
+        rows.append({**c, "transport_verdict": v.get("transport", "not run"), "stages_verdict": v.get("stages", "not run"),
+                     "connectors": e.get("connectors", "—"), "rdma_interfaces": e.get("rdma_interfaces", 0),
+                     "role_flags": e.get("role_flags", {})})
+    return rows
 
 
-def report_context(meta: dict, summary: pd.DataFrame, verdicts: dict[str, dict]) -> dict:
+def in_configuration_order(verdicts: dict, configurations: list[dict]) -> dict:
+    order = [c["name"] for c in configurations if c["name"] in verdicts]
+    return {name: verdicts[name] for name in order + [n for n in verdicts if n not in order]}
+
+
+def role_count_rows(verdicts: dict) -> list[dict]:
+    return [{"config": name, "role": role, "counts": [counts.get(k, "—") for k in ROLE_COUNTS],
+             "seen": v.get("fraction_seen", {}).get(role)}
+            for name, v in verdicts.items() for role, counts in v.get("per_role", {}).items()]
+
+
+def plot_groups(plots) -> list[dict]:
+    groups: dict[str, list] = {}
+    for p in plots:
+        groups.setdefault(p.suite, []).append({"file": f"plots/{p.name}", "data_uri": p.data_uri(), "title": p.title,
+                                               "caption": p.caption, "wide": p.wide})
+    return [{"suite": suite, "plots": items} for suite, items in groups.items()]
+
+
+def report_context(meta: dict, summary: pd.DataFrame, verdicts: dict[str, dict], environment: dict | None = None,
+                   records: pd.DataFrame | None = None, history: dict | None = None, plots=()) -> dict:
+    """Everything both templates show. `environment` from reports.environment, `records` the raw request
+    rows (prompt fit, early stops), `history` a regression check result, `plots` from reports.plots."""
+    records = records if records is not None else pd.DataFrame()
     comparisons = compare(summary)
+    agg = aggregate_trials(summary)
+    baseline = baseline_config(meta["configurations"])
+    changes = changes_vs_baseline(agg, baseline) if baseline else []
     return {
         "meta": meta,
+        "baseline": baseline,
+        "configurations": configuration_rows(meta, verdicts, environment),
+        "environment": environment,
         "columns": [COLUMN_TITLES[m] for m in REPORT_METRICS],
         "suites": suite_tables(summary, comparisons),
-        "headline": headline(comparisons),
-        "wins": {COLUMN_TITLES[m]: w for m, w in wins(comparisons).items()},
-        "verdicts": verdicts,
+        "headline": [headline_sentence(f) for f in headline(changes)],
+        "headline_min_factor": f"{MIN_HEADLINE_FACTOR:g}×",
+        "n_compared": int(summary["config"].nunique()) if not summary.empty else 0,
+        "benefits": benefits(tallies(changes)),
+        "limitations": limitations(meta, summary, agg, verdicts, prompt_fit(records), early_stops(records)),
+        "plot_groups": plot_groups(plots),
+        "verdicts": in_configuration_order(verdicts, meta["configurations"]),
+        "role_columns": list(ROLE_COUNTS.values()),
+        "role_counts": role_count_rows(in_configuration_order(verdicts, meta["configurations"])),
+        "history": history_view(history, meta, REGRESSION_METRICS),
     }
 
 
-def render_report(meta: dict, summary: pd.DataFrame, verdicts: dict[str, dict]) -> str:
-    return make_env().get_template("report.md.j2").render(**report_context(meta, summary, verdicts))
+def render_markdown(context: dict) -> str:
+    """report.md from the context; plots referenced as files under plots/."""
+    return make_env().get_template("report.md.j2").render(**context)
+
+
+def render_report(meta: dict, summary: pd.DataFrame, verdicts: dict[str, dict], environment: dict | None = None,
+                  records: pd.DataFrame | None = None, history: dict | None = None, plots=()) -> str:
+    """report.md straight from the data."""
+    return render_markdown(report_context(meta, summary, verdicts, environment, records, history, plots))
+
+
+def render_html(context: dict) -> str:
+    """report.html from the same context: self-contained, plots as data URIs, autoescaped."""
+    return make_env(html=True).get_template("report.html.j2").render(**context)

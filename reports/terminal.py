@@ -7,7 +7,8 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from reports.render import fmt
+from reports.findings import regression_line
+from reports.fmt import fmt
 
 TERMINAL_METRICS = [("ttft_p50_ms", "TTFT p50"), ("tpot_p50_ms", "TPOT p50"), ("itl_p99_ms", "ITL p99"),
                     ("itl_max_ms", "ITL max"), ("output_tok_s", "tok/s")]
@@ -31,5 +32,6 @@ def print_summary(outcome: dict, console: Console | None = None) -> None:
     for name, c in outcome["configs"].items():
         state = "ok" if c["ok"] else f"FAILED: {c['error']}"
         console.print(f"{name}: {state}; transport {c['transport']}, stages {c['stages']}")
-    console.print(f"results: {rdir}/ (report.md, summary.csv, records.parquet, evidence/)")
+    console.print(regression_line(outcome.get("regression")))
+    console.print(f"results: {rdir}/ (report.md, report.html, summary.csv, records.parquet, evidence/)")
     console.print(f"MLflow:  {outcome['mlflow_url']}")

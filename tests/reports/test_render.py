@@ -129,3 +129,59 @@ def test_a_run_where_every_configuration_failed_still_renders():
     report = render_report({**meta("sim"), "failures": {"aggregated": "provisioning failed: boom"}},
                            pd.DataFrame(columns=SUMMARY_COLUMNS), VERDICTS)
     assert "provisioning failed: boom" in report and "## Suite" not in report
+
+
+def failed_and_mismatched(tiny_spec):
+    """A run where epd failed to provision and pd-rdma's transport did not hold."""
+    from tests.reports.synthetic_run import synthetic_meta, synthetic_records, synthetic_verdicts
+
+    records = synthetic_records(tiny_spec)
+    records = records[records["config"] != "epd"]
+    meta = synthetic_meta(tiny_spec, failures={"epd": "provisioning failed: <urlopen error [Errno 111]>"})
+    verdicts = synthetic_verdicts(tiny_spec, transport={"pd-rdma": "mismatch"})
+    verdicts["epd"] = {"transport": "not run", "transport_reasons": [meta["failures"]["epd"]], "stages": "not run",
+                       "stage_reasons": [meta["failures"]["epd"]], "fraction_seen": {}, "observed": {},
+                       "rdma_devices": [], "throughput_mb_s_min": None, "throughput_mb_s_max": None,
+                       "failed_transfers": None, "failed_recvs": None, "per_role": {}, "suites": {}}
+    return meta, records, verdicts
+
+
+def test_a_failed_configuration_and_a_transport_mismatch_are_called_out(tiny_spec):
+    from analysis.metrics import summarize
+    from reports.render import render_html, render_markdown, report_context
+    from tests.reports.report_checks import parse_html
+
+    meta, records, verdicts = failed_and_mismatched(tiny_spec)
+    summary = summarize(records, {c["name"]: c["gpus"] for c in meta["configurations"]})
+    context = report_context(meta, summary, verdicts, None, records)
+    report = render_markdown(context)
+    assert "- epd: provisioning failed: <urlopen error [Errno 111]>" in report
+    assert "| epd | epd | 1×encode TP1 + 1×prefill TP1 + 1×decode TP1 | 3 | tcp | epdbench-proxy | not run | not run |" \
+        in report
+    assert not [l for l in report.splitlines() if l.startswith("| epd | 4096/32")]          # no epd rows
+    limits = report.split("## Benefits, trade-offs and limitations", 1)[1]
+    assert "- epd failed (provisioning failed: <urlopen error [Errno 111]>): it is missing from the tables." in limits
+    assert "- pd-rdma: transport mismatch — its numbers do not show the deployment it was meant to be." in limits
+    assert "| pd-rdma | `mismatch` |" in report
+    assert "The resolved spec was not available to this rendering" in report
+    html = render_html(context)
+    assert "&lt;urlopen error [Errno 111]&gt;" in html and "<urlopen" not in html
+    assert parse_html(html).external == []
+
+
+def test_trials_show_ci_in_html_too():
+    from reports.render import render_html, report_context
+
+    two = pd.concat([SUMMARY, SUMMARY.assign(trial=1, ttft_p50_ms=[160.0, 12.0])], ignore_index=True)
+    html = render_html(report_context({**meta("sim"), "trials": 2}, two, VERDICTS))
+    assert '<td class="num">157.0 ± ' in html and "mean ± 95% CI over 2 trials" in html
+    assert '<td class="num best">11.0 ± ' in html
+
+
+def test_headline_says_why_it_is_empty():
+    only_one = SUMMARY[SUMMARY["config"] == "pd-rdma"]
+    assert "Fewer than two configurations produced data" in render_report(meta("sim"), only_one, VERDICTS)
+    close = SUMMARY.assign(ttft_p50_ms=[10.0, 10.2], ttft_p95_ms=12.0, itl_p99_ms=[12.0, 12.1], itl_max_ms=24.0,
+                           output_tok_s=[300.0, 299.0], req_s=4.7, n_itl_samples=500)
+    assert "No matched difference against `aggregated` reaches 1.1× on a headline metric." in \
+        render_report(meta("sim"), close, VERDICTS)

@@ -1,0 +1,67 @@
+"""The report's Environment section from the resolved spec (pure): hardware, engine image and flags,
+placement, and per configuration its roles, connectors and transport. Every figure comes from the spec."""
+from __future__ import annotations
+
+from manifests.render import ENGINE_PORT, engine_args, kv_transfer_config
+from specs.models import ConfigurationSpec, ExperimentSpec
+
+
+def hardware_text(spec: ExperimentSpec) -> str:
+    hw = spec.hardware
+    node = (f"{hw.gpus_per_node} × {hw.gpu}: {hw.bf16_tflops:g} TFLOP/s BF16 (×{hw.compute_efficiency:g} achievable), "
+            f"HBM {hw.hbm_tb_s:g} TB/s (×{hw.hbm_efficiency:g}), NVLink {hw.nvlink_gb_s:g} GB/s per GPU; "
+            f"KV over TCP {hw.tcp_gb_s:g} GB/s + {hw.tcp_latency_ms:g} ms, over RDMA {hw.rdma_nic_gbit_s:g} Gbit/s "
+            f"(×{hw.rdma_efficiency:g}) + {hw.rdma_latency_ms:g} ms")
+    if spec.target.kind == "sim":
+        return f"Simulated node (cost-model figures, no GPU used): {node}"
+    return f"GPU node ({hw.gpus_per_node} × {hw.gpu}; figures from the spec, used for estimates only)"
+
+
+def engine_image(spec: ExperimentSpec) -> str:
+    if spec.target.kind == "sim":
+        return "epdbench simulator (sim/server.py: vLLM HTTP API and log formats, step-level cost model)"
+    return spec.target.kubernetes.engine.image
+
+
+def role_flags(spec: ExperimentSpec, config: ConfigurationSpec) -> dict[str, str]:
+    """role → the `vllm serve` flags it runs with (model, host and port left out)."""
+    skip = {spec.model.name, "--host", "0.0.0.0", "--port", str(ENGINE_PORT)}
+    return {r.role: " ".join(a for a in engine_args(spec, config, r) if a not in skip) for r in config.roles}
+
+
+def engine_flags(spec: ExperimentSpec) -> str:
+    e = spec.engine
+    return (f"--max-model-len {e.max_model_len} --max-num-seqs {e.max_num_seqs} "
+            f"--max-num-batched-tokens {e.max_num_batched_tokens}"
+            + ("" if e.enable_prefix_caching else " --no-enable-prefix-caching"))
+
+
+def placement_text(spec: ExperimentSpec) -> str:
+    if spec.target.kind == "sim":
+        return (f"local processes on {spec.target.sim.host}, one per role replica, the router in front; "
+                "GPUs and NICs are modelled, not used")
+    k = spec.target.kubernetes
+    selector = ", ".join(f"{key}={value}" for key, value in k.node.selector.items()) or "none"
+    return (f"namespace {k.namespace}; node selector {selector}; GPUs via {k.node.gpu_resource}; "
+            f"RDMA via {k.node.rdma_resource or 'none'} with IPC_LOCK on RDMA roles; /dev/shm a memory emptyDir "
+            f"of {k.engine.shm_size}; hostIPC off")
+
+
+def connectors_text(spec: ExperimentSpec, config: ConfigurationSpec) -> str:
+    kv = next((kv_transfer_config(config, r.role) for r in config.roles if kv_transfer_config(config, r.role)), None)
+    parts = [f"{kv['kv_connector']} ({config.kv_transport})"] if kv else ["none"]
+    if config.topology == "epd":
+        parts.append(f"encoder cache: {spec.target.kubernetes.engine.ec_connector}")
+    return ", ".join(parts)
+
+
+def environment(spec: ExperimentSpec) -> dict:
+    """JSON-able: hardware, image, flags, placement; per configuration roles, GPUs, connectors, flags."""
+    return {
+        "hardware": hardware_text(spec), "engine_image": engine_image(spec), "engine_flags": engine_flags(spec),
+        "placement": placement_text(spec),
+        "configurations": {c.name: {"connectors": connectors_text(spec, c),
+                                    "rdma_interfaces": sum(r.rdma_interfaces * r.replicas for r in c.roles),
+                                    "role_flags": role_flags(spec, c) if spec.target.kind == "kubernetes" else {}}
+                           for c in spec.configurations},
+    }

@@ -1,0 +1,275 @@
+"""The report's generated prose (pure): headline sentences, per-suite wins, benefits and trade-offs
+against the baseline, limitations, and the comparison with previous runs. Every number is formatted
+from data with reports.fmt.fmt; nothing is hand-written.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from analysis.compare import REPORT_METRICS, Comparison, wins
+from analysis.headline import Change, Finding, Tally
+from analysis.metrics import LOWER_IS_BETTER
+from analysis.regression import FLAGGED
+from analysis.samples import EarlyStops, PromptFit
+from analysis.trials import low_support
+from reports.fmt import fmt
+
+METRIC_NAMES = {
+    "ttft_p50_ms": ("TTFT p50", "ms"), "ttft_p95_ms": ("TTFT p95", "ms"), "ttft_p99_ms": ("TTFT p99", "ms"),
+    "tpot_p50_ms": ("TPOT p50", "ms"), "itl_p99_ms": ("ITL p99", "ms"), "itl_max_ms": ("ITL max", "ms"),
+    "output_tok_s": ("output throughput", "tok/s"), "req_s": ("request throughput", "req/s"),
+    "output_tok_s_per_gpu": ("output throughput per GPU", "tok/s"),
+}
+GOOD_VERDICTS = {"verified", "emulated", "not-applicable"}
+
+
+def value_text(metric: str, value: float | None) -> str:
+    return f"{fmt(value, metric)} {METRIC_NAMES[metric][1]}"
+
+
+def cell_text(workload: str, concurrency: int, stream: str) -> str:
+    return f"{workload}{'' if stream == 'main' else f' ({stream})'}, concurrency {concurrency}"
+
+
+def factor_text(factor: float) -> str:
+    return f"{factor:.1f}×"
+
+
+def movement(c: Change) -> str:
+    """'fell from A on X to B on Y' with the direction of the numbers."""
+    verb = "fell" if c.value < c.baseline_value else "rose"
+    return (f"{METRIC_NAMES[c.metric][0]} {verb} from {value_text(c.metric, c.baseline_value)} on {c.baseline_config} "
+            f"to {value_text(c.metric, c.value)} on {c.config}")
+
+
+def size(c: Change) -> str:
+    if c.better and c.metric in LOWER_IS_BETTER:
+        return f"a {factor_text(c.factor)} reduction"
+    return f"{factor_text(c.factor)} {'lower' if c.value < c.baseline_value else 'higher'}"
+
+
+def short_movement(c: Change) -> str:
+    verb = "fell" if c.value < c.baseline_value else "rose"
+    return (f"{METRIC_NAMES[c.metric][0]} {verb} from {value_text(c.metric, c.baseline_value)} to "
+            f"{value_text(c.metric, c.value)} ({factor_text(c.factor)} {'lower' if verb == 'fell' else 'higher'})")
+
+
+def headline_sentence(f: Finding) -> str:
+    c = f.change
+    text = f"At {cell_text(c.workload, c.concurrency, c.stream)}, {movement(c)}, {size(c)}"
+    if c.better:
+        tail = (f"; the trade-off: {short_movement(f.counterpart)}" if f.counterpart
+                else "; no other headline metric got worse in that cell")
+    else:
+        tail = f"; in exchange {short_movement(f.counterpart)}" if f.counterpart else "; nothing improved in exchange"
+    return f"{text}{tail}."
+
+
+def suite_prose(comparisons: list[Comparison]) -> list[str]:
+    """Per metric: which configuration has the better value in how many of the suite's matched cells."""
+    lines = []
+    table = wins(comparisons)
+    for metric in REPORT_METRICS:
+        decided = [c for c in comparisons if c.metric == metric and sum(v is not None for v in c.values.values()) >= 2]
+        if not decided:
+            continue
+        per = sorted(table.get(metric, {}).items(), key=lambda kv: -kv[1])
+        best = "lowest" if metric in LOWER_IS_BETTER else "highest"
+        name = METRIC_NAMES[metric][0]
+        if not per:
+            lines.append(f"{name}: no single best configuration in any of {len(decided)} matched cells.")
+            continue
+        counts = ", ".join(f"{cfg} in {n}" for cfg, n in per)
+        ties = len(decided) - sum(n for _, n in per)
+        lines.append(f"{name} ({best} wins): {counts} of {len(decided)} matched cells"
+                     + (f"; no single best in {ties}" if ties else "") + ".")
+    return lines
+
+
+def typical_factor(n: int, factor: float) -> str:
+    return f"median {factor_text(factor)}" if n > 1 else factor_text(factor)
+
+
+def tally_sentence(t: Tally) -> str:
+    parts = []
+    if t.better:
+        parts.append(f"better in {t.better} ({typical_factor(t.better, t.median_better)})")
+    if t.worse:
+        parts.append(f"worse in {t.worse} ({typical_factor(t.worse, t.median_worse)})")
+    return f"{METRIC_NAMES[t.metric][0]} {' and '.join(parts)} of {t.cells} comparable cell{'s' * (t.cells != 1)}"
+
+
+def benefits(tallies: list[Tally]) -> list[dict]:
+    """Per configuration: its record against the baseline, metric by metric."""
+    out: dict[str, list[str]] = {}
+    for t in tallies:
+        out.setdefault(t.config, []).append(tally_sentence(t))
+    return [{"config": config, "lines": lines} for config, lines in out.items()]
+
+
+def gpu_budget_line(configurations: list[dict]) -> str:
+    gpus = {c["name"]: c["gpus"] for c in configurations}
+    listing = ", ".join(f"{n} {g}" for n, g in gpus.items())
+    if len(set(gpus.values())) > 1:
+        return (f"Unequal GPU budgets ({listing} GPUs): absolute throughput favours the larger budgets; "
+                "compare output tok/s per GPU.")
+    return f"Equal GPU budgets ({listing} GPUs): absolute numbers compare directly."
+
+
+def trials_line(trials: int) -> str:
+    if trials > 1:
+        return f"{trials} trials per cell: tables show the mean ± the 95% confidence interval (Student t)."
+    return ("A single trial per cell: no confidence intervals, so run-to-run noise is not measured; "
+            "repeat with trials > 1 before trusting small differences.")
+
+
+def low_support_line(agg: pd.DataFrame) -> str | None:
+    if agg.empty:
+        return None
+    n = sum(1 for _, r in agg.iterrows() for m in REPORT_METRICS
+            if r["trials"] == 1 and not pd.isna(r.get(m)) and low_support(m, r["n_ttft_samples"], r["n_itl_samples"]))
+    if not n:
+        return None
+    return (f"{n} tail percentile values rest on too few samples for that percentile (marked †); "
+            "they never make a headline.")
+
+
+def prompt_line(fit: PromptFit | None) -> list[str]:
+    if fit is None:
+        return []
+    if fit.max_abs_tokens == 0:
+        lines = [f"Measured prompt lengths match their targets exactly over {fit.requests:,} measured requests."]
+    else:
+        lines = [f"Measured prompt lengths are within {fit.max_abs_tokens:,} tokens ({100 * fit.max_rel:.1f}%) of "
+                 f"their targets over {fit.requests:,} measured requests."]
+    lines += [f"By design, prompts of {w} (suite {s}) span {lo:,}–{hi:,} tokens." for s, w, lo, hi in fit.ranged_cells]
+    return lines
+
+
+def early_stop_line(stops: EarlyStops | None) -> str | None:
+    if stops is None:
+        return None
+    if not stops.stopped_early:
+        return (f"All {stops.requests:,} measured requests generated their full max_tokens, so output throughput "
+                "compares like with like.")
+    where = "; ".join(f"{cfg} {suite} {w} c={c}: {k}/{n}" for cfg, suite, w, c, k, n in stops.where[:6])
+    more = f" and {len(stops.where) - 6} more cells" if len(stops.where) > 6 else ""
+    return (f"{stops.stopped_early:,} of {stops.requests:,} measured requests stopped before max_tokens ({where}{more}): "
+            "their cells count fewer output tokens.")
+
+
+def target_line(meta: dict) -> str:
+    if meta["target"] == "sim":
+        return ("Simulator run: timings come from the cost model of the hardware figures, transport verdicts are "
+                "emulated; it shows the shape of the trade-offs, never a hardware measurement.")
+    return f"Hardware run on {meta['target']}: results hold for this node, image and engine flags."
+
+
+def evidence_lines(meta: dict, verdicts: dict) -> list[str]:
+    lines = [f"{name} failed ({why}): it is missing from the tables." for name, why in meta["failures"].items()]
+    for name, v in verdicts.items():
+        bad = [f"{kind} {v[kind]}" for kind in ("transport", "stages") if v[kind] not in GOOD_VERDICTS | {"not run"}]
+        if bad:
+            lines.append(f"{name}: {' and '.join(bad)} — its numbers do not show the deployment it was meant to be.")
+    return lines
+
+
+def failed_requests_line(summary: pd.DataFrame) -> str | None:
+    if summary.empty:
+        return None
+    failed = pd.to_numeric(summary["requests_failed"], errors="coerce").fillna(0)
+    if not failed.sum():
+        return None
+    return (f"{int(failed.sum()):,} measured requests failed; statistics use the successful ones "
+            "(failures are counted in the Requests column).")
+
+
+def limitations(meta: dict, summary: pd.DataFrame, agg: pd.DataFrame, verdicts: dict, fit: PromptFit | None,
+                stops: EarlyStops | None) -> list[str]:
+    lines = [gpu_budget_line(meta["configurations"]), trials_line(meta["trials"]), low_support_line(agg),
+             *prompt_line(fit), early_stop_line(stops), failed_requests_line(summary), target_line(meta),
+             *evidence_lines(meta, verdicts)]
+    return [line for line in lines if line]
+
+
+def flag_sentence(j: dict) -> str:
+    name, unit = METRIC_NAMES[j["metric"]]
+    against = "median" if j["method"].startswith("band") else "mean"
+    return (f"{j['config']}, suite {j['suite']}, {cell_text(j['workload'], j['concurrency'], j['stream'])}: {name} "
+            f"{value_text(j['metric'], j['value'])} against a {against} of {value_text(j['metric'], j['baseline'])} "
+            f"(band {fmt(j['band_low'], j['metric'])}–{fmt(j['band_high'], j['metric'])} {unit}) over "
+            f"{j['n_history']} runs — {j['status']}"
+            + ("." if j["change_pct"] is None else f", {j['change_pct']:+.1f}%."))
+
+
+def method_line(s: dict) -> str:
+    return (f"A metric is flagged when tonight's value lies outside median ± max({s['k']:g}·σ, "
+            f"{100 * s['min_change']:g}%) of its last {s['last_n']} runs, σ = 1.4826·MAD (the larger of the cell's "
+            f"own and the metric's pooled leave-one-out value; with trials > 1 tonight's whole 95% CI must lie "
+            f"outside). Below {s['min_history']} runs, only repeated trials are compared (disjoint 95% CIs); "
+            "otherwise nothing is flagged.")
+
+
+def delta_table(judgements: list[dict], metrics: list[str]) -> list[dict]:
+    """Rows per configuration × cell: per metric the change against its previous run and the status."""
+    rows: dict[tuple, dict] = {}
+    for j in judgements:
+        key = (j["config"], j["suite"], j["workload"], j["concurrency"], j["stream"])
+        row = rows.setdefault(key, {"config": j["config"], "suite": j["suite"],
+                                    "cell": cell_text(j["workload"], j["concurrency"], j["stream"]), "cells": {}})
+        delta = j["delta_pct"]
+        row["cells"][j["metric"]] = {"text": "—" if delta is None else f"{delta:+.1f}%", "status": j["status"],
+                                     "flagged": j["status"] in FLAGGED}
+    blank = {"text": "—", "status": "", "flagged": False}
+    return [{**r, "cells": [r["cells"].get(m, blank) for m in metrics]} for r in rows.values()]
+
+
+def summary_line(check: dict | None) -> str | None:
+    """One line for the report's summary: tonight against the run history."""
+    if check is None or check["status"] in ("unavailable", "no-history"):
+        return None
+    o = check["overall"]
+    return (f"Against the last {len(check['runs'])} run(s) of this spec: {o['regressions']} regression(s) and "
+            f"{o['improvements']} improvement(s) beyond noise.")
+
+
+def regression_line(check: dict | None) -> str:
+    """One line for the Prefect artifact and the terminal."""
+    if check is None:
+        return "Regression check: not run."
+    if check["status"] == "unavailable":
+        return f"Regression check: history unavailable ({check['error']})."
+    if check["status"] == "no-history":
+        return "Regression check: no earlier run of this spec on this target yet."
+    o = check["overall"]
+    flagged = "; ".join(o["flagged"][:5]) + (f"; and {len(o['flagged']) - 5} more" if len(o["flagged"]) > 5 else "")
+    return (f"Regression check against the last {len(check['runs'])} run(s): {o['regressions']} regression(s), "
+            f"{o['improvements']} improvement(s) beyond noise" + (f": {flagged}." if flagged else "."))
+
+
+def history_view(check: dict | None, meta: dict, metrics: list[str]) -> dict:
+    """Section 'Comparison with previous runs': lines, flagged sentences and the change table."""
+    view = {"lines": [], "flags": [], "columns": [METRIC_NAMES[m][0] for m in metrics], "rows": [],
+            "summary": summary_line(check)}
+    if check is None:
+        view["lines"] = ["No history was read for this report, so tonight is not compared with earlier runs."]
+    elif check["status"] == "unavailable":
+        view["lines"] = [f"The run history could not be read from MLflow ({check['error']}): no comparison."]
+    elif check["status"] == "no-history":
+        view["lines"] = [f"No earlier run of spec {meta['spec']} on target {meta['target']} in this tracking store: "
+                         "nothing to compare with yet."]
+    else:
+        newest = check["runs"][0]
+        o = check["overall"]
+        counts = {st: sum(j["status"] == st for j in check["judgements"])
+                  for st in ("within-noise", "insufficient-history")}
+        view["lines"] = [
+            f"Compared with the last {len(check['runs'])} run(s) of spec {meta['spec']} on target "
+            f"{meta['target']}; the newest is {newest['run_name']} ({newest['started']}).",
+            method_line(check["settings"]),
+            f"This run: {o['regressions']} regression(s) and {o['improvements']} improvement(s) beyond noise; "
+            f"{counts['within-noise']} metric-cells within noise, {counts['insufficient-history']} without enough "
+            "history."]
+        view["flags"] = [flag_sentence(j) for j in check["judgements"] if j["status"] in FLAGGED]
+        view["rows"] = delta_table(check["judgements"], metrics)
+    return view

@@ -1,0 +1,152 @@
+"""Report plots (pure: data in, PNG bytes out). matplotlib's object API without pyplot, so no global
+state or display backend; the same PNGs go to plots/ (Markdown) and inline into report.html.
+
+Per suite: the ITL CDF of every configuration at the longest shape and highest concurrency; TTFT p50
+and ITL p99 versus concurrency per shape; output throughput per GPU per matched cell.
+"""
+from __future__ import annotations
+
+import base64
+import io
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from matplotlib import ticker
+from matplotlib.figure import Figure
+
+from analysis.samples import cdf_cell, itl_samples_ms
+from analysis.trials import aggregate_trials
+
+DPI = 100
+WIDE_IN = 8.0          # figures wider than this take a whole row in report.html
+MAX_WIDTH_IN = 14.0
+PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
+
+
+@dataclass(frozen=True)
+class Plot:
+    name: str          # file name under plots/
+    suite: str
+    title: str
+    caption: str
+    png: bytes
+    wide: bool = False
+
+    def data_uri(self) -> str:
+        return "data:image/png;base64," + base64.b64encode(self.png).decode("ascii")
+
+
+def shape_label(workload: str, stream: str) -> str:
+    return workload if stream == "main" else f"{workload} ({stream})"
+
+
+def cell_label(cell: tuple) -> str:
+    _, workload, concurrency, stream = cell
+    return f"{shape_label(workload, stream)}, concurrency {concurrency}"
+
+
+def png_of(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight", metadata={"Software": None})
+    return buf.getvalue()
+
+
+def plain_log_axis(axis) -> None:
+    """Log scale labelled in plain numbers (12, 20, 150), minor ticks labelled when the range is narrow."""
+    axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(ticker.LogFormatter(labelOnlyBase=False, minor_thresholds=(1.2, 0.6)))
+
+
+def itl_cdf(suite: str, cell: tuple, samples: dict[str, list[float]], colors: dict[str, str]) -> Plot | None:
+    samples = {c: s for c, s in samples.items() if s}
+    if not samples:
+        return None
+    fig = Figure(figsize=(7.5, 4.2))
+    ax = fig.add_subplot()
+    for config, gaps in samples.items():
+        xs = np.sort(np.asarray(gaps, dtype=float))
+        ax.step(xs, np.arange(1, xs.size + 1) / xs.size, where="post", color=colors[config],
+                label=f"{config} (n={xs.size}, p99 {np.percentile(xs, 99):.1f} ms)")
+    ax.set_xscale("log")
+    plain_log_axis(ax.xaxis)
+    ax.set_xlabel("inter-token latency (ms, log scale)")
+    ax.set_ylabel("fraction of gaps ≤ x")
+    ax.set_ylim(0, 1.01)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title(f"ITL CDF — {suite}: {cell_label(cell)}")
+    counts = ", ".join(f"{c} {len(s)}" for c, s in samples.items())
+    return Plot(f"{suite}-itl-cdf.png", suite, f"ITL CDF, suite {suite}",
+                f"Every inter-token gap of the measured requests at {cell_label(cell)} — the longest shape at the "
+                f"highest concurrency of suite {suite}. Gaps per configuration: {counts}.", png_of(fig))
+
+
+def latency_vs_concurrency(suite: str, agg: pd.DataFrame, colors: dict[str, str]) -> Plot:
+    shapes = list(dict.fromkeys(zip(agg["workload"], agg["stream"])))
+    metrics = [("ttft_p50_ms", "TTFT p50 (ms)"), ("itl_p99_ms", "ITL p99 (ms)")]
+    width_in = min(MAX_WIDTH_IN, max(4.0, 3.3 * len(shapes)))
+    fig = Figure(figsize=(width_in, 6.0))
+    axes = fig.subplots(len(metrics), len(shapes), squeeze=False)
+    for col, (workload, stream) in enumerate(shapes):
+        shape = agg[(agg["workload"] == workload) & (agg["stream"] == stream)]
+        for row, (metric, label) in enumerate(metrics):
+            ax = axes[row][col]
+            for config, g in shape.groupby("config", sort=False):
+                g = g.sort_values("concurrency").dropna(subset=[metric])
+                ax.plot(g["concurrency"], g[metric].astype(float), marker="o", color=colors[config], label=config)
+            ax.set_yscale("log")
+            plain_log_axis(ax.yaxis)
+            ax.set_xticks(sorted(shape["concurrency"].unique()))
+            ax.grid(True, which="both", alpha=0.3)
+            ax.set_title(shape_label(workload, stream) if row == 0 else "", fontsize=9)
+            ax.set_xlabel("concurrency" if row == len(metrics) - 1 else "")
+            ax.set_ylabel(label if col == 0 else "")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=len(labels), fontsize=8, bbox_to_anchor=(0.5, 1.02))
+    return Plot(f"{suite}-latency-vs-concurrency.png", suite, f"Latency versus concurrency, suite {suite}",
+                f"TTFT p50 (top) and ITL p99 (bottom), log scale, per shape of suite {suite}; "
+                f"{'means over trials' if agg['trials'].max() > 1 else 'one trial'}.", png_of(fig), width_in > WIDE_IN)
+
+
+def throughput_per_gpu(suite: str, agg: pd.DataFrame, colors: dict[str, str]) -> Plot | None:
+    agg = agg.dropna(subset=["output_tok_s_per_gpu"])
+    if agg.empty:
+        return None
+    cells = list(dict.fromkeys(zip(agg["workload"], agg["stream"], agg["concurrency"])))
+    configs = list(dict.fromkeys(agg["config"]))
+    width = 0.8 / len(configs)
+    width_in = min(MAX_WIDTH_IN, max(6.0, 0.55 * len(cells) * len(configs) + 2))
+    fig = Figure(figsize=(width_in, 4.2))
+    ax = fig.add_subplot()
+    for i, config in enumerate(configs):
+        mine = agg[agg["config"] == config].set_index(["workload", "stream", "concurrency"])
+        heights = [float(mine.loc[c, "output_tok_s_per_gpu"]) if c in mine.index else np.nan for c in cells]
+        ax.bar(np.arange(len(cells)) + (i - (len(configs) - 1) / 2) * width, heights, width, color=colors[config],
+               label=config)
+    ax.set_xticks(np.arange(len(cells)), [f"{shape_label(w, s)}\nc={c}" for w, s, c in cells], fontsize=7,
+                  rotation=30 if len(cells) > 6 else 0, ha="right" if len(cells) > 6 else "center")
+    ax.set_ylabel("output tok/s per GPU")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"Output throughput per GPU — {suite}")
+    return Plot(f"{suite}-throughput-per-gpu.png", suite, f"Throughput per GPU, suite {suite}",
+                f"Output tokens per second divided by the configuration's GPUs, per matched cell of suite {suite}.",
+                png_of(fig), width_in > WIDE_IN)
+
+
+def suite_plots(summary: pd.DataFrame, records: pd.DataFrame, configs: list[str]) -> list[Plot]:
+    """Every plot of the report, suite by suite, one color per configuration throughout."""
+    if summary.empty:
+        return []
+    ordered = list(dict.fromkeys([*configs, *summary["config"]]))
+    colors = {c: PALETTE[i % len(PALETTE)] for i, c in enumerate(ordered)}
+    agg = aggregate_trials(summary)
+    plots: list[Plot] = []
+    for suite in dict.fromkeys(summary["suite"]):
+        cell = cdf_cell(summary, suite)
+        mine = agg[agg["suite"] == suite]
+        found = [itl_cdf(suite, cell, itl_samples_ms(records, cell), colors),
+                 latency_vs_concurrency(suite, mine, colors), throughput_per_gpu(suite, mine, colors)]
+        plots += [p for p in found if p is not None]
+    return plots

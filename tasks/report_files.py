@@ -1,0 +1,89 @@
+"""The report files of a results directory — report.md, report.html, plots/*.png — written from the
+directory's own data (spec.yaml, records.parquet, outcome.json); and a comparison's stored results
+fetched back from MLflow to re-render them."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.metrics import summarize
+from reports.environment import environment
+from reports.plots import suite_plots
+from reports.render import render_html, render_markdown, report_context
+from specs.models import SpecError, load_spec
+from tasks.results import read_records
+
+REPORT_FILES = ("report.md", "report.html")
+NEEDED = ("outcome.json", "records.parquet", "spec.yaml")
+
+
+class ResultsError(Exception):
+    """A results directory (or MLflow run) the report cannot be rendered from; one line."""
+
+
+def load_environment(rdir: Path) -> dict | None:
+    """The Environment section's data from the resolved spec; None when it no longer loads."""
+    try:
+        return environment(load_spec(str(rdir / "spec.yaml")))
+    except (SpecError, OSError):
+        return None
+
+
+def write_plots(rdir: Path, plots) -> None:
+    """plots/ holds exactly this report's plots."""
+    pdir = rdir / "plots"
+    pdir.mkdir(exist_ok=True)
+    for stale in set(pdir.glob("*.png")) - {pdir / p.name for p in plots}:
+        stale.unlink()
+    for p in plots:
+        (pdir / p.name).write_bytes(p.png)
+
+
+def write_report(rdir: Path, meta: dict, verdicts: dict, regression: dict | None = None,
+                 summary: pd.DataFrame | None = None) -> list[Path]:
+    """report.md, report.html and plots/ from the directory's records; returns the report paths."""
+    records = read_records(rdir / "records.parquet")
+    if summary is None:
+        summary = summarize(records, {c["name"]: c["gpus"] for c in meta["configurations"]})
+    plots = suite_plots(summary, records, [c["name"] for c in meta["configurations"]])
+    write_plots(rdir, plots)
+    context = report_context(meta, summary, verdicts, load_environment(rdir), records, regression, plots)
+    (rdir / "report.md").write_text(render_markdown(context))
+    (rdir / "report.html").write_text(render_html(context))
+    return [rdir / name for name in REPORT_FILES]
+
+
+def rerender(rdir: Path) -> list[Path]:
+    """Re-render a results directory written by `epdbench compare` (its stored regression check included)."""
+    missing = [name for name in NEEDED if not (rdir / name).exists()]
+    if missing:
+        raise ResultsError(f"{rdir}: no {', '.join(missing)} here; give a results directory written by "
+                           "'epdbench compare'")
+    outcome = json.loads((rdir / "outcome.json").read_text())
+    return write_report(rdir, outcome["meta"], outcome["verdicts"], outcome.get("regression"))
+
+
+def download_comparison(tracking_uri: str, run_id: str, dest: Path | None = None) -> Path:
+    """The comparison run's stored results (outcome, records, spec) into `dest` (default results/<run name>)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    try:
+        run = client.get_run(run_id)
+    except MlflowException:
+        raise ResultsError(f"--run-id {run_id}: no such run in {tracking_uri}; give a comparison run id "
+                           "(printed by compare, or in the MLflow UI)") from None
+    if run.data.tags.get("epdbench.kind") != "comparison":
+        raise ResultsError(f"--run-id {run_id}: a {run.data.tags.get('epdbench.kind', 'non-epdbench')} run; "
+                           "give the comparison (parent) run")
+    dest = dest or Path("results") / run.info.run_name
+    dest.mkdir(parents=True, exist_ok=True)
+    stored = {a.path for a in client.list_artifacts(run_id)}
+    for name in NEEDED:
+        if name not in stored:
+            raise ResultsError(f"--run-id {run_id}: the run has no {name} artifact; it cannot be re-rendered")
+        client.download_artifacts(run_id, name, str(dest))
+    return dest

@@ -1,0 +1,139 @@
+"""Checks shared by report tests: sections present, winners bold, every number of the headline and of
+the ratio lines equal to the summary's (formatted), every ratio recomputed from the summary."""
+from __future__ import annotations
+
+import re
+from html.parser import HTMLParser
+
+import pandas as pd
+
+from analysis.compare import MATCH_KEYS, REPORT_METRICS
+from analysis.metrics import LOWER_IS_BETTER
+from analysis.trials import aggregate_trials
+from reports.findings import METRIC_NAMES
+from reports.fmt import fmt
+from reports.render import COLUMN_TITLES
+
+SECTIONS = ["## Summary", "### What was compared", "### Headline findings", "## Environment", "## Plots",
+            "## Transport and stage verification", "## Benefits, trade-offs and limitations",
+            "## Comparison with previous runs"]
+HEADLINE = re.compile(r"At (?P<shape>.+?), concurrency (?P<c>\d+), (?P<label>.+?) (?:fell|rose) from (?P<a>[\d,.]+) \S+ "
+                      r"on (?P<base>\S+) to (?P<b>[\d,.]+) \S+ on (?P<cfg>\S+), (?:a )?(?P<f>[\d.]+)×")
+RATIO = re.compile(r"^- (?P<workload>\S+) @ c=(?P<c>\d+)(?: (?P<stream>\S+))?: (?P<title>.+?) (?P<best>\S+) "
+                   r"(?P<a>[\d,.]+) vs (?P<worst>\S+) (?P<b>[\d,.]+) — (?P<f>[\d.]+)× (lower|higher)$")
+LABEL_TO_METRIC = {label: m for m, (label, _) in METRIC_NAMES.items()}
+TITLE_TO_METRIC = {t: m for m, t in COLUMN_TITLES.items()}
+
+
+def trial_means(summary: pd.DataFrame) -> pd.DataFrame:
+    return aggregate_trials(summary).set_index(["config"] + MATCH_KEYS)
+
+
+def value(means: pd.DataFrame, config: str, suite: str, workload: str, concurrency: int, stream: str, metric: str):
+    return float(means.loc[(config, suite, workload, concurrency, stream), metric])
+
+
+def cell_of(summary: pd.DataFrame, shape: str, concurrency: int) -> tuple[str, str, str]:
+    """(suite, workload, stream) of a headline's 'workload (stream)' text."""
+    m = re.fullmatch(r"(.+?)(?: \((.+)\))?", shape)
+    workload, stream = m.group(1), m.group(2) or "main"
+    rows = summary[(summary["workload"] == workload) & (summary["stream"] == stream)
+                   & (summary["concurrency"] == concurrency)]
+    return rows["suite"].iloc[0], workload, stream
+
+
+def check_headline_matches_summary(report: str, summary: pd.DataFrame) -> int:
+    """Every headline number is the summary's (trial mean) value, every factor their exact ratio."""
+    means = trial_means(summary)
+    found = 0
+    for line in report.splitlines():
+        m = HEADLINE.search(line)
+        if not m:
+            continue
+        metric = LABEL_TO_METRIC[m["label"]]
+        suite, workload, stream = cell_of(summary, m["shape"], int(m["c"]))
+        base = value(means, m["base"], suite, workload, int(m["c"]), stream, metric)
+        other = value(means, m["cfg"], suite, workload, int(m["c"]), stream, metric)
+        assert m["a"] == fmt(base, metric) and m["b"] == fmt(other, metric), line
+        assert m["f"] == f"{max(base, other) / min(base, other):.1f}", line
+        found += 1
+    return found
+
+
+def check_ratio_lines_match_summary(report: str, summary: pd.DataFrame) -> int:
+    means = trial_means(summary)
+    suites = {}
+    found = 0
+    for line in report.splitlines():
+        if line.startswith("## Suite `"):
+            suite = line.split("`")[1]
+        m = RATIO.match(line)
+        if not m:
+            continue
+        metric = TITLE_TO_METRIC[m["title"]]
+        key = (suite, m["workload"], int(m["c"]), m["stream"] or "main")
+        best, worst = value(means, m["best"], *key, metric), value(means, m["worst"], *key, metric)
+        assert (m["a"], m["b"]) == (fmt(best, metric), fmt(worst, metric)), line
+        assert m["f"] == f"{max(best, worst) / min(best, worst):.1f}", line
+        suites[suite] = True
+        found += 1
+    return found
+
+
+def table_rows(report: str, suite: str) -> list[list[str]]:
+    block = report.split(f"## Suite `{suite}`", 1)[1].split("\n## ", 1)[0]
+    lines = [l for l in block.splitlines() if l.startswith("| ") and not l.startswith("| Config")]
+    return [[c.strip() for c in l.strip("|").split("|")] for l in lines]
+
+
+def number(text: str) -> float | None:
+    text = text.strip("*").split(" ")[0].replace(",", "")
+    return None if text == "—" else float(text)
+
+
+def check_bold_winners(report: str, suite: str) -> int:
+    """In every matched cell, the bold value is the best of the column; the others are not bold."""
+    rows = table_rows(report, suite)
+    groups: dict[tuple, list[list[str]]] = {}
+    for r in rows:
+        groups.setdefault((r[1], r[2]), []).append(r)
+    bold = 0
+    for group in groups.values():
+        for j, metric in enumerate(REPORT_METRICS, start=4):
+            texts = [r[j] for r in group]
+            values = [number(t) for t in texts if number(t) is not None]
+            if len(values) < 2:
+                continue
+            best = min(values) if metric in LOWER_IS_BETTER else max(values)
+            for t in texts:
+                if t.startswith("**"):
+                    assert number(t) == best, (metric, texts)
+                    bold += 1
+            if sum(number(t) == best for t in texts) == 1:
+                assert sum(t.startswith("**") for t in texts) == 1, (metric, texts)
+    return bold
+
+
+class Images(HTMLParser):
+    """Every <img src>, and every external reference (src/href that is not inline or in-page)."""
+
+    def __init__(self):
+        super().__init__()
+        self.images: list[str] = []
+        self.external: list[str] = []
+        self.tags: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        for name, val in attrs:
+            if name == "src" and tag == "img":
+                self.images.append(val)
+            if name in ("src", "href") and not (val.startswith("data:") or val.startswith("#")):
+                self.external.append(val)
+
+
+def parse_html(html: str) -> Images:
+    parser = Images()
+    parser.feed(html)
+    parser.close()
+    return parser

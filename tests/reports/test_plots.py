@@ -1,0 +1,44 @@
+"""reports/plots.py: three PNG plots per suite, captions from the data, nothing drawn without data."""
+from __future__ import annotations
+
+import pytest
+
+from analysis.metrics import summarize
+from reports.plots import suite_plots
+from tests.reports.synthetic_run import synthetic_records
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def run(tiny_spec):
+    records = synthetic_records(tiny_spec)
+    summary = summarize(records, {c.name: c.gpus for c in tiny_spec.configurations})
+    configs = [c.name for c in tiny_spec.configurations]
+    return records, summary, configs, suite_plots(summary, records, configs)
+
+
+def test_three_png_plots_per_suite(run, tiny_spec):
+    plots = run[3]
+    assert [p.name for p in plots] == [f"{s.name}-{kind}.png" for s in tiny_spec.suites
+                                      for kind in ("itl-cdf", "latency-vs-concurrency", "throughput-per-gpu")]
+    for p in plots:
+        assert p.png.startswith(PNG) and len(p.png) > 5000
+        assert p.data_uri().startswith("data:image/png;base64,iVBORw0KGgo")
+
+
+def test_cdf_caption_counts_the_summary_gaps(run):
+    _, summary, _, plots = run
+    cdf = next(p for p in plots if p.name == "mixed-itl-cdf.png")
+    burst = summary[(summary["suite"] == "mixed") & (summary["stream"] == "burst")]
+    assert "1024-2048/8 (burst), concurrency 2" in cdf.caption          # the longer stream
+    for _, r in burst.iterrows():
+        assert f"{r['config']} {r['n_itl_samples']}" in cdf.caption
+
+
+def test_no_throughput_plot_without_gpu_counts(run):
+    records, _, configs, _ = run
+    mm = records[records["suite"] == "mm"]
+    plots = suite_plots(summarize(mm), mm, configs)
+    assert [p.name for p in plots] == ["mm-itl-cdf.png", "mm-latency-vs-concurrency.png"]
+    assert suite_plots(summarize(records.iloc[0:0]), records.iloc[0:0], configs) == []
