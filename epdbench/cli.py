@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import sys
 from pathlib import Path
 
@@ -237,8 +238,14 @@ def cmd_compare(args) -> int:
         raise CliError(f"--out {out}: directory exists and is not empty; choose a new one or --resume it")
     settings = regression_settings(args)
     quiet_defaults()
-    from flows.compare import compare
+    from flows.compare import INTERRUPTED, compare
     from reports.terminal import print_summary
+
+    def on_sigint(signum, frame):
+        INTERRUPTED.set()
+        signal.default_int_handler(signum, frame)
+
+    signal.signal(signal.SIGINT, on_sigint)
 
     outcome = compare(spec, out_dir=out, tracking_uri=args.tracking_uri, trigger="cli",
                       run_name=Path(out).name if args.resume else None, resume=bool(args.resume),
@@ -418,7 +425,6 @@ def cmd_verify_transport(args) -> int:
 
 def terminate_children(grace_s: float = 5.0) -> None:
     """SIGTERM every direct child process still running, then SIGKILL what remains after grace_s."""
-    import signal
     import time
 
     def children() -> list[int]:

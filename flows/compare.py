@@ -8,6 +8,7 @@ import asyncio
 import datetime as dt
 import json
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -33,6 +34,11 @@ from tasks.results import append_records, read_records, write_json, write_summar
 from tasks.history import check_history, log_regression_check
 from tasks.report_files import write_report
 from tasks.tracking import Tracker
+
+# Set by the CLI's SIGINT handler: an interrupt that Prefect turns into another exception while a task
+# starts must still stop the run, not just fail the current configuration.
+INTERRUPTED = threading.Event()
+
 
 def say(msg: str) -> None:
     print(msg, flush=True)
@@ -201,6 +207,8 @@ def run_configuration(spec: ExperimentSpec, config: ConfigurationSpec, run: str,
     except CellTimeout as e:
         outcome.error = f"timed out: {e}"
     except Exception as e:  # noqa: BLE001 - a failed configuration must not stop the others
+        if INTERRUPTED.is_set():
+            raise KeyboardInterrupt from e
         outcome.error = f"{type(e).__name__}: {e}"
         traceback.print_exc(file=sys.stderr)
     finally:
@@ -271,6 +279,8 @@ def compare(spec: ExperimentSpec, out_dir: str | None = None, tracking_uri: str 
     progress = Progress(len(spec.configurations) * len(cells) * spec.trials)
     outcomes: dict[str, ConfigOutcome] = {}
     for config in spec.configurations:
+        if INTERRUPTED.is_set():
+            raise KeyboardInterrupt
         finished = publish.config_outcome(rdir, config.name) if resume else {}
         if finished.get("ok"):
             say(f"[{config.name}] already finished in this run, skipped (resume)")
