@@ -128,7 +128,7 @@ def test_prefix_cache_reuses_a_repeated_prompt_not_a_nonced_one(deploy, tiny_spe
 
 def test_decode_pulls_only_the_kv_it_does_not_hold(deploy, tiny_spec):
     dep = deploy("pd-tcp")
-    prefill, decode = dep.by_role("prefill")[0], dep.by_role("decode")[0]
+    prefill = dep.by_role("prefill")[0]
     prompt = " ".join(["shared"] * 1024)
 
     def kv_bytes():
