@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from analysis.metrics import METRIC_KEYS
+from tests.processes import marked_processes
 
 pytestmark = pytest.mark.e2e
 SUMMARY_REQUIRED = ["config", "suite", "workload", "concurrency", "stream", "requests_ok", "requests_total",
@@ -178,18 +179,6 @@ def test_bad_input_gets_one_line_and_exit_2(args, needle, tmp_path):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], proc.stderr
-
-
-def marked_processes(mark: str) -> list[int]:
-    """Processes whose environment carries the mark (every descendant inherits it)."""
-    out = []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if f"EPDBENCH_TEST_MARK={mark}".encode() in environ.read_bytes():
-                out.append(int(environ.parent.name))
-        except OSError:
-            continue
-    return out
 
 
 def test_interrupt_leaves_nothing_running(tmp_path, tiny_spec_path):

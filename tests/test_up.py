@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.processes import marked_processes
+
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).parents[1]
 
@@ -19,17 +21,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def marked(mark: str) -> list[int]:
-    out = []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if f"EPDBENCH_TEST_MARK={mark}".encode() in environ.read_bytes():
-                out.append(int(environ.parent.name))
-        except OSError:
-            continue
-    return out
 
 
 ARTIFACTS = ROOT / "tests" / "artifacts"
@@ -118,4 +109,4 @@ def test_up_adhoc_run_from_the_prefect_api_and_down(tmp_path):
                 up.kill()
     assert down.returncode == 0 and up.returncode == 0, down.stdout + down.stderr
     time.sleep(1)
-    assert not marked(mark), "a process started by `up` is still running"
+    assert not marked_processes(mark), "a process started by `up` is still running"
