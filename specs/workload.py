@@ -153,7 +153,8 @@ def _shape_for(spec: ExperimentSpec, cell: Cell, rng: random.Random) -> _Shape:
 
 def build_requests(spec: ExperimentSpec, cell: Cell, trial: int = 0, seed: int | None = None,
                    calibration: Calibration | None = None) -> list[RequestSpec]:
-    """Warm-up then measured requests of a cell. Trial-independent: every trial replays the same list."""
+    """Warm-up then measured requests of a cell. Every trial replays the same shapes and words, but with
+    fresh nonces and images, so a trial never hits the prefix or encoder cache filled by the one before."""
     seed = spec.seed if seed is None else seed
     cal = calibration or Calibration()
     out: list[RequestSpec] = []
@@ -163,7 +164,7 @@ def build_requests(spec: ExperimentSpec, cell: Cell, trial: int = 0, seed: int |
         phase = "warmup" if i < cell.n_warmup else "measured"
         rng = _rng(seed, cell.suite, cell.workload, cell.concurrency, cell.stream, i)
         shape = _shape_for(spec, cell, rng)
-        nonce = f"req{_hash(str(seed), cell.cell_id, str(i))}"
+        nonce = f"req{_hash(str(seed), cell.cell_id, str(i), str(trial))}"
         offset_s = None
         if phase == "measured" and cell.arrival == "burst":
             offset_s = ((i - cell.n_warmup) // cell.burst_size) * cell.burst_interval_s
@@ -176,7 +177,7 @@ def build_requests(spec: ExperimentSpec, cell: Cell, trial: int = 0, seed: int |
             continue
         key = "shared" if shape.reuse_image else i
         if key not in images:
-            data = synth_image(_rng(seed, cell.suite, cell.workload, cell.stream, "image", key), shape.image_px,
+            data = synth_image(_rng(seed, cell.suite, cell.workload, cell.stream, "image", key, trial), shape.image_px,
                                shape.image_format)
             images[key] = (data, _hash(data))
         data, ihash = images[key]

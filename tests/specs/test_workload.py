@@ -118,8 +118,8 @@ def test_build_requests_is_a_pure_function_of_spec_cell_and_seed(spec):
     first = build_requests(spec, c)
     assert build_requests(spec, c) == first
     assert build_requests(spec, c, seed=spec.seed) == first
-    # every trial replays the same list (matched replay)
-    assert build_requests(spec, c, trial=3) == first
+    # a later trial replays the same list but for the nonces (fresh caches), itself a pure function
+    assert build_requests(spec, c, trial=3) == build_requests(spec, c, trial=3) != first
     other = build_requests(spec, c, seed=spec.seed + 1)
     assert len(other) == len(first)
     assert all(a.payload["prompt"] != b.payload["prompt"] for a, b in zip(first, other))
@@ -194,3 +194,14 @@ def test_target_prompt_tokens_of_560px_image_on_smoke_model(spec):
     # 624 text + 23 chat template + 400 image tokens (560² px / 28² px), WORKLOADS.md: measured 1,047–1,050
     assert {r.target_prompt_tokens for r in reqs} == {624 + 23 + 400} == {1047}
     assert Image.open(io.BytesIO(decode_image(reqs[0]))).size == (560, 560)
+
+
+def test_each_trial_has_fresh_nonces_and_images_but_the_same_shapes():
+    spec = load_spec("smoke")
+    fixed = next(c for c in plan_cells(spec) if c.workload == "512/64")
+    t0, t1 = build_requests(spec, fixed, trial=0), build_requests(spec, fixed, trial=1)
+    assert [r.payload["prompt"].split()[1:] for r in t0] == [r.payload["prompt"].split()[1:] for r in t1]
+    assert all(a.payload["prompt"].split()[0] != b.payload["prompt"].split()[0] for a, b in zip(t0, t1))
+    mm = next(c for c in plan_cells(spec) if c.kind == "multimodal")
+    assert {r.image_hash for r in build_requests(spec, mm, trial=0)}.isdisjoint(
+        {r.image_hash for r in build_requests(spec, mm, trial=1)})
