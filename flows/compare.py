@@ -23,7 +23,7 @@ from analysis.trials import aggregate_trials
 from reports.findings import regression_line
 from reports.live import LiveCell
 from specs.models import ConfigurationSpec, ExperimentSpec, spec_to_yaml
-from specs.workload import Calibration, Cell, RequestSpec, build_requests, plan_cells, prompt_set_hash
+from specs.workload import Calibration, Cell, build_requests, plan_cells
 from tasks import evidence, publish
 from tasks.publish import roles_text
 from tasks.deployment import ProvisionError
@@ -85,18 +85,15 @@ def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run:
                  "workload": cell.workload, "stream": cell.stream, "concurrency": cell.concurrency}
                 for r in records_as_dicts(recs)]
 
-    def finish(batch: list[tuple[Cell, list[RequestSpec], list[dict]]], trial: int) -> None:
-        rows = [r for _, _, rs in batch for r in rs]
+    def finish(batch: list[tuple[Cell, list[dict]]], trial: int) -> None:
+        rows = [r for _, rs in batch for r in rs]
         append_records(Path(records_path), rows)
         summaries = summarize(pd.DataFrame(rows)).set_index("stream", drop=False)
-        for cell, requests, _ in batch:
-            s = summaries.loc[cell.stream].to_dict()
-            say(_cell_line(config, cell, trial, s))
+        for cell, cell_rows in batch:
+            say(_cell_line(config, cell, trial, summaries.loc[cell.stream].to_dict()))
             if progress:
                 progress.cell_done()
-            done.append({"cell": cell, "trial": trial, "summary": s, "rows": [r for c, _, rs in batch
-                                                                              if c == cell for r in rs],
-                         "prompt_set_hash": prompt_set_hash(requests)})
+            done.append({"cell": cell, "trial": trial, "rows": cell_rows})
 
     live = LiveCell()
 
@@ -124,7 +121,7 @@ def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run:
                     recs = await bounded(f"{suite} (mixed) trial {trial}", sum(map(len, requests)),
                                          lg.run_streams([(r, c.concurrency) for r, c in zip(requests, cells)],
                                                         live.on_record))
-                    finish([(c, q, rows_of(c, trial, rs)) for c, q, rs in zip(cells, requests, recs)], trial)
+                    finish([(c, rows_of(c, trial, rs)) for c, rs in zip(cells, recs)], trial)
                     continue
                 for cell in cells:
                     if (cell.cell_id, trial) in skip:
@@ -134,7 +131,7 @@ def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run:
                     requests = build_requests(spec, cell, trial, calibration=cal)
                     recs = await bounded(f"{suite} {cell.workload} c={cell.concurrency} trial {trial}", len(requests),
                                          lg.run_cell(requests, cell.concurrency, live.on_record))
-                    finish([(cell, requests, rows_of(cell, trial, recs))], trial)
+                    finish([(cell, rows_of(cell, trial, recs))], trial)
 
     asyncio.run(go())
     return done
