@@ -2,7 +2,11 @@
 engine/router 'pod' with its log file and metrics URL. Shared by the sim and Kubernetes targets."""
 from __future__ import annotations
 
+import json
 import subprocess
+import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -36,3 +40,20 @@ class Deployment:
     @property
     def engines(self) -> list[Process]:
         return [p for p in self.processes if p.role != "router"]
+
+
+def probe_until_served(url: str, body: dict, headers: dict, deadline: float, interval_s: float) -> None:
+    """POST a tiny request to `url` until it answers 200; ProvisionError with the last failure at `deadline`."""
+    data = json.dumps(body).encode()
+    last = "no answer"
+    while time.monotonic() < deadline:
+        request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **headers})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as r:
+                if r.status == 200:
+                    return
+                last = f"HTTP {r.status}"
+        except (urllib.error.URLError, OSError) as e:
+            last = str(e)
+        time.sleep(interval_s)
+    raise ProvisionError(f"router did not serve a probe request at {url} in time: {last}")

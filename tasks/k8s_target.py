@@ -5,10 +5,7 @@ Deployment and stop(Deployment); failures raise ProvisionError with the cluster'
 from __future__ import annotations
 
 import atexit
-import json
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -18,7 +15,7 @@ from manifests.render import (ENGINE_PORT, LABEL_ROLE, ROUTER_PORT, ManifestErro
                               uses_rdma, validate_manifests)
 from specs.models import ConfigurationSpec, ExperimentSpec, KubernetesTargetSpec
 from tasks import k8s_status as status
-from tasks.deployment import Deployment, Process, ProvisionError
+from tasks.deployment import Deployment, Process, ProvisionError, probe_until_served
 from tasks.k8s_access import open_access
 from tasks.k8s_api import LABELLED_KINDS, KubeApi, KubeApiError, connect
 from tasks.results import write_json
@@ -248,21 +245,10 @@ def process_for(dep: KubeDeployment, config: ConfigurationSpec, pod: dict) -> Ku
 
 def smoke_chat(url: str, model: str, deadline: float) -> None:
     """One tiny chat completion through the router (every router, EPD proxy included, serves chat)."""
-    body = json.dumps({"model": model, "max_tokens": 2,
-                       "messages": [{"role": "user", "content": "epdbench readiness probe"}]}).encode()
-    last = "no answer"
-    while time.monotonic() < deadline:
-        request = urllib.request.Request(url + "/v1/chat/completions", data=body,
-                                         headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=30) as r:
-                if r.status == 200:
-                    return
-                last = f"HTTP {r.status}"
-        except (urllib.error.URLError, OSError) as e:
-            last = str(e)
-        time.sleep(1.0)
-    raise ProvisionError(f"router at {url} did not answer a probe chat completion in {SMOKE_TIMEOUT_S} s: {last}")
+    probe_until_served(url + "/v1/chat/completions",
+                       {"model": model, "max_tokens": 2,
+                        "messages": [{"role": "user", "content": "epdbench readiness probe"}]},
+                       {}, deadline, interval_s=1.0)
 
 
 def log_name(process: str, container: str, containers: list[str], previous: bool = False) -> str:

@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 
 from specs.models import ConfigurationSpec, ExperimentSpec
-from tasks.deployment import Deployment, Process, ProvisionError
+from tasks.deployment import Deployment, Process, ProvisionError, probe_until_served
 
 _LIVE: set[subprocess.Popen] = set()
 
@@ -166,22 +166,10 @@ def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_
 
 def smoke_request(url: str, model: str, deadline: float) -> None:
     """One tiny completion through the router proves the whole path serves."""
-    import json
-    body = json.dumps({"model": model, "prompt": "epdbench readiness probe", "max_tokens": 2,
-                       "request_id": "epdbench-probe"}).encode()
-    last = ""
-    while time.monotonic() < deadline:
-        try:
-            req = urllib.request.Request(url + "/v1/completions", data=body,
-                                         headers={"Content-Type": "application/json", "X-Request-Id": "epdbench-probe"})
-            with urllib.request.urlopen(req, timeout=30) as r:
-                if r.status == 200:
-                    return
-                last = f"HTTP {r.status}"
-        except (urllib.error.URLError, OSError) as e:
-            last = str(e)
-        time.sleep(0.5)
-    raise ProvisionError(f"router at {url} did not serve a probe request in time: {last}")
+    probe_until_served(url + "/v1/completions",
+                       {"model": model, "prompt": "epdbench readiness probe", "max_tokens": 2,
+                        "request_id": "epdbench-probe"},
+                       {"X-Request-Id": "epdbench-probe"}, deadline, interval_s=0.5)
 
 
 def stop(dep: Deployment) -> None:
