@@ -1,8 +1,10 @@
 """Matched, seeded workloads: the request list of a cell is a pure function of (spec, cell, seed,
 calibration).
 
-Every configuration receives exactly the same prompts and images. Each prompt starts with a unique
-nonce so prefix caching cannot inflate results (unless a suite reuses an image on purpose).
+Every configuration receives exactly the same prompts and images. Each prompt's text starts with a
+unique nonce, and no image is sent in two cells (images come before the text in a chat prompt, so a
+shared image would be a shared prefix), so neither the prefix cache nor the encoder cache can inflate
+results, except where a suite reuses one image within a cell on purpose.
 Prompt lengths are hit through a calibration measured once per run against the endpoint's own
 /tokenize (see tasks/calibrate.py); without one, one word counts as one token.
 """
@@ -177,8 +179,8 @@ def build_requests(spec: ExperimentSpec, cell: Cell, trial: int = 0, seed: int |
             continue
         key = "shared" if shape.reuse_image else i
         if key not in images:
-            data = synth_image(_rng(seed, cell.suite, cell.workload, cell.stream, "image", key, trial), shape.image_px,
-                               shape.image_format)
+            data = synth_image(_rng(seed, cell.suite, cell.workload, cell.concurrency, cell.stream, "image", key,
+                                    trial), shape.image_px, shape.image_format)
             images[key] = (data, _hash(data))
         data, ihash = images[key]
         img_tok = image_tokens(spec.model, shape.image_px, shape.image_px)

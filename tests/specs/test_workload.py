@@ -183,6 +183,24 @@ def test_one_image_with_reuse(spec):
     assert len({r.prompt_hash for r in reqs}) == len(reqs)
 
 
+def test_no_image_is_sent_in_two_cells_of_the_published_preset():
+    # An image placed before the nonced text is a shared prefix: reusing it across cells (say, c=1's images
+    # again at c=4) would hand later cells prefix- and encoder-cache hits the suite never asked for.
+    spec = load_spec("epd-multimodal")
+    seen: dict[str, str] = {}
+    reused = expected = 0
+    for c in plan_cells(spec):
+        expected += 1 if c.suite == "mm-reuse" else c.n_warmup + c.n_measured
+        hashes = {r.image_hash for r in build_requests(spec, c)}
+        if c.suite == "mm-reuse":
+            assert len(hashes) == 1
+            reused += 1
+        for h in hashes:
+            assert h not in seen, f"image {h} of {c.cell_id} was already sent in {seen[h]}"
+            seen[h] = c.cell_id
+    assert reused == 2 and len(seen) == expected
+
+
 def test_images_are_seeded(spec):
     c = cell(spec, "mm", "small", 2)
     assert [decode_image(r) for r in build_requests(spec, c)] == [decode_image(r) for r in build_requests(spec, c)]
