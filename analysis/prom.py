@@ -72,3 +72,21 @@ def hit_rate(hits: float | None, queries: float | None) -> float | None:
     if not queries:
         return None
     return (hits or 0.0) / queries
+
+
+def cache_by_role(metrics_delta: dict[str, dict[str, float]]) -> dict[str, dict[str, float | None]]:
+    """Per role, what the caches served over a window: prefix-cache hits over queried prompt tokens,
+    encoder (multimodal) cache hits over queried items, and prompt tokens received by KV transfer.
+    Roles whose counters show no cache activity are left out."""
+    out: dict[str, dict[str, float | None]] = {}
+    for role, d in metrics_delta.items():
+        view = {
+            "prefix_queries": d.get("prefix_cache_queries") or 0.0,
+            "prefix_hit_rate": hit_rate(d.get("prefix_cache_hits"), d.get("prefix_cache_queries")),
+            "mm_queries": d.get("mm_cache_queries") or 0.0,
+            "mm_hit_rate": hit_rate(d.get("mm_cache_hits"), d.get("mm_cache_queries")),
+            "kv_transfer_tokens": d.get("prompt_tokens_external_kv_transfer") or 0.0,
+        }
+        if view["prefix_queries"] or view["mm_queries"] or view["kv_transfer_tokens"]:
+            out[role] = view
+    return out

@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--data-dir", default=".epdbench", help="stores and logs (default: .epdbench)")
     u.add_argument("--nightly-cron", default="0 2 * * *", help="schedule of nightly-comparison (default: 02:00)")
     u.add_argument("--timezone", default="UTC", help="time zone of the schedule (default: UTC)")
-    u.add_argument("--nightly-preset", default="smoke", choices=["smoke", "pd-text", "epd-multimodal"])
+    u.add_argument("--nightly-preset", default="smoke", choices=["smoke", "pd-text", "epd-multimodal", "epd-reuse"])
 
     d = sub.add_parser("down", help="stop what 'epdbench up' started")
     d.add_argument("--data-dir", default=".epdbench")

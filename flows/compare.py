@@ -18,6 +18,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from analysis.metrics import summarize
+from analysis.prom import cache_by_role
 from analysis.regression import RegressionSettings
 from analysis.trials import aggregate_trials
 from reports.findings import regression_line
@@ -379,8 +380,7 @@ def verdict_view(o: ConfigOutcome) -> dict:
         "suites": {name: {"verdict": s["verdict"], "fraction_seen": s["fraction_seen"],
                           "kv_bytes": sum(d.get("mooncake_bytes_transferred", 0) for r, d in s["metrics_delta"].items()
                                           if r == "prefill"),
-                          "mm_cache_hit_rate": next((d["mm_cache_hit_rate"] for d in s["metrics_delta"].values()
-                                                     if d.get("mm_cache_hit_rate") is not None), None)}
+                          "cache": cache_by_role(s["metrics_delta"])}
                    for name, s in st.get("suites", {}).items()},
     }
 
@@ -397,6 +397,7 @@ def report_meta(spec: ExperimentSpec, run: str, outcomes: dict[str, ConfigOutcom
                             "router": outcomes[c.name].router if c.name in outcomes else ""}
                            for c in spec.configurations],
         "failures": {n: o.error for n, o in outcomes.items() if o.error},
+        "reuse_suites": [s.name for s in spec.suites if getattr(s, "reuse_image", False)],
     }
 
 

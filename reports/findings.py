@@ -56,7 +56,7 @@ def short_movement(c: Change) -> str:
 
 def headline_sentence(f: Finding) -> str:
     c = f.change
-    text = f"At {cell_text(c.workload, c.concurrency, c.stream)}, {movement(c)}, {size(c)}"
+    text = f"In suite {c.suite}, at {cell_text(c.workload, c.concurrency, c.stream)}, {movement(c)}, {size(c)}"
     if c.better:
         tail = (f"; the trade-off: {short_movement(f.counterpart)}" if f.counterpart
                 else "; no other headline metric got worse in that cell")
@@ -273,3 +273,76 @@ def history_view(check: dict | None, meta: dict, metrics: list[str]) -> dict:
         view["flags"] = [flag_sentence(j) for j in check["judgements"] if j["status"] in FLAGGED]
         view["rows"] = delta_table(check["judgements"], metrics)
     return view
+
+
+# Where each cache saves compute: the encoder cache on the role that runs the vision encoder, the prefix
+# cache on the role that prefills (first role present wins).
+ENCODER_ROLES = ("encode", "server", "prefill")
+PREFILL_ROLES = ("server", "prefill")
+
+
+def percent(rate: float | None) -> str:
+    return "—" if rate is None else f"{100 * rate:.0f}%"
+
+
+def cache_text(cache: dict[str, dict]) -> str | None:
+    """One role after the other: what its prefix and encoder caches served, and the prompt tokens it
+    received by KV transfer, over a suite's window."""
+    parts = []
+    for role, c in cache.items():
+        bits = []
+        if c.get("prefix_queries"):
+            bits.append(f"prefix-cache hits {percent(c['prefix_hit_rate'])} of {c['prefix_queries']:,.0f} prompt tokens")
+        if c.get("mm_queries"):
+            bits.append(f"encoder-cache hits {percent(c['mm_hit_rate'])} of {c['mm_queries']:,.0f} images")
+        if c.get("kv_transfer_tokens"):
+            bits.append(f"{c['kv_transfer_tokens']:,.0f} prompt tokens received by KV transfer")
+        if bits:
+            parts.append(f"{role}: {', '.join(bits)}")
+    return "; ".join(parts) or None
+
+
+def role_rate(cache: dict[str, dict], roles: tuple[str, ...], key: str) -> tuple[str | None, float | None]:
+    """(role, hit rate) of the first role in `roles` that queried that cache."""
+    queries = "mm_queries" if key == "mm_hit_rate" else "prefix_queries"
+    for role in roles:
+        if cache.get(role, {}).get(queries):
+            return role, cache[role][key]
+    return None, None
+
+
+def reuse_view(meta: dict, agg: pd.DataFrame, verdicts: dict) -> dict | None:
+    """What reusing one image bought, per configuration. Each cell of a reuse suite is paired with the
+    same workload and concurrency in a suite with unique images (the control), when the spec has one;
+    the cache-hit rates of both suites say which cache served the reuse."""
+    reuse = [s for s in meta.get("reuse_suites", []) if not agg.empty and s in set(agg["suite"])]
+    if not reuse:
+        return None
+    unique = agg[~agg["suite"].isin(meta.get("reuse_suites", []))]
+    rows = []
+    for _, r in agg[agg["suite"].isin(reuse)].iterrows():
+        ctrl = unique[(unique["config"] == r["config"]) & (unique["workload"] == r["workload"])
+                      & (unique["concurrency"] == r["concurrency"]) & (unique["stream"] == r["stream"])]
+        c = ctrl.iloc[0] if len(ctrl) else None
+        caches = {s: verdicts.get(r["config"], {}).get("suites", {}).get(s, {}).get("cache", {})
+                  for s in (r["suite"], c["suite"] if c is not None else None) if s}
+        enc_role, enc = role_rate(caches[r["suite"]], ENCODER_ROLES, "mm_hit_rate")
+        pre_role, pre = role_rate(caches[r["suite"]], PREFILL_ROLES, "prefix_hit_rate")
+        row = {"config": r["config"], "suite": r["suite"], "workload": r["workload"],
+               "concurrency": int(r["concurrency"]), "ttft": fmt(r.get("ttft_p50_ms"), "ttft_p50_ms"),
+               "control_suite": None, "control_ttft": "—", "gain": "—",
+               "encoder": f"{percent(enc)} ({enc_role})" if enc_role else "—",
+               "prefix": f"{percent(pre)} ({pre_role})" if pre_role else "—"}
+        if c is not None:
+            row["control_suite"] = c["suite"]
+            row["control_ttft"] = fmt(c.get("ttft_p50_ms"), "ttft_p50_ms")
+            a, b = r.get("ttft_p50_ms"), c.get("ttft_p50_ms")
+            if a and b and not (pd.isna(a) or pd.isna(b)):
+                row["gain"] = f"{factor_text(b / a)} {'lower' if a < b else 'higher'}"
+            cc = caches[c["suite"]]
+            row["encoder"] += f" vs {percent(role_rate(cc, ENCODER_ROLES, 'mm_hit_rate')[1])}" if enc_role else ""
+            row["prefix"] += f" vs {percent(role_rate(cc, PREFILL_ROLES, 'prefix_hit_rate')[1])}" if pre_role else ""
+        rows.append(row)
+    controlled = any(row["control_suite"] for row in rows)
+    return {"rows": rows, "controlled": controlled, "suites": reuse,
+            "controls": sorted({row["control_suite"] for row in rows if row["control_suite"]})}

@@ -17,7 +17,8 @@ from analysis.headline import MIN_HEADLINE_FACTOR, baseline_config, changes_vs_b
 from analysis.regression import REGRESSION_METRICS
 from analysis.samples import early_stops, prompt_fit
 from analysis.trials import aggregate_trials, low_support
-from reports.findings import benefits, headline_sentence, history_view, limitations, suite_prose
+from reports.findings import (benefits, cache_text, headline_sentence, history_view, limitations, reuse_view,
+                              suite_prose)
 from reports.fmt import fmt
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
@@ -37,6 +38,7 @@ def make_env(template_dir: Path = TEMPLATE_DIR, html: bool = False) -> jinja2.En
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
                              autoescape=html)
     env.filters["toyaml"] = lambda v: yaml.safe_dump(v, sort_keys=False).rstrip()
+    env.filters["cache_text"] = lambda cache: cache_text(cache or {})
     return env
 
 
@@ -130,6 +132,7 @@ def report_context(meta: dict, summary: pd.DataFrame, verdicts: dict[str, dict],
         "headline_min_factor": f"{MIN_HEADLINE_FACTOR:g}×",
         "n_compared": int(summary["config"].nunique()) if not summary.empty else 0,
         "benefits": benefits(tallies(changes)),
+        "reuse": reuse_view(meta, agg, verdicts),
         "limitations": limitations(meta, summary, agg, verdicts, prompt_fit(records), early_stops(records)),
         "plot_groups": plot_groups(plots),
         "verdicts": in_configuration_order(verdicts, meta["configurations"]),

@@ -24,7 +24,7 @@ from sim import logfmt
 from sim.costmodel import CostModel, image_tokens, transfer_seconds
 from sim.engine import Engine, Sequence
 from sim.prefix_cache import PrefixCache
-from sim.tokenizer import chat_parts, image_hash, image_size, prompt_ids
+from sim.tokenizer import chat_parts, image_end_positions, image_hash, image_size, prompt_ids
 from specs.models import ConfigurationSpec, ExperimentSpec, load_spec
 
 OUTPUT_WORDS = ["the", "model", "answers", "with", "tokens", "that", "stream", "back", "to", "you"]
@@ -70,6 +70,7 @@ class Replica:
         self.link_lock = asyncio.Lock()                   # the sending pod's NIC(s): one transfer at a time
         self.encoder_lock = asyncio.Lock()                # the encode replica's GPU
         self.encoder_cache: set[str] = set()
+        self.encoding: dict[str, asyncio.Future] = {}     # image hash -> its encode in progress
         self.prefix_cache = (PrefixCache(self.kv_capacity_tokens())
                              if spec.engine.enable_prefix_caching and role in ("server", "prefill", "decode")
                              else None)
@@ -137,22 +138,23 @@ class Replica:
         self.api_log(f"Starting vLLM API server 0 on http://{self.host}:{self.port}", file="launcher.py")
 
     # --- request parsing -----------------------------------------------------------------
-    def parse(self, body: dict, chat: bool) -> tuple[list[int], list[bytes]]:
-        """(prompt token ids, raw images) of a request body."""
+    def parse(self, body: dict, chat: bool) -> tuple[list[int], list[bytes], list[int]]:
+        """(prompt token ids, raw images, where each image's tokens end) of a request body."""
         if chat:
             text, images = chat_parts(body.get("messages") or [])
             placed = [(image_hash(b), image_tokens(self.spec.model, *image_size(b))) for b in images]
-            return prompt_ids(text, placed, True, self.spec.model.chat_overhead_tokens), images
+            overhead = self.spec.model.chat_overhead_tokens
+            return prompt_ids(text, placed, True, overhead), images, image_end_positions(placed, overhead)
         prompt = body.get("prompt", "")
         if isinstance(prompt, list):
             prompt = " ".join(str(p) for p in prompt)
-        return prompt_ids(prompt, [], False, 0), []
+        return prompt_ids(prompt, [], False, 0), [], []
 
     # --- handlers --------------------------------------------------------------------------
     async def generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         try:
             body = await request.json()
-            ids, images = self.parse(body, chat)
+            ids, images, image_ends = self.parse(body, chat)
             prompt_tokens = len(ids)
         except (ValueError, json.JSONDecodeError, OSError) as e:
             return web.json_response({"error": {"message": f"bad request: {e}", "code": 400}}, status=400)
@@ -182,8 +184,12 @@ class Replica:
             if self.role == "encode":
                 await self.encode_images(rid, images, hashes)
                 return await self.respond_prefill_only(request, body, rid, seq, chat, kvp=None)
-            if cached < len(ids) - 1 or not images:   # images inside a cached prefix need no encoder
-                seq.image_tokens = await self.image_work(rid, body, images, hashes)
+            # As vLLM's scheduler: an image whose tokens lie inside the cached prefix needs neither the
+            # encoder nor its encoder output (its KV is already there).
+            todo = [i for i, end in enumerate(image_ends) if end > cached]
+            if todo:
+                seq.image_tokens = await self.image_work(rid, body, [images[i] for i in todo],
+                                                         [hashes[i] for i in todo])
             if self.role == "decode" and kvp.get("do_remote_prefill"):
                 ok = await self.pull_kv(rid, kvp, prompt_tokens - cached)
                 if ok:
@@ -238,18 +244,35 @@ class Replica:
         return todo
 
     async def encode_images(self, rid: str, images: list[bytes], hashes: list[str]) -> None:
+        """Run the vision encoder on the images not in the encoder cache. As vLLM's encoder cache manager,
+        an image already being encoded for another request is a hit: this request waits for that output."""
         todo = cached = 0
+        mine: list[str] = []
+        waits: list[asyncio.Future] = []
         for h, b in zip(hashes, images):
             self.counters.mm_cache_queries += 1
-            if h in self.encoder_cache:
+            if h in self.encoder_cache or h in self.encoding:
                 self.counters.mm_cache_hits += 1
                 cached += 1
+                if h in self.encoding:
+                    waits.append(self.encoding[h])
                 continue
-            todo += image_tokens(self.spec.model, *image_size(b))
-        async with self.encoder_lock:
-            seconds = self.cost.encode_seconds(todo) + (self.spec.hardware.step_overhead_ms / 1e3 if todo else 0)
-            await asyncio.sleep(seconds)
-        self.encoder_cache.update(hashes)
+            if h not in mine:
+                mine.append(h)
+                self.encoding[h] = asyncio.get_running_loop().create_future()
+                todo += image_tokens(self.spec.model, *image_size(b))
+        try:
+            async with self.encoder_lock:
+                seconds = self.cost.encode_seconds(todo) + (self.spec.hardware.step_overhead_ms / 1e3 if todo else 0)
+                await asyncio.sleep(seconds)
+            self.encoder_cache.update(mine)
+        finally:
+            for h in mine:
+                fut = self.encoding.pop(h)
+                if not fut.done():
+                    fut.set_result(None)
+        if waits:
+            await asyncio.gather(*waits)
         self.engine_log(f"Encoded {len(images)} image(s) for {rid}: {todo} tokens computed, "
                         f"{cached} image(s) from cache "
                         f"in {seconds * 1e3:.1f} ms; ec_producer stored {','.join(hashes)} "
@@ -453,7 +476,7 @@ class Replica:
 
     async def tokenize(self, request: web.Request) -> web.Response:
         body = await request.json()
-        ids, _ = self.parse(body, chat="messages" in body)
+        ids, _, _ = self.parse(body, chat="messages" in body)
         return web.json_response({"count": len(ids), "max_model_len": self.spec.engine.max_model_len,
                                   "tokens": ids})
 

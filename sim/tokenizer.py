@@ -58,6 +58,16 @@ def chat_parts(messages: list[dict]) -> tuple[str, list[bytes]]:
     return " ".join(texts), images
 
 
+def image_end_positions(images: list[tuple[str, int]], chat_overhead: int) -> list[int]:
+    """Where each image's placeholder tokens end in a chat prompt built by prompt_ids: an image whose
+    end lies inside the cached prefix needs no encoder work (its KV is already there)."""
+    pos, out = chat_overhead * 2 // 3, []
+    for _, n in images:
+        pos += n
+        out.append(pos)
+    return out
+
+
 def prompt_ids(text: str, images: list[tuple[str, int]], chat: bool, chat_overhead: int) -> list[int]:
     """Token ids of a prompt: for chat, the template's opening tokens, each image's placeholder tokens
     (ids derived from the image hash, so the same image gives the same ids), the text, the template's

@@ -105,12 +105,19 @@ def test_stage_correlation_and_per_suite_deltas(run):
                           "pd-rdma": ["decode", "prefill"], "epd": ["decode", "encode", "prefill"]}.items():
         stages = json.loads((out / f"evidence/{config}/stages.json").read_text())
         assert stages["fraction_seen"] == {r: 1.0 for r in roles}, config
-        assert set(stages["suites"]) == {"fixed", "mm", "mixed"}
+        assert set(stages["suites"]) == {"fixed", "mm", "mm-reuse", "mixed"}
     pd_tcp = json.loads((out / "evidence/pd-tcp/stages.json").read_text())["suites"]
     kv_bytes = pd_tcp["fixed"]["metrics_delta"]["prefill"]["mooncake_bytes_transferred"]
     assert kv_bytes == (1 + 8) * 4096 * 57344          # warm-up + measured requests of the suite, no probe
     epd = json.loads((out / "evidence/epd/stages.json").read_text())["suites"]["mm"]["metrics_delta"]
     assert epd["encode"]["mm_cache_queries"] == 2 and epd["encode"]["mm_cache_hits"] == 0
+    # mm-reuse sends mm's cell with one image, two requests at once: the second waits for the first's
+    # encode instead of running the encoder again (a hit, as in vLLM's encoder cache manager)
+    reuse = json.loads((out / "evidence/epd/stages.json").read_text())["suites"]["mm-reuse"]["metrics_delta"]
+    assert reuse["encode"]["mm_cache_queries"] == 2 and reuse["encode"]["mm_cache_hits"] == 1
+    report = (out / "report.md").read_text()
+    assert "### Image reuse" in report and "each of its cells is set against the same cell" in report
+    assert "| epd | 1k:560px+200/8 | 2 |" in report and "50% (encode) vs 0%" in report
     transport = json.loads((out / "evidence/pd-tcp/transport.json").read_text())
     assert transport["throughput_mb_s_max"] > 0 and transport["failed_transfers"] == 0
     assert "## Transport and stage verification" in (out / "report.md").read_text()
@@ -152,7 +159,7 @@ def test_mlflow_holds_comparison_configuration_and_cell_runs(run):
     assert len(kinds["configuration"]) == 4
     assert all(r.data.tags["mlflow.parentRunId"] == parent.info.run_id for r in kinds["configuration"])
     config_ids = {r.info.run_id for r in kinds["configuration"]}
-    assert len(kinds["cell"]) == 4 * 4          # fixed, mm, and the two streams of mixed
+    assert len(kinds["cell"]) == 4 * 5          # fixed, mm, mm-reuse, and the two streams of mixed
     for r in kinds["cell"]:
         assert r.data.tags["mlflow.parentRunId"] in config_ids
         assert set(METRIC_KEYS) <= set(r.data.metrics)

@@ -17,7 +17,7 @@ from reports.render import COLUMN_TITLES
 SECTIONS = ["## Summary", "### What was compared", "### Headline findings", "## Environment", "## Plots",
             "## Transport and stage verification", "## Benefits, trade-offs and limitations",
             "## Comparison with previous runs"]
-HEADLINE = re.compile(r"At (?P<shape>.+?), concurrency (?P<c>\d+), (?P<label>.+?) (?:fell|rose) from (?P<a>[\d,.]+) \S+ "
+HEADLINE = re.compile(r"In suite (?P<suite>\S+), at (?P<shape>.+?), concurrency (?P<c>\d+), (?P<label>.+?) (?:fell|rose) from (?P<a>[\d,.]+) \S+ "
                       r"on (?P<base>\S+) to (?P<b>[\d,.]+) \S+ on (?P<cfg>\S+), (?:a )?(?P<f>[\d.]+)×")
 RATIO = re.compile(r"^- (?P<workload>\S+) @ c=(?P<c>\d+)(?: (?P<stream>\S+))?: (?P<title>.+?) (?P<best>\S+) "
                    r"(?P<a>[\d,.]+) vs (?P<worst>\S+) (?P<b>[\d,.]+) — (?P<f>[\d.]+)× (lower|higher)$")
@@ -33,13 +33,10 @@ def value(means: pd.DataFrame, config: str, suite: str, workload: str, concurren
     return float(means.loc[(config, suite, workload, concurrency, stream), metric])
 
 
-def cell_of(summary: pd.DataFrame, shape: str, concurrency: int) -> tuple[str, str, str]:
-    """(suite, workload, stream) of a headline's 'workload (stream)' text."""
+def cell_of(shape: str) -> tuple[str, str]:
+    """(workload, stream) of a headline's 'workload (stream)' text."""
     m = re.fullmatch(r"(.+?)(?: \((.+)\))?", shape)
-    workload, stream = m.group(1), m.group(2) or "main"
-    rows = summary[(summary["workload"] == workload) & (summary["stream"] == stream)
-                   & (summary["concurrency"] == concurrency)]
-    return rows["suite"].iloc[0], workload, stream
+    return m.group(1), m.group(2) or "main"
 
 
 def check_headline_matches_summary(report: str, summary: pd.DataFrame) -> int:
@@ -51,7 +48,8 @@ def check_headline_matches_summary(report: str, summary: pd.DataFrame) -> int:
         if not m:
             continue
         metric = LABEL_TO_METRIC[m["label"]]
-        suite, workload, stream = cell_of(summary, m["shape"], int(m["c"]))
+        suite = m["suite"]
+        workload, stream = cell_of(m["shape"])
         base = value(means, m["base"], suite, workload, int(m["c"]), stream, metric)
         other = value(means, m["cfg"], suite, workload, int(m["c"]), stream, metric)
         assert m["a"] == fmt(base, metric) and m["b"] == fmt(other, metric), line

@@ -74,7 +74,22 @@ def synthetic_meta(spec: ExperimentSpec, failures: dict | None = None) -> dict:
                                 "gpus": c.gpus, "transport": c.kv_transport,
                                 "router": "epdbench-proxy" if c.topology == "epd" else "vllm-router"}
                                for c in spec.configurations],
-            "failures": failures or {}}
+            "failures": failures or {},
+            "reuse_suites": [s.name for s in spec.suites if getattr(s, "reuse_image", False)]}
+
+
+def synthetic_cache(config, suite) -> dict:
+    """Per-role cache view of a suite: the prefilling role queries its prefix cache, the role that runs the
+    vision encoder its encoder cache; a suite that reuses its image hits both."""
+    reuse = getattr(suite, "reuse_image", False)
+    prefill_role = "server" if config.topology == "aggregated" else "prefill"
+    view = {prefill_role: {"prefix_queries": 32768.0, "prefix_hit_rate": 0.82 if reuse else 0.0,
+                           "mm_queries": 0.0, "mm_hit_rate": None, "kv_transfer_tokens": 0.0}}
+    if suite.kind == "multimodal":
+        encoder_role = "encode" if config.topology == "epd" else prefill_role
+        view.setdefault(encoder_role, {"prefix_queries": 0.0, "prefix_hit_rate": None, "kv_transfer_tokens": 0.0})
+        view[encoder_role].update({"mm_queries": 8.0, "mm_hit_rate": 0.875 if reuse else 0.0})
+    return view
 
 
 def synthetic_verdicts(spec: ExperimentSpec, transport: dict | None = None) -> dict:
@@ -95,6 +110,6 @@ def synthetic_verdicts(spec: ExperimentSpec, transport: dict | None = None) -> d
             "per_role": {r: {"completions": 8, "renders": 0, "errors": 0, "local_prefills": 0, "request_ids": 8}
                          for r in roles},
             "suites": {s.name: {"verdict": "emulated", "fraction_seen": {r: 1.0 for r in roles},
-                                "kv_bytes": 2.0e9 if kv else 0, "mm_cache_hit_rate": None} for s in spec.suites},
+                                "kv_bytes": 2.0e9 if kv else 0, "cache": synthetic_cache(c, s)} for s in spec.suites},
         }
     return out

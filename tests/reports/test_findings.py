@@ -1,8 +1,11 @@
 """reports/findings.py: the one-line regression verdict and the limitations, from data."""
 from __future__ import annotations
 
+import pandas as pd
+
 from analysis.samples import EarlyStops, PromptFit
-from reports.findings import early_stop_line, gpu_budget_line, prompt_line, regression_line, trials_line
+from reports.findings import (cache_text, early_stop_line, gpu_budget_line, prompt_line, regression_line, reuse_view,
+                              trials_line)
 
 
 def check(regressions: int, improvements: int, flagged: list[str]) -> dict:
@@ -31,3 +34,48 @@ def test_limitation_lines_state_the_data():
     stops = EarlyStops(100, 12, [("epd", "mm", "1k/128", 8, 12, 24)])
     assert early_stop_line(stops) == ("12 of 100 measured requests stopped before max_tokens (epd mm 1k/128 c=8: "
                                       "12/24): their cells count fewer output tokens.")
+
+
+def cache(rate_prefix, rate_mm, role_mm="encode", role_prefix="prefill", kv=0.0):
+    out = {role_prefix: {"prefix_queries": 180_760.0, "prefix_hit_rate": rate_prefix, "mm_queries": 0.0,
+                         "mm_hit_rate": None, "kv_transfer_tokens": kv}}
+    out.setdefault(role_mm, {"prefix_queries": 0.0, "prefix_hit_rate": None, "kv_transfer_tokens": 0.0})
+    out[role_mm].update({"mm_queries": 40.0, "mm_hit_rate": rate_mm})
+    return out
+
+
+def agg_rows(rows):
+    return pd.DataFrame([{"config": c, "suite": s, "workload": "reuse-8k:1792px+400/64", "concurrency": 8,
+                          "stream": "main", "ttft_p50_ms": t} for c, s, t in rows])
+
+
+def test_cache_text_names_each_role_and_what_its_caches_served():
+    text = cache_text(cache(0.82, 0.9, kv=25_072.0))
+    assert text == ("prefill: prefix-cache hits 82% of 180,760 prompt tokens, 25,072 prompt tokens received by KV "
+                    "transfer; encode: encoder-cache hits 90% of 40 images")
+    assert cache_text({}) is None
+
+
+def test_reuse_view_sets_each_reused_cell_against_its_unique_image_control():
+    meta = {"reuse_suites": ["mm-reuse"]}
+    agg = agg_rows([("aggregated", "mm-reuse", 122.4), ("aggregated", "mm-unique", 878.6),
+                    ("epd", "mm-reuse", 66.1), ("epd", "mm-unique", 730.6)])
+    verdicts = {"aggregated": {"suites": {"mm-reuse": {"cache": cache(0.82, 0.95, "server", "server")},
+                                          "mm-unique": {"cache": cache(0.0, 0.0, "server", "server")}}},
+                "epd": {"suites": {"mm-reuse": {"cache": cache(0.82, 0.9)}, "mm-unique": {"cache": cache(0.0, 0.0)}}}}
+    view = reuse_view(meta, agg, verdicts)
+    assert view["controlled"] and view["controls"] == ["mm-unique"] and view["suites"] == ["mm-reuse"]
+    agg_row, epd_row = view["rows"]
+    assert (agg_row["ttft"], agg_row["control_ttft"], agg_row["gain"]) == ("122.4", "878.6", "7.2× lower")
+    assert agg_row["encoder"] == "95% (server) vs 0%" and agg_row["prefix"] == "82% (server) vs 0%"
+    assert (epd_row["gain"], epd_row["encoder"], epd_row["prefix"]) == ("11.1× lower", "90% (encode) vs 0%",
+                                                                        "82% (prefill) vs 0%")
+
+
+def test_reuse_view_without_a_control_still_shows_the_cache_hits():
+    view = reuse_view({"reuse_suites": ["mm-reuse"]}, agg_rows([("epd", "mm-reuse", 66.1)]),
+                      {"epd": {"suites": {"mm-reuse": {"cache": cache(0.82, 0.9)}}}})
+    assert not view["controlled"] and view["rows"][0]["control_ttft"] == "—" and view["rows"][0]["gain"] == "—"
+    assert view["rows"][0]["encoder"] == "90% (encode)"
+    assert reuse_view({"reuse_suites": []}, agg_rows([("epd", "mm-reuse", 66.1)]), {}) is None
+    assert reuse_view({}, pd.DataFrame(), {}) is None      # an older run's meta has no reuse_suites

@@ -15,7 +15,7 @@ from tests.reports.report_checks import (SECTIONS, check_bold_winners, check_hea
                                          check_ratio_lines_match_summary, parse_html)
 from tests.reports.synthetic_run import synthetic_meta, synthetic_records, synthetic_verdicts
 
-PRESETS = ["smoke", "pd-text", "epd-multimodal"]
+PRESETS = ["smoke", "pd-text", "epd-multimodal", "epd-reuse"]
 
 
 @pytest.fixture(scope="module", params=PRESETS)
