@@ -18,8 +18,10 @@ def _replicas(config: ConfigurationSpec, role: str) -> int:
 
 
 def estimate_cell_seconds(spec: ExperimentSpec, config: ConfigurationSpec, cell: Cell,
-                          prompt_tokens: float, output_tokens: int, image_px: int | None) -> float:
-    """Closed-loop rounds × (batched prefill + KV handoff + decode at the per-replica batch)."""
+                          prompt_tokens: float, output_tokens: int, image_px: int | None,
+                          image_reused: bool = False) -> float:
+    """Closed-loop rounds × (batched prefill + KV handoff + decode at the per-replica batch). A reused
+    image is encoded, prefilled and handed off once: later requests find it in the caches."""
     decode_role = "server" if config.topology == "aggregated" else "decode"
     prefill_role = "server" if config.topology == "aggregated" else "prefill"
     tp_prefill = config.role(prefill_role).tp
@@ -29,14 +31,16 @@ def estimate_cell_seconds(spec: ExperimentSpec, config: ConfigurationSpec, cell:
     n_tok = int(prompt_tokens)
     prefill = CostModel(spec.model, spec.hardware, tp_prefill)
     decode = CostModel(spec.model, spec.hardware, tp_decode)
-    prefill_s = prefill.step_seconds([], [PrefillChunk(0, n_tok)] * per_prefill)
-    if image_px:
-        prefill_s += prefill.encode_seconds(image_tokens(spec.model, image_px, image_px) * per_prefill)
+    img_tok = image_tokens(spec.model, image_px, image_px) if image_px else 0
+    cached = img_tok if image_reused else 0
+    prefill_s = prefill.step_seconds([], [PrefillChunk(cached, max(1, n_tok - cached))] * per_prefill)
+    if img_tok and not image_reused:
+        prefill_s += prefill.encode_seconds(img_tok * per_prefill)
     handoff_s = 0.0
     if config.topology != "aggregated":
         rdma = config.role("prefill").rdma_interfaces
         handoff_s = per_prefill * transfer_seconds(spec.hardware, config.kv_transport,
-                                                   decode.kv_bytes(n_tok), rdma)
+                                                   decode.kv_bytes(max(1, n_tok - cached)), rdma)
     decode_s = output_tokens * decode.step_seconds([n_tok] * per_decode, [])
     rounds = math.ceil((cell.n_warmup + cell.n_measured) / cell.concurrency)
     busy_s = rounds * (prefill_s + handoff_s + decode_s)
@@ -52,8 +56,9 @@ def plan(spec: ExperimentSpec) -> list[dict]:
     for config in spec.configurations:
         for cell in cells:
             reqs = requests[cell.cell_id]
+            reused = reqs[0].image_hash is not None and len({r.image_hash for r in reqs}) == 1 < len(reqs)
             est = estimate_cell_seconds(spec, config, cell, mean(r.target_prompt_tokens for r in reqs),
-                                        reqs[0].max_tokens, reqs[0].image_px)
+                                        reqs[0].max_tokens, reqs[0].image_px, reused)
             rows.append({"config": config.name, "suite": cell.suite, "workload": cell.workload,
                          "concurrency": cell.concurrency, "stream": cell.stream, "n_warmup": cell.n_warmup,
                          "n_measured": cell.n_measured, "prompt_set_hash": prompt_set_hash(reqs),

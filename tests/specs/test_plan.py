@@ -31,6 +31,13 @@ def test_estimates_follow_the_cost_model():
     assert 30 < total_seconds(spec, plan(spec)) < 600
 
 
+def test_a_reused_image_is_estimated_as_cached():
+    rows = {(r["config"], r["suite"], r["concurrency"]): r["est_seconds"] for r in plan(load_spec("epd-reuse"))}
+    for config in ("aggregated", "pd-tcp", "epd", "epd-rdma"):
+        for c in (4, 8):
+            assert rows[(config, "mm-reuse", c)] < rows[(config, "mm-unique", c)], (config, c)
+
+
 def test_plan_json_cli(capsys):
     assert main(["plan", "--spec", "smoke", "--configs", "pd-tcp", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
