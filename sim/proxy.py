@@ -19,6 +19,7 @@ import uuid
 import aiohttp
 from aiohttp import web
 
+from epdbench.relay import stream_back
 from sim import logfmt
 from sim.server import access_log_middleware, log
 
@@ -108,13 +109,7 @@ class Proxy:
     async def relay(self, request: web.Request, url: str, body: dict, headers: dict) -> web.StreamResponse:
         assert self.session is not None
         async with self.session.post(url, json=body, headers=headers) as upstream:
-            resp = web.StreamResponse(status=upstream.status, headers={
-                k: v for k, v in upstream.headers.items() if k.lower() not in HOP_HEADERS})
-            await resp.prepare(request)
-            async for data in upstream.content.iter_any():
-                await resp.write(data)
-            await resp.write_eof()
-            return resp
+            return await stream_back(request, upstream, HOP_HEADERS)
 
     async def forward_get(self, request: web.Request) -> web.Response:
         target = (self.servers or self.prefills)[0]

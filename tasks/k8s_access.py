@@ -16,6 +16,7 @@ import threading
 import aiohttp
 from aiohttp import web
 
+from epdbench.relay import stream_back
 from tasks.k8s_api import KubeApi
 
 DROPPED_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "accept-encoding",
@@ -98,13 +99,7 @@ class ServiceProxyAccess:
         try:
             async with self._session.request(request.method, self.api.host + request.raw_path, headers=headers,
                                              data=await request.read()) as upstream:
-                resp = web.StreamResponse(status=upstream.status, headers={
-                    k: v for k, v in upstream.headers.items() if k.lower() not in DROPPED_HEADERS})
-                await resp.prepare(request)
-                async for chunk in upstream.content.iter_any():
-                    await resp.write(chunk)
-                await resp.write_eof()
-                return resp
+                return await stream_back(request, upstream, DROPPED_HEADERS)
         except aiohttp.ClientError as e:
             return web.Response(status=502, text=f"API server unreachable: {e}\n")
 

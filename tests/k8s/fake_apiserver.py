@@ -36,6 +36,8 @@ import pytest
 import yaml
 from aiohttp import web
 
+from epdbench.relay import stream_back
+
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "fake-token"
 NODE = "gpu-node-1"
@@ -575,13 +577,7 @@ class FakeApiServer:
         query = f"?{request.query_string}" if request.query_string else ""
         async with self._session.request(request.method, f"http://127.0.0.1:{port}{tail}{query}", headers=headers,
                                          data=await request.read()) as upstream:
-            resp = web.StreamResponse(status=upstream.status, headers={
-                k: v for k, v in upstream.headers.items() if k.lower() not in HOP_HEADERS})
-            await resp.prepare(request)
-            async for chunk in upstream.content.iter_any():
-                await resp.write(chunk)
-            await resp.write_eof()
-            return resp
+            return await stream_back(request, upstream, HOP_HEADERS)
 
     async def _portforward(self, request: web.Request, ns: str, name: str) -> web.StreamResponse:
         """v4.channel.k8s.io: per port a data channel (0) and an error channel (1), each opened with
