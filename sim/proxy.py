@@ -12,7 +12,6 @@ import copy
 import itertools
 import os
 import random
-import signal
 import sys
 import uuid
 
@@ -21,7 +20,7 @@ from aiohttp import web
 
 from epdbench.relay import stream_back
 from sim import logfmt
-from sim.server import access_log_middleware, log
+from sim.server import access_log_middleware, log, until_signalled
 
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "content-encoding"}
 
@@ -151,12 +150,8 @@ async def serve(proxy: Proxy, host: str, port: int) -> None:
     await web.TCPSite(runner, host, port).start()
     proxy.info(f"epdbench router ({proxy.mode}) on http://{host}:{port}: encode={proxy.encoders} "
                f"prefill={proxy.prefills} decode={proxy.decodes} server={proxy.servers}")
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     try:
-        await stop.wait()
+        await until_signalled()
     finally:
         await proxy.session.close()
         await runner.cleanup()

@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import sys
 import time
 import uuid
@@ -599,6 +600,15 @@ class PullError(RuntimeError):
     pass
 
 
+async def until_signalled() -> None:
+    """Return on SIGTERM or SIGINT (how the targets stop a simulated process)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
 async def serve(replica: Replica) -> None:
     replica.startup_lines()
     replica.engine.start()
@@ -614,13 +624,8 @@ async def serve(replica: Replica) -> None:
     if replica.moves_kv:
         interval = float(os.environ.get("MC_TE_METRIC_INTERVAL_SECONDS", "5"))
         tasks.append(asyncio.get_running_loop().create_task(replica.metrics_windows(interval)))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    import signal
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     try:
-        await stop.wait()
+        await until_signalled()
     finally:
         for t in tasks:
             t.cancel()
