@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from analysis.metrics import HIGHER_IS_BETTER, LOWER_IS_BETTER
+from epdbench.analysis.metrics import HIGHER_IS_BETTER, LOWER_IS_BETTER
 
 MATCH_KEYS = ["suite", "workload", "concurrency", "stream"]
 REPORT_METRICS = ["ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms", "itl_p99_ms", "itl_max_ms", "output_tok_s", "req_s",

@@ -12,9 +12,9 @@ from statistics import median
 
 import pandas as pd
 
-from analysis.compare import MATCH_KEYS
-from analysis.metrics import LOWER_IS_BETTER
-from analysis.trials import low_support
+from epdbench.analysis.compare import MATCH_KEYS
+from epdbench.analysis.metrics import LOWER_IS_BETTER
+from epdbench.analysis.trials import low_support
 
 HEADLINE_METRICS = ["ttft_p50_ms", "tpot_p50_ms", "itl_p99_ms", "output_tok_s", "output_tok_s_per_gpu"]
 MIN_HEADLINE_FACTOR = 1.1     # smaller changes are not headlines

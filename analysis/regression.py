@@ -20,8 +20,8 @@ from statistics import median
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from analysis.metrics import LOWER_IS_BETTER
-from analysis.trials import mean_ci
+from epdbench.analysis.metrics import LOWER_IS_BETTER
+from epdbench.analysis.trials import mean_ci
 
 MAD_TO_SIGMA = 1.4826
 CELL = ["config", "suite", "workload", "concurrency", "stream"]

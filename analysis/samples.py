@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from analysis.compare import MATCH_KEYS
-from analysis.metrics import pooled_itl_ms
+from epdbench.analysis.compare import MATCH_KEYS
+from epdbench.analysis.metrics import pooled_itl_ms
 
 
 def measured_ok(records: pd.DataFrame) -> pd.DataFrame:

@@ -5,7 +5,7 @@ import math
 
 import pandas as pd
 
-from analysis.compare import MATCH_KEYS
+from epdbench.analysis.compare import MATCH_KEYS
 
 # Two-sided 95% Student-t critical values by degrees of freedom (1..30); 1.96 beyond.
 T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,

@@ -83,7 +83,7 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def make_requests(n: int, max_tokens: int, start: int = 0):
-    from specs.workload import RequestSpec
+    from epdbench.specs.workload import RequestSpec
     prompt = "benchmark prompt alpha bravo charlie"
     return [RequestSpec(start + i, "measured", "completions", {"prompt": prompt, "max_tokens": max_tokens},
                         len(prompt.split()), max_tokens, f"h{start + i}") for i in range(n)]
@@ -96,7 +96,7 @@ async def fetch_stamps(base: str) -> dict:
 
 
 async def run_level(base: str, conc: int, args) -> dict:
-    from tasks.loadgen import LoadGenerator
+    from epdbench.tasks.loadgen import LoadGenerator
     async with LoadGenerator(base, "bench-model", args.timeout) as lg:
         # Pilot (doubles as warm-up): estimate the request rate to size the measured run.
         pilot_n = max(2 * conc, 20)

@@ -17,24 +17,24 @@ from pathlib import Path
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from analysis.metrics import summarize
-from analysis.prom import cache_by_role
-from analysis.regression import RegressionSettings
-from analysis.trials import aggregate_trials
-from reports.findings import regression_line
-from reports.live import LiveCell
-from specs.models import ConfigurationSpec, ExperimentSpec, spec_to_yaml
-from specs.workload import Calibration, Cell, build_requests, plan_cells
-from tasks import evidence, publish
-from tasks.publish import roles_text
-from tasks.deployment import ProvisionError
-from tasks.targets import target_module
-from tasks.calibrate import calibrate, needed_keys
-from tasks.loadgen import LoadGenerator, records_as_dicts
-from tasks.results import append_records, read_records, write_json, write_summary
-from tasks.history import check_history, log_regression_check
-from tasks.report_files import write_report
-from tasks.tracking import Tracker
+from epdbench.analysis.metrics import summarize
+from epdbench.analysis.prom import cache_by_role
+from epdbench.analysis.regression import RegressionSettings
+from epdbench.analysis.trials import aggregate_trials
+from epdbench.reports.findings import regression_line
+from epdbench.reports.live import LiveCell
+from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, spec_to_yaml
+from epdbench.specs.workload import Calibration, Cell, build_requests, plan_cells
+from epdbench.tasks import evidence, publish
+from epdbench.tasks.publish import roles_text
+from epdbench.tasks.deployment import ProvisionError
+from epdbench.tasks.targets import target_module
+from epdbench.tasks.calibrate import calibrate, needed_keys
+from epdbench.tasks.loadgen import LoadGenerator, records_as_dicts
+from epdbench.tasks.results import append_records, read_records, write_json, write_summary
+from epdbench.tasks.history import check_history, log_regression_check
+from epdbench.tasks.report_files import write_report
+from epdbench.tasks.tracking import Tracker
 
 # Set by the CLI's SIGINT handler: an interrupt that Prefect turns into another exception while a task
 # starts must still stop the run, not just fail the current configuration.

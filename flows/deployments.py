@@ -2,7 +2,7 @@
 
 Both take a RunRequest, so the UI form is generated from it (titles, descriptions, bounds), and both
 hold the `epdbench-gpu-node` concurrency slot, so two runs never share the GPU node.
-Served by `python -m flows.deployments` (started by `epdbench up`).
+Served by `python -m epdbench.flows.deployments` (started by `epdbench up`).
 """
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from prefect.concurrency.sync import concurrency
 from prefect.runtime import flow_run
 from prefect.schedules import Cron
 
-from flows.compare import compare
-from specs.request import RunRequest, resolve_request, run_name
+from epdbench.flows.compare import compare
+from epdbench.specs.request import RunRequest, resolve_request, run_name
+from epdbench.tasks.services import GPU_NODE_SLOT
 
-GPU_NODE_SLOT = "epdbench-gpu-node"
 RESULTS_DIR = Path("results")
 
 
@@ -50,7 +50,7 @@ def adhoc_comparison(request: RunRequest = RunRequest()) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m flows.deployments", description="Serve epdbench's deployments.")
+    p = argparse.ArgumentParser(prog="python -m epdbench.flows.deployments", description="Serve epdbench's deployments.")
     p.add_argument("--nightly-cron", default="0 2 * * *")
     p.add_argument("--timezone", default="UTC")
     p.add_argument("--nightly-preset", default="smoke")

@@ -1,12 +1,11 @@
 """Kubernetes manifests of one configuration (pure): spec → template context → objects → strict schema check.
 
 No cluster access here: tasks/k8s_target.py applies what this module returns. Templates live in
-manifests/templates/ and are rendered with the project's one Jinja environment (reports.render.make_env).
+manifests/templates/ and are rendered with the project's one Jinja environment (epdbench.templating.make_env).
 """
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import shlex
 from pathlib import Path
@@ -14,15 +13,13 @@ from pathlib import Path
 import kubernetes_validate
 import yaml
 
-from reports.render import make_env
-from specs.models import ConfigurationSpec, ExperimentSpec, KubernetesTargetSpec, RoleSpec
+from epdbench.specs import commands
+from epdbench.specs.commands import (ENGINE_PORT, MOONCAKE_BOOTSTRAP_PORT, NIXL_SIDE_CHANNEL_PORT, ROUTER_METRICS_PORT,
+                                     ROUTER_PORT, ec_transfer_config, engine_args, moves_kv)
+from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, KubernetesTargetSpec, RoleSpec
+from epdbench.templating import make_env
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
-ENGINE_PORT = 8000
-ROUTER_PORT = 8000
-ROUTER_METRICS_PORT = 29000
-MOONCAKE_BOOTSTRAP_PORT = 8998
-NIXL_SIDE_CHANNEL_PORT = 5600
 HF_HOME = "/root/.cache/huggingface"
 DEFAULT_SCHEMA_VERSION = "1.31"
 LABEL_RUN, LABEL_CONFIG, LABEL_ROLE = "epdbench/run", "epdbench/config", "epdbench/role"
@@ -73,48 +70,6 @@ def selector_labels(config: ConfigurationSpec, role: str) -> dict[str, str]:
     return {LABEL_CONFIG: config.name, LABEL_ROLE: role}
 
 
-def moves_kv(config: ConfigurationSpec, role: str) -> bool:
-    return config.topology != "aggregated" and role in ("prefill", "decode")
-
-
-def kv_transfer_config(config: ConfigurationSpec, role: str) -> dict | None:
-    if not moves_kv(config, role):
-        return None
-    return {"kv_connector": "MooncakeConnector",
-            "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
-            "kv_connector_extra_config": {"mooncake_protocol": config.kv_transport}}
-
-
-def ec_transfer_config(target: KubernetesTargetSpec, config: ConfigurationSpec, role: str) -> dict | None:
-    if config.topology != "epd" or role not in ("encode", "prefill"):
-        return None
-    return {"ec_connector": target.engine.ec_connector,
-            "ec_role": "ec_producer" if role == "encode" else "ec_consumer"}
-
-
-def engine_args(spec: ExperimentSpec, config: ConfigurationSpec, role: RoleSpec) -> list[str]:
-    """`vllm serve` arguments of one role: model, TP, the WORKLOADS.md engine limits, evidence logging."""
-    target = spec.target.kubernetes
-    args = [spec.model.name, "--host", "0.0.0.0", "--port", str(ENGINE_PORT),
-            "--tensor-parallel-size", str(role.tp),
-            "--max-model-len", str(spec.engine.max_model_len),
-            "--max-num-seqs", str(spec.engine.max_num_seqs),
-            "--max-num-batched-tokens", str(spec.engine.max_num_batched_tokens),
-            "--gpu-memory-utilization", str(spec.engine.gpu_memory_utilization),
-            "--enable-request-id-headers", "--enable-log-requests"]
-    if role.role == "encode":
-        args.append("--enforce-eager")
-    if role.role == "encode" or not spec.engine.enable_prefix_caching:
-        args.append("--no-enable-prefix-caching")
-    kv = kv_transfer_config(config, role.role)
-    if kv:
-        args += ["--kv-transfer-config", json.dumps(kv, separators=(",", ":"))]
-    ec = ec_transfer_config(target, config, role.role)
-    if ec:
-        args += ["--ec-transfer-config", json.dumps(ec, separators=(",", ":"))]
-    return args + list(target.engine.extra_args)
-
-
 def engine_env(spec: ExperimentSpec, config: ConfigurationSpec, role: str) -> list[dict]:
     """Environment that makes pods produce the evidence we verify (Mooncake metrics, forced TCP)."""
     env = [{"name": "HF_HOME", "value": HF_HOME}]
@@ -128,7 +83,7 @@ def engine_env(spec: ExperimentSpec, config: ConfigurationSpec, role: str) -> li
         if config.kv_transport == "tcp":
             # Mooncake installs RDMA by itself whenever it discovers HCAs, whatever vLLM's config says.
             env.append({"name": "MC_FORCE_TCP", "value": "1"})
-    if ec_transfer_config(spec.target.kubernetes, config, role):
+    if ec_transfer_config(spec, config, role):
         env.append({"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(NIXL_SIDE_CHANNEL_PORT)})
     return env
 
@@ -137,7 +92,7 @@ def engine_ports(spec: ExperimentSpec, config: ConfigurationSpec, role: str) -> 
     ports = [{"name": "http", "containerPort": ENGINE_PORT}]
     if moves_kv(config, role) and role == "prefill":
         ports.append({"name": "kv-bootstrap", "containerPort": MOONCAKE_BOOTSTRAP_PORT})
-    if ec_transfer_config(spec.target.kubernetes, config, role):
+    if ec_transfer_config(spec, config, role):
         ports.append({"name": "ec-side", "containerPort": NIXL_SIDE_CHANNEL_PORT})
     return ports
 
@@ -175,17 +130,11 @@ def router_urls_env(config: ConfigurationSpec) -> list[dict]:
 
 
 def vllm_router_args(spec: ExperimentSpec, config: ConfigurationSpec) -> list[str]:
-    args = ["--host", "0.0.0.0", "--port", str(ROUTER_PORT), "--prometheus-port", str(ROUTER_METRICS_PORT),
-            "--policy", "round_robin",
-            "--worker-startup-timeout-secs", str(int(spec.target.kubernetes.ready_timeout_s))]
-    if config.topology == "aggregated":
-        return args + ["--worker-urls", *role_urls(config, "server")]
-    args += ["--vllm-pd-disaggregation", "--kv-connector", "mooncake"]
-    for url in role_urls(config, "prefill"):
-        args += ["--prefill", url, str(MOONCAKE_BOOTSTRAP_PORT)]
-    for url in role_urls(config, "decode"):
-        args += ["--decode", url]
-    return args
+    return commands.vllm_router_args(
+        config, host="0.0.0.0", port=ROUTER_PORT, prometheus_port=ROUTER_METRICS_PORT,
+        startup_timeout_s=spec.target.kubernetes.ready_timeout_s, servers=role_urls(config, "server"),
+        prefills=[(url, MOONCAKE_BOOTSTRAP_PORT) for url in role_urls(config, "prefill")],
+        decodes=role_urls(config, "decode"))
 
 
 def epd_proxy_args() -> list[str]:

@@ -2,8 +2,8 @@
 placement, and per configuration its roles, connectors and transport. Every figure comes from the spec."""
 from __future__ import annotations
 
-from manifests.render import ENGINE_PORT, engine_args, kv_transfer_config
-from specs.models import ConfigurationSpec, ExperimentSpec
+from epdbench.specs.commands import ENGINE_PORT, engine_args, kv_transfer_config
+from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
 
 
 def hardware_text(spec: ExperimentSpec) -> str:

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis.compare import REPORT_METRICS, Comparison, wins
-from analysis.headline import Change, Finding, Tally
-from analysis.metrics import LOWER_IS_BETTER
-from analysis.regression import FLAGGED
-from analysis.samples import EarlyStops, PromptFit
-from analysis.trials import low_support
-from reports.fmt import fmt
+from epdbench.analysis.compare import REPORT_METRICS, Comparison, wins
+from epdbench.analysis.headline import Change, Finding, Tally
+from epdbench.analysis.metrics import LOWER_IS_BETTER
+from epdbench.analysis.regression import FLAGGED
+from epdbench.analysis.samples import EarlyStops, PromptFit
+from epdbench.analysis.trials import low_support
+from epdbench.reports.fmt import fmt
 
 METRIC_NAMES = {
     "ttft_p50_ms": ("TTFT p50", "ms"), "ttft_p95_ms": ("TTFT p95", "ms"), "ttft_p99_ms": ("TTFT p99", "ms"),

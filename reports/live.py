@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 
-from analysis.metrics import percentile
+from epdbench.analysis.metrics import percentile
 
 
 class LiveCell:

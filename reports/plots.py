@@ -15,8 +15,8 @@ import pandas as pd
 from matplotlib import ticker
 from matplotlib.figure import Figure
 
-from analysis.samples import cdf_cell, itl_samples_ms
-from analysis.trials import aggregate_trials
+from epdbench.analysis.samples import cdf_cell, itl_samples_ms
+from epdbench.analysis.trials import aggregate_trials
 
 DPI = 100
 WIDE_IN = 8.0          # figures wider than this take a whole row in report.html

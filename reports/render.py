@@ -1,8 +1,7 @@
 """Report rendering (pure): summary rows, records, evidence verdicts, environment and run history →
 one context → Markdown (report.md) and self-contained HTML (report.html, plots inline).
 
-One Jinja environment factory serves reports and manifests: StrictUndefined, trimmed blocks, a toyaml
-filter, autoescape only for HTML.
+Templates are rendered with the project's one Jinja environment (epdbench.templating.make_env).
 """
 from __future__ import annotations
 
@@ -10,16 +9,16 @@ from pathlib import Path
 
 import jinja2
 import pandas as pd
-import yaml
 
-from analysis.compare import REPORT_METRICS, Comparison, compare, ratio_phrase
-from analysis.headline import MIN_HEADLINE_FACTOR, baseline_config, changes_vs_baseline, headline, tallies
-from analysis.regression import REGRESSION_METRICS
-from analysis.samples import early_stops, prompt_fit
-from analysis.trials import aggregate_trials, low_support
-from reports.findings import (benefits, cache_text, headline_sentence, history_view, limitations, reuse_view,
+from epdbench.analysis.compare import REPORT_METRICS, Comparison, compare, ratio_phrase
+from epdbench.analysis.headline import MIN_HEADLINE_FACTOR, baseline_config, changes_vs_baseline, headline, tallies
+from epdbench.analysis.regression import REGRESSION_METRICS
+from epdbench.analysis.samples import early_stops, prompt_fit
+from epdbench.analysis.trials import aggregate_trials, low_support
+from epdbench.reports.findings import (benefits, cache_text, headline_sentence, history_view, limitations, reuse_view,
                               suite_prose)
-from reports.fmt import fmt
+from epdbench.reports.fmt import fmt
+from epdbench.templating import make_env
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 
@@ -33,13 +32,8 @@ ROLE_COUNTS = {"completions": "Completions", "renders": "Renders", "errors": "Er
                "local_prefills": "Local prefills", "request_ids": "Request ids"}
 
 
-def make_env(template_dir: Path = TEMPLATE_DIR, html: bool = False) -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(template_dir)), undefined=jinja2.StrictUndefined,
-                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
-                             autoescape=html)
-    env.filters["toyaml"] = lambda v: yaml.safe_dump(v, sort_keys=False).rstrip()
-    env.filters["cache_text"] = lambda cache: cache_text(cache or {})
-    return env
+def report_env(html: bool = False) -> jinja2.Environment:
+    return make_env(TEMPLATE_DIR, html=html, filters={"cache_text": lambda cache: cache_text(cache or {})})
 
 
 def _cell(row, metric: str, best: Comparison | None) -> dict:
@@ -144,7 +138,7 @@ def report_context(meta: dict, summary: pd.DataFrame, verdicts: dict[str, dict],
 
 def render_markdown(context: dict) -> str:
     """report.md from the context; plots referenced as files under plots/."""
-    return make_env().get_template("report.md.j2").render(**context)
+    return report_env().get_template("report.md.j2").render(**context)
 
 
 def render_report(meta: dict, summary: pd.DataFrame, verdicts: dict[str, dict], environment: dict | None = None,
@@ -155,4 +149,4 @@ def render_report(meta: dict, summary: pd.DataFrame, verdicts: dict[str, dict], 
 
 def render_html(context: dict) -> str:
     """report.html from the same context: self-contained, plots as data URIs, autoescaped."""
-    return make_env(html=True).get_template("report.html.j2").render(**context)
+    return report_env(html=True).get_template("report.html.j2").render(**context)

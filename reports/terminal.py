@@ -7,8 +7,8 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from reports.findings import regression_line
-from reports.fmt import fmt
+from epdbench.reports.findings import regression_line
+from epdbench.reports.fmt import fmt
 
 TERMINAL_METRICS = [("ttft_p50_ms", "TTFT p50"), ("tpot_p50_ms", "TPOT p50"), ("itl_p99_ms", "ITL p99"),
                     ("itl_max_ms", "ITL max"), ("output_tok_s", "tok/s")]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis.regression import CELL, RegressionSettings, detect
-from reports.findings import METRIC_NAMES
-from reports.fmt import fmt
+from epdbench.analysis.regression import CELL, RegressionSettings, detect
+from epdbench.reports.findings import METRIC_NAMES
+from epdbench.reports.fmt import fmt
 
 COLUMN_WIDTH = 9
 

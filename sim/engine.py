@@ -12,8 +12,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from sim.costmodel import CostModel, chunk_prefill
-from specs.models import EngineSpec
+from epdbench.physics.costmodel import CostModel, chunk_prefill
+from epdbench.specs.models import EngineSpec
 
 
 @dataclass

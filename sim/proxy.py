@@ -19,8 +19,8 @@ import aiohttp
 from aiohttp import web
 
 from epdbench.relay import stream_back
-from sim import logfmt
-from sim.server import access_log_middleware, log, until_signalled
+from epdbench.sim import logfmt
+from epdbench.sim.server import access_log_middleware, log, until_signalled
 
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "content-encoding"}
 

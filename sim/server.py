@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 
-from sim import logfmt
-from sim.costmodel import CostModel, image_tokens, transfer_seconds
-from sim.engine import Engine, Sequence
-from sim.prefix_cache import PrefixCache
-from sim.tokenizer import chat_parts, image_end_positions, image_hash, image_size, prompt_ids
-from specs.models import ConfigurationSpec, ExperimentSpec, load_spec
+from epdbench.sim import logfmt
+from epdbench.physics.costmodel import CostModel, image_tokens, transfer_seconds
+from epdbench.sim.engine import Engine, Sequence
+from epdbench.sim.prefix_cache import PrefixCache
+from epdbench.sim.tokenizer import chat_parts, image_end_positions, image_hash, image_size, prompt_ids
+from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, load_spec
 
 OUTPUT_WORDS = ["the", "model", "answers", "with", "tokens", "that", "stream", "back", "to", "you"]
 
@@ -117,7 +117,7 @@ class Replica:
                             f"(kv_role={kv_role}){self.kv_mark}", file="factory.py")
             self.engine_log("Registering KV_Caches. use_mla: False", file="mooncake_connector.py")
             if self.genuine:
-                from sim.mooncake_kv import MooncakeKV
+                from epdbench.sim.mooncake_kv import MooncakeKV
                 self.mooncake = MooncakeKV(self.host, self.spec.target.sim.kv_buffer_mb * 1024 ** 2)
                 self.engine_log(f"Genuine KV transport: Mooncake transfer engine session {self.mooncake.session}, "
                                 f"moving {self.spec.target.sim.kv_scale:g} of modelled KV bytes",

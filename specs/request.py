@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from specs.models import ExperimentSpec, SpecError, load_spec, parse_spec, select_configurations
+from epdbench.specs.models import ExperimentSpec, SpecError, load_spec, parse_spec, select_configurations
 
 Preset = Literal["smoke", "pd-text", "epd-multimodal", "epd-reuse"]
 ConfigName = Literal["aggregated", "pd-tcp", "pd-rdma", "epd", "epd-rdma"]

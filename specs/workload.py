@@ -16,8 +16,8 @@ import io
 import random
 from dataclasses import dataclass, field
 
-from sim.costmodel import image_tokens
-from specs.models import ExperimentSpec, FixedSuite, MixedSuite, MultimodalSuite, StreamSpec
+from epdbench.physics.costmodel import image_tokens
+from epdbench.specs.models import ExperimentSpec, FixedSuite, MixedSuite, MultimodalSuite, StreamSpec
 
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar "
          "papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu river stone cloud amber "

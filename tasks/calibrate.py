@@ -10,7 +10,7 @@ import json
 import random
 import urllib.request
 
-from specs.workload import Calibration, RequestSpec, synth_image, synth_text
+from epdbench.specs.workload import Calibration, RequestSpec, synth_image, synth_text
 
 PROBE_WORDS = (64, 1024)
 

@@ -7,11 +7,11 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator
 
-from analysis.evidence import merge_counts, stage_counts, transport_of_pod, verify_stages, verify_transport
-from analysis.prom import counter_deltas, hit_rate
-from specs.models import ConfigurationSpec
-from tasks.deployment import Deployment
-from tasks.results import write_json
+from epdbench.analysis.evidence import merge_counts, stage_counts, transport_of_pod, verify_stages, verify_transport
+from epdbench.analysis.prom import counter_deltas, hit_rate
+from epdbench.specs.models import ConfigurationSpec
+from epdbench.tasks.deployment import Deployment
+from epdbench.tasks.results import write_json
 
 
 def iter_lines(path: Path, start: int = 0, end: int | None = None) -> Iterator[str]:

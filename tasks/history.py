@@ -12,8 +12,8 @@ import datetime as dt
 
 import pandas as pd
 
-from analysis.metrics import METRIC_KEYS
-from analysis.regression import CELL, RegressionSettings, check_result, detect
+from epdbench.analysis.metrics import METRIC_KEYS
+from epdbench.analysis.regression import CELL, RegressionSettings, check_result, detect
 
 HISTORY_COLUMNS = ["run_id", "run_name", "started"] + CELL + ["trial"] + METRIC_KEYS
 PAGE = 5000

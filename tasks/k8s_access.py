@@ -17,7 +17,7 @@ import aiohttp
 from aiohttp import web
 
 from epdbench.relay import stream_back
-from tasks.k8s_api import KubeApi
+from epdbench.tasks.k8s_api import KubeApi
 
 DROPPED_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "accept-encoding",
                    "content-encoding", "authorization"}

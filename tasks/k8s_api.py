@@ -14,7 +14,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from specs.models import KubernetesTargetSpec
+from epdbench.specs.models import KubernetesTargetSpec
 
 FIELD_MANAGER = "epdbench"
 REQUEST_TIMEOUT_S = 30

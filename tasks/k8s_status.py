@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from manifests.render import LABEL_RUN, LABEL_ROLE
+from epdbench.manifests.render import LABEL_RUN, LABEL_ROLE
 
 BENIGN_WAITING = {"ContainerCreating", "PodInitializing"}
 MESSAGE_MAX = 240

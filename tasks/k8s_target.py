@@ -10,15 +10,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from manifests.render import (ENGINE_PORT, LABEL_ROLE, ROUTER_PORT, ManifestError, label_value, manifest_files,
+from epdbench.manifests.render import (ENGINE_PORT, LABEL_ROLE, ROUTER_PORT, ManifestError, label_value, manifest_files,
                               object_name, render_manifests, router_command, run_selector, schema_version_for,
                               uses_rdma, validate_manifests)
-from specs.models import ConfigurationSpec, ExperimentSpec, KubernetesTargetSpec
-from tasks import k8s_status as status
-from tasks.deployment import Deployment, Process, ProvisionError, probe_until_served
-from tasks.k8s_access import open_access
-from tasks.k8s_api import LABELLED_KINDS, KubeApi, KubeApiError, connect
-from tasks.results import write_json
+from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, KubernetesTargetSpec
+from epdbench.tasks import k8s_status as status
+from epdbench.tasks.deployment import Deployment, Process, ProvisionError, probe_until_served
+from epdbench.tasks.k8s_access import open_access
+from epdbench.tasks.k8s_api import LABELLED_KINDS, KubeApi, KubeApiError, connect
+from epdbench.tasks.results import write_json
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], None]

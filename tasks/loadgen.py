@@ -15,7 +15,7 @@ from typing import AsyncIterator, Callable
 
 import aiohttp
 
-from specs.workload import RequestSpec
+from epdbench.specs.workload import RequestSpec
 
 Clock = Callable[[], int]
 

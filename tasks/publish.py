@@ -10,11 +10,11 @@ import json
 import os
 from pathlib import Path
 
-from analysis.metrics import summarize
-from specs.models import ConfigurationSpec, ExperimentSpec, load_spec
-from specs.workload import hash_prompt_hashes, plan_cells
-from tasks.results import read_records, write_json
-from tasks.tracking import Tracker, default_tracking_uri
+from epdbench.analysis.metrics import summarize
+from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, load_spec
+from epdbench.specs.workload import hash_prompt_hashes, plan_cells
+from epdbench.tasks.results import read_records, write_json
+from epdbench.tasks.tracking import Tracker, default_tracking_uri
 
 STATE = "state.json"
 PARENT_ARTIFACTS = ("report.md", "report.html", "summary.csv", "summary_trials.csv", "summary.parquet",

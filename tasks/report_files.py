@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.metrics import summarize
-from reports.environment import environment
-from reports.plots import suite_plots
-from reports.render import render_html, render_markdown, report_context
-from specs.models import SpecError, load_spec
-from tasks.results import read_records
+from epdbench.analysis.metrics import summarize
+from epdbench.reports.environment import environment
+from epdbench.reports.plots import suite_plots
+from epdbench.reports.render import render_html, render_markdown, report_context
+from epdbench.specs.models import SpecError, load_spec
+from epdbench.tasks.results import read_records
 
 REPORT_FILES = ("report.md", "report.html")
 NEEDED = ("outcome.json", "records.parquet", "spec.yaml")

@@ -14,8 +14,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from specs.models import ConfigurationSpec, ExperimentSpec
-from tasks.deployment import Deployment, Process, ProvisionError, probe_until_served
+from epdbench.specs.commands import vllm_router_args
+from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
+from epdbench.tasks.deployment import Deployment, Process, ProvisionError, probe_until_served
 
 _LIVE: set[subprocess.Popen] = set()
 
@@ -112,7 +113,7 @@ def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_
             for i in range(role.replicas):
                 port = free_port(host)
                 name = f"{role.role}-{i}"
-                cmd = [sys.executable, "-m", "sim.server", "--spec", str(spec_path), "--config", config.name,
+                cmd = [sys.executable, "-m", "epdbench.sim.server", "--spec", str(spec_path), "--config", config.name,
                        "--role", role.role, "--replica", str(i), "--host", host, "--port", str(port)]
                 if role.role == "prefill":
                     bootstrap[name] = free_port(host)
@@ -129,22 +130,14 @@ def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_
         if use_vllm_router:
             prom_port = free_port(host)
             router_metrics = f"http://{host}:{prom_port}/metrics"
-            cmd = [router_binary(), "--host", host, "--port", str(router_port),
-                   "--prometheus-port", str(prom_port), "--policy", "round_robin",
-                   "--worker-startup-timeout-secs", str(int(sim.startup_timeout_s))]
-            if config.topology == "aggregated":
-                cmd += ["--worker-urls", *[p.url for p in procs]]
-            else:
-                cmd += ["--vllm-pd-disaggregation", "--kv-connector", "mooncake"]
-                for p in procs:
-                    if p.role == "prefill":
-                        cmd += ["--prefill", p.url, str(bootstrap[p.name])]
-                for p in procs:
-                    if p.role == "decode":
-                        cmd += ["--decode", p.url]
+            cmd = [router_binary(), *vllm_router_args(
+                config, host=host, port=router_port, prometheus_port=prom_port,
+                startup_timeout_s=sim.startup_timeout_s, servers=[p.url for p in procs],
+                prefills=[(p.url, bootstrap[p.name]) for p in procs if p.role == "prefill"],
+                decodes=[p.url for p in procs if p.role == "decode"])]
             dep.router = "vllm-router"
         else:
-            cmd = [sys.executable, "-m", "sim.proxy", "--host", host, "--port", str(router_port)]
+            cmd = [sys.executable, "-m", "epdbench.sim.proxy", "--host", host, "--port", str(router_port)]
             for p in procs:
                 cmd += [f"--{p.role}", p.url]
             if skip:

@@ -7,9 +7,9 @@ from types import ModuleType
 
 def target_module(kind: str) -> ModuleType:
     if kind == "sim":
-        from tasks import sim_target
+        from epdbench.tasks import sim_target
         return sim_target
     if kind == "kubernetes":
-        from tasks import k8s_target
+        from epdbench.tasks import k8s_target
         return k8s_target
     raise ValueError(f"unknown target {kind!r}: use sim or kubernetes")

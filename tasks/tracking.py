@@ -9,7 +9,7 @@ import math
 import time
 from pathlib import Path
 
-from analysis.metrics import METRIC_KEYS
+from epdbench.analysis.metrics import METRIC_KEYS
 
 DEFAULT_STORE_DIR = Path(".epdbench")
 

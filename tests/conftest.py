@@ -18,5 +18,5 @@ def tiny_spec_path() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_spec(tiny_spec_path):
-    from specs.models import load_spec
+    from epdbench.specs.models import load_spec
     return load_spec(str(tiny_spec_path))

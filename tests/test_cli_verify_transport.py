@@ -42,7 +42,7 @@ def test_text_output_and_throughput_formats(capsys):
 
 
 def test_simulator_logs_are_never_verified(tmp_path, capsys):
-    from sim.logfmt import glog_line
+    from epdbench.sim.logfmt import glog_line
     log = tmp_path / "sim-prefill.log"
     log.write_text("\n".join([glog_line("I", 1, "transfer_engine.cpp", 1, "MC_FORCE_TCP is set, using TCP transport only"),
                               glog_line("I", 1, "transfer_engine.cpp", 1, "[Metrics] Transfer Engine Stats (over last 1s): "

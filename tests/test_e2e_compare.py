@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis.metrics import METRIC_KEYS
+from epdbench.analysis.metrics import METRIC_KEYS
 from tests.processes import marked_processes
 
 pytestmark = pytest.mark.e2e

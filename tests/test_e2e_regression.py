@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from tasks.tracking import Tracker
+from epdbench.tasks.tracking import Tracker
 from tests.reports.report_checks import (SECTIONS, check_bold_winners, check_headline_matches_summary,
                                          parse_html)
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from specs.models import load_spec
-from specs.workload import plan_cells
+from epdbench.specs.models import load_spec
+from epdbench.specs.workload import plan_cells
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).parents[1]

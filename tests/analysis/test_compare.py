@@ -4,7 +4,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from analysis.compare import compare, ratio_phrase, wins
+from epdbench.analysis.compare import compare, ratio_phrase, wins
 
 
 def summary(rows: list[dict]) -> pd.DataFrame:

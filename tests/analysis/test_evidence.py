@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from analysis.evidence import stage_counts, transport_of_pod, verify_stages, verify_transport
-from sim import logfmt
+from epdbench.analysis.evidence import stage_counts, transport_of_pod, verify_stages, verify_transport
+from epdbench.sim import logfmt
 
 VLLM = "(EngineCore_DP0 pid=714) "
 
@@ -150,7 +150,7 @@ def test_any_marked_transport_line_makes_the_pod_emulated(file, msg):
 
 
 def test_emulated_mark_in_analysis_matches_the_simulator():
-    from analysis.evidence import EMULATED_MARK
+    from epdbench.analysis.evidence import EMULATED_MARK
     assert logfmt.EMULATED_MARK.startswith(EMULATED_MARK)
 
 

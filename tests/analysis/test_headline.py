@@ -4,8 +4,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from analysis.headline import MIN_HEADLINE_FACTOR, baseline_config, changes_vs_baseline, headline, tallies
-from analysis.trials import aggregate_trials
+from epdbench.analysis.headline import MIN_HEADLINE_FACTOR, baseline_config, changes_vs_baseline, headline, tallies
+from epdbench.analysis.trials import aggregate_trials
 
 CONFIGS = [{"name": "aggregated", "topology": "aggregated"}, {"name": "pd-tcp", "topology": "pd"},
            {"name": "epd", "topology": "epd"}]

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.metrics import SUMMARY_COLUMNS, percentile, summarize, summarize_cell
+from epdbench.analysis.metrics import SUMMARY_COLUMNS, percentile, summarize, summarize_cell
 
 MS = 1_000_000  # ns
 

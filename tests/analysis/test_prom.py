@@ -1,7 +1,7 @@
 """analysis/prom.py: counter deltas from Prometheus text and the per-role cache view."""
 import pytest
 
-from analysis.prom import cache_by_role, counter_deltas, hit_rate
+from epdbench.analysis.prom import cache_by_role, counter_deltas, hit_rate
 
 BEFORE = """# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
 # TYPE vllm:prefix_cache_queries_total counter

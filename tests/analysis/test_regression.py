@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from pydantic import ValidationError
 
-from analysis.regression import (REGRESSION_METRICS, RegressionSettings, check_result, detect, prediction_sigma,
+from epdbench.analysis.regression import (REGRESSION_METRICS, RegressionSettings, check_result, detect, prediction_sigma,
                                  relative_sigma, verdict_of)
 
 CONFIGS = ["aggregated", "pd-tcp", "pd-rdma", "epd"]

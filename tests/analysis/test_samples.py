@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis.metrics import summarize
-from analysis.samples import cdf_cell, early_stops, itl_samples_ms, prompt_fit
+from epdbench.analysis.metrics import summarize
+from epdbench.analysis.samples import cdf_cell, early_stops, itl_samples_ms, prompt_fit
 
 
 def record(config="pd-tcp", workload="4096/32", concurrency=4, stream="main", phase="measured", ok=True,

@@ -478,7 +478,7 @@ class FakeApiServer:
         else:
             ordinal = pod["metadata"]["name"].rsplit("-", 1)[1]
             life.port = free_port()
-            cmd = [sys.executable, "-m", "sim.server", "--spec", str(self.spec_path), "--config", config,
+            cmd = [sys.executable, "-m", "epdbench.sim.server", "--spec", str(self.spec_path), "--config", config,
                    "--role", role, "--replica", ordinal, "--port", str(life.port)]
             if role == "prefill":
                 cmd += ["--bootstrap-port", str(free_port())]
@@ -501,7 +501,7 @@ class FakeApiServer:
         if not engines or any(life is None or life.port is None for life in lives):
             return None
         self.lives[pod["metadata"]["name"]].port = port = free_port()
-        cmd = [sys.executable, "-m", "sim.proxy", "--port", str(port)]
+        cmd = [sys.executable, "-m", "epdbench.sim.proxy", "--port", str(port)]
         for engine, life in sorted(zip(engines, lives), key=lambda e: e[0]["metadata"]["name"]):
             cmd += [f"--{engine['metadata']['labels']['epdbench/role']}", f"http://127.0.0.1:{life.port}"]
         return cmd
@@ -630,7 +630,7 @@ def cluster(tmp_path):
 
 def k8s_spec(kubeconfig: Path, **kube):
     """The tiny Kubernetes spec, pointed at a fake's kubeconfig, with target overrides."""
-    from specs.models import load_spec, parse_spec
+    from epdbench.specs.models import load_spec, parse_spec
     data = load_spec(str(SPEC_PATH)).model_dump(mode="json")
     data["target"]["kubernetes"].update(kubeconfig=str(kubeconfig), **kube)
     return parse_spec(data, "k8s-tiny")

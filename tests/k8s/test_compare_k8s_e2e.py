@@ -16,8 +16,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from manifests.render import render_manifests
-from tasks.k8s_api import connect
+from epdbench.manifests.render import render_manifests
+from epdbench.tasks.k8s_api import connect
 from tests.k8s.fake_apiserver import READY, RUN, SPEC_PATH, UNSCHEDULABLE, FakeApiServer, k8s_spec
 
 pytestmark = pytest.mark.e2e

@@ -7,12 +7,12 @@ from html.parser import HTMLParser
 
 import pandas as pd
 
-from analysis.compare import MATCH_KEYS, REPORT_METRICS
-from analysis.metrics import LOWER_IS_BETTER
-from analysis.trials import aggregate_trials
-from reports.findings import METRIC_NAMES
-from reports.fmt import fmt
-from reports.render import COLUMN_TITLES
+from epdbench.analysis.compare import MATCH_KEYS, REPORT_METRICS
+from epdbench.analysis.metrics import LOWER_IS_BETTER
+from epdbench.analysis.trials import aggregate_trials
+from epdbench.reports.findings import METRIC_NAMES
+from epdbench.reports.fmt import fmt
+from epdbench.reports.render import COLUMN_TITLES
 
 SECTIONS = ["## Summary", "### What was compared", "### Headline findings", "## Environment", "## Plots",
             "## Transport and stage verification", "## Benefits, trade-offs and limitations",

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
-from reports.plots import PALETTE
-from specs.models import spec_to_yaml
-from tasks.report_files import rerender
-from tasks.results import append_records, write_json
+from epdbench.reports.plots import PALETTE
+from epdbench.specs.models import spec_to_yaml
+from epdbench.tasks.report_files import rerender
+from epdbench.tasks.results import append_records, write_json
 from tests.reports.browser import chromium, probe, screenshot
 from tests.reports.synthetic_run import synthetic_meta, synthetic_records, synthetic_verdicts
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis.samples import EarlyStops, PromptFit
-from reports.findings import (cache_text, early_stop_line, gpu_budget_line, prompt_line, regression_line, reuse_view,
+from epdbench.analysis.samples import EarlyStops, PromptFit
+from epdbench.reports.findings import (cache_text, early_stop_line, gpu_budget_line, prompt_line, regression_line, reuse_view,
                               trials_line)
 
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis.metrics import summarize
-from analysis.regression import RegressionSettings, check_result, detect
-from reports.environment import environment
-from reports.plots import Plot
-from reports.render import render_html, render_markdown, report_context
+from epdbench.analysis.metrics import summarize
+from epdbench.analysis.regression import RegressionSettings, check_result, detect
+from epdbench.reports.environment import environment
+from epdbench.reports.plots import Plot
+from epdbench.reports.render import render_html, render_markdown, report_context
 from tests.reports.report_checks import parse_html
 from tests.reports.synthetic_run import synthetic_meta, synthetic_records, synthetic_verdicts
 

@@ -1,7 +1,7 @@
 """reports/live.py: the live terminal line of the current cell."""
 from types import SimpleNamespace
 
-from reports.live import LiveCell
+from epdbench.reports.live import LiveCell
 
 
 def rec(ok=True, ttft=10.0, offsets=(0, 5_000_000, 12_000_000), phase="measured"):

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from analysis.metrics import summarize
-from reports.plots import suite_plots
+from epdbench.analysis.metrics import summarize
+from epdbench.reports.plots import suite_plots
 from tests.reports.synthetic_run import synthetic_records
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -7,10 +7,10 @@ import base64
 
 import pytest
 
-from analysis.metrics import summarize
-from specs.models import load_spec, spec_to_yaml
-from tasks.report_files import rerender
-from tasks.results import append_records, write_json
+from epdbench.analysis.metrics import summarize
+from epdbench.specs.models import load_spec, spec_to_yaml
+from epdbench.tasks.report_files import rerender
+from epdbench.tasks.results import append_records, write_json
 from tests.reports.report_checks import (SECTIONS, check_bold_winners, check_headline_matches_summary,
                                          check_ratio_lines_match_summary, parse_html)
 from tests.reports.synthetic_run import synthetic_meta, synthetic_records, synthetic_verdicts

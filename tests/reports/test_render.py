@@ -7,8 +7,8 @@ import jinja2
 import pandas as pd
 import pytest
 
-from analysis.metrics import SUMMARY_COLUMNS
-from reports.render import make_env, render_report
+from epdbench.analysis.metrics import SUMMARY_COLUMNS
+from epdbench.reports.render import render_report
 
 
 def summary_row(config: str, ttft: float, itl: float, tok_s: float) -> dict:
@@ -85,24 +85,6 @@ def test_verdicts_and_configurations_are_listed(sim_report):
     assert "rdma emulated" in sim_report and "no KV moves" in sim_report
 
 
-def test_make_env_is_strict():
-    env = make_env()
-    assert env.from_string("{{ present }}").render(present="x") == "x"
-    with pytest.raises(jinja2.UndefinedError):
-        env.from_string("{{ missing }}").render()
-    with pytest.raises(jinja2.UndefinedError):
-        env.from_string("{{ meta.missing }}").render(meta={})
-
-
-def test_autoescape_only_for_html():
-    assert make_env().from_string("{{ x }}").render(x="<b>") == "<b>"
-    assert make_env(html=True).from_string("{{ x }}").render(x="<b>") == "&lt;b&gt;"
-
-
-def test_toyaml_filter():
-    assert make_env().from_string("{{ v | toyaml }}").render(v={"a": [1, 2]}) == "a:\n- 1\n- 2"
-
-
 def test_report_with_missing_meta_key_fails_loudly():
     m = meta("sim")
     del m["model"]
@@ -147,8 +129,8 @@ def failed_and_mismatched(tiny_spec):
 
 
 def test_a_failed_configuration_and_a_transport_mismatch_are_called_out(tiny_spec):
-    from analysis.metrics import summarize
-    from reports.render import render_html, render_markdown, report_context
+    from epdbench.analysis.metrics import summarize
+    from epdbench.reports.render import render_html, render_markdown, report_context
     from tests.reports.report_checks import parse_html
 
     meta, records, verdicts = failed_and_mismatched(tiny_spec)
@@ -170,7 +152,7 @@ def test_a_failed_configuration_and_a_transport_mismatch_are_called_out(tiny_spe
 
 
 def test_trials_show_ci_in_html_too():
-    from reports.render import render_html, report_context
+    from epdbench.reports.render import render_html, report_context
 
     two = pd.concat([SUMMARY, SUMMARY.assign(trial=1, ttft_p50_ms=[160.0, 12.0])], ignore_index=True)
     html = render_html(report_context({**meta("sim"), "trials": 2}, two, VERDICTS))

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis.regression import RegressionSettings
-from reports.trend import select, trend_lines
+from epdbench.analysis.regression import RegressionSettings
+from epdbench.reports.trend import select, trend_lines
 
 
 def history(values: dict[str, list[float | None]]) -> pd.DataFrame:

@@ -6,9 +6,9 @@ import statistics
 
 import pytest
 
-from sim.costmodel import CostModel, PrefillChunk
-from sim.engine import Engine, Sequence
-from specs.models import EngineSpec, HardwareSpec, ModelSpec
+from epdbench.physics.costmodel import CostModel, PrefillChunk
+from epdbench.sim.engine import Engine, Sequence
+from epdbench.specs.models import EngineSpec, HardwareSpec, ModelSpec
 
 # A toy model on a toy GPU: a decode step reads 2 GB at 1 TB/s (2 ms) + 1 ms overhead = 3 ms;
 # a 512-token prefill chunk needs ~1 TFLOP at 20 TFLOP/s (~51 ms).

@@ -5,12 +5,12 @@ import time
 
 import pytest
 
-from analysis.evidence import transport_of_pod, verify_transport
-from specs.models import parse_spec
-from specs.workload import build_requests, plan_cells
-from tasks import sim_target
-from tasks.evidence import iter_lines
-from tasks.loadgen import LoadGenerator
+from epdbench.analysis.evidence import transport_of_pod, verify_transport
+from epdbench.specs.models import parse_spec
+from epdbench.specs.workload import build_requests, plan_cells
+from epdbench.tasks import sim_target
+from epdbench.tasks.evidence import iter_lines
+from epdbench.tasks.loadgen import LoadGenerator
 
 mooncake = pytest.importorskip("mooncake.engine", reason="needs the mooncake extra and Debian's libibverbs1",
                                exc_type=ImportError)
@@ -25,7 +25,7 @@ def test_genuine_transport_is_verified_from_mooncake_lines(tiny_spec, tmp_path, 
     data["target"]["sim"]["kv_engine"] = "mooncake"
     spec = parse_spec(data)
     spec_path = tmp_path / "spec.yaml"
-    from specs.models import spec_to_yaml
+    from epdbench.specs.models import spec_to_yaml
     spec_path.write_text(spec_to_yaml(spec))
     dep = sim_target.start(spec, spec.configuration(config), spec_path, tmp_path / "logs")
     try:

@@ -6,10 +6,10 @@ import urllib.request
 
 import pytest
 
-from specs.workload import RequestSpec, build_requests, plan_cells
-from tasks import sim_target
-from tasks.deployment import ProvisionError
-from tasks.loadgen import LoadGenerator
+from epdbench.specs.workload import RequestSpec, build_requests, plan_cells
+from epdbench.tasks import sim_target
+from epdbench.tasks.deployment import ProvisionError
+from epdbench.tasks.loadgen import LoadGenerator
 
 
 def post(url, body):
@@ -98,7 +98,7 @@ def test_epd_reuses_the_encoder_output_of_a_repeated_image(deploy, tiny_spec):
     """The mm-reuse shape (one 1792-px image, 400 text tokens) sent one request at a time: a reused image is
     encoded once, then served by the encoder cache (and its KV by the prefix caches), so its TTFT is a
     fraction of a unique image's, which needs the vision encoder, a 4.5k-token prefill and a full KV pull."""
-    from specs.models import parse_spec
+    from epdbench.specs.models import parse_spec
     data = tiny_spec.model_dump(mode="json")
     cells = [{"name": "reuse-8k", "image_px": 1792, "text_tokens": 400, "output_tokens": 4}]
     data["suites"] = [{"kind": "multimodal", "name": name, "cells": cells, "concurrencies": [1], "n_warmup": 1,
@@ -134,7 +134,7 @@ def test_unhealthy_process_fails_provisioning_with_reason(tiny_spec, tmp_path):
 
 
 def test_calibration_against_the_engines_tokenizer(deploy, tiny_spec):
-    from tasks.calibrate import calibrate
+    from epdbench.tasks.calibrate import calibrate
     dep = deploy("aggregated")
     cal = calibrate(dep.by_role("server")[0].url, tiny_spec.model.name, {("completions", None), ("chat", 560)})
     assert cal.fits["completions:0"] == (1.0, 0.0)

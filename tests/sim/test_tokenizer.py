@@ -1,5 +1,5 @@
 """sim/tokenizer.py: chat prompt layout (template opening, image placeholders, text, closing)."""
-from sim.tokenizer import image_end_positions, prompt_ids, text_tokens
+from epdbench.sim.tokenizer import image_end_positions, prompt_ids, text_tokens
 
 
 def test_image_placeholders_follow_the_template_opening_and_end_where_said():

@@ -7,7 +7,7 @@ import typing
 import pytest
 from pydantic import BaseModel
 
-from specs.models import (PRESET_DIR, ExperimentSpec, SpecError, load_spec, parse_spec, resolve_spec_path,
+from epdbench.specs.models import (PRESET_DIR, ExperimentSpec, SpecError, load_spec, parse_spec, resolve_spec_path,
                           select_configurations, spec_to_yaml)
 
 PRESETS = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))

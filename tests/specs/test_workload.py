@@ -8,8 +8,8 @@ import io
 import pytest
 from PIL import Image
 
-from specs.models import load_spec, parse_spec
-from specs.workload import build_requests, plan_cells
+from epdbench.specs.models import load_spec, parse_spec
+from epdbench.specs.workload import build_requests, plan_cells
 
 PNG_PREFIX = "data:image/png;base64,"
 
@@ -90,7 +90,7 @@ def test_burst_stream_is_seeded_and_scheduled_in_bursts():
 
 
 def test_calibration_sets_word_counts():
-    from specs.workload import Calibration
+    from epdbench.specs.workload import Calibration
     spec = load_spec("smoke")
     c = next(c for c in plan_cells(spec) if c.workload == "512/64")
     cal = Calibration({"completions:0": (1.25, 3.0)})       # e.g. a BPE tokenizer: 1.25 tokens per word

@@ -7,12 +7,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.regression import RegressionSettings
+from epdbench.analysis.regression import RegressionSettings
 from epdbench.cli import main as cli_main
-from specs.models import spec_to_yaml
-from tasks.history import cell_history, check_history, experiment_id, log_regression_check, mlflow_client
-from tasks.results import append_records, write_json
-from tasks.tracking import Tracker
+from epdbench.specs.models import spec_to_yaml
+from epdbench.tasks.history import cell_history, check_history, experiment_id, log_regression_check, mlflow_client
+from epdbench.tasks.results import append_records, write_json
+from epdbench.tasks.tracking import Tracker
 from tests.reports.synthetic_run import synthetic_meta, synthetic_records, synthetic_verdicts
 
 CELLS = [("fixed", "4096/32", 4, "main"), ("mixed", "256/8", 2, "steady")]

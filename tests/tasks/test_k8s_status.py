@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks import k8s_status as status
+from epdbench.tasks import k8s_status as status
 
 
 def pod(name: str, role: str = "prefill", phase: str = "Pending", ready: bool = False, conditions: list | None = None,

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from prefect.exceptions import TerminationSignal
 
-from manifests.render import ManifestError, render_manifests, run_selector
-from tasks import k8s_target
-from tasks.deployment import ProvisionError
-from tasks.k8s_api import KubeApiError, connect
+from epdbench.manifests.render import ManifestError, render_manifests, run_selector
+from epdbench.tasks import k8s_target
+from epdbench.tasks.deployment import ProvisionError
+from epdbench.tasks.k8s_api import KubeApiError, connect
 from tests.k8s.fake_apiserver import (CRASH_LOG, CRASH_LOOP, IMAGE_PULL, NOT_READY, READY,  # noqa: F401
                                       UNSCHEDULABLE, cluster, k8s_spec, wait_until)
 

@@ -4,8 +4,8 @@ import asyncio
 import pytest
 from aiohttp import web
 
-from specs.workload import RequestSpec
-from tasks.loadgen import LoadGenerator, consume_stream, derive_timing
+from epdbench.specs.workload import RequestSpec
+from epdbench.tasks.loadgen import LoadGenerator, consume_stream, derive_timing
 
 
 class ScriptedClock:

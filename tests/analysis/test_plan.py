@@ -2,8 +2,8 @@
 import json
 
 from epdbench.cli import main
-from specs.models import load_spec
-from specs.plan import plan, total_seconds
+from epdbench.specs.models import load_spec
+from epdbench.analysis.plan import plan, total_seconds
 
 KEYS = {"config", "suite", "workload", "concurrency", "stream", "n_warmup", "n_measured", "prompt_set_hash",
         "est_seconds"}

@@ -49,7 +49,7 @@ def plan_services(host: str, prefect_port: int, mlflow_port: int, data_dir: Path
                            "--artifacts-destination", str(data_dir / "mlartifacts"), "--host", host,
                            "--port", str(mlflow_port), "--workers", "1"],
                 f"{mlflow_url}/health", {**base, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}, logs / "mlflow.log"),
-        Service("deployments", [sys.executable, "-m", "flows.deployments", "--nightly-cron", nightly_cron,
+        Service("deployments", [sys.executable, "-m", "epdbench.flows.deployments", "--nightly-cron", nightly_cron,
                                 "--timezone", timezone, "--nightly-preset", nightly_preset],
                 "", {**base, "PREFECT_API_URL": prefect_api, "MLFLOW_TRACKING_URI": mlflow_url,
                      "PREFECT_LOGGING_LEVEL": "INFO"}, logs / "deployments.log"),
@@ -99,8 +99,6 @@ def ensure_gpu_node_slot(prefect_api: str) -> None:
     os.environ["PREFECT_API_URL"] = prefect_api
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
-
-    from flows.deployments import GPU_NODE_SLOT
 
     with get_client(sync_client=True) as client:
         try:
@@ -169,14 +167,21 @@ def up(host: str, prefect_port: int, mlflow_port: int, data_dir: Path, nightly_c
         print("stopped Prefect, MLflow and the deployments", flush=True)
 
 
+GPU_NODE_SLOT = "epdbench-gpu-node"   # Prefect global concurrency limit held by every comparison flow
+
+
 def _alive(pid) -> bool:
+    """Whether `pid` runs; a zombie (exited, not yet reaped by its parent) does not."""
     if not pid:
         return False
     try:
         os.kill(int(pid), 0)
-        return True
     except (ProcessLookupError, PermissionError):
         return False
+    try:
+        return Path(f"/proc/{int(pid)}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def down(data_dir: Path, timeout_s: float = 60) -> int:

@@ -132,7 +132,7 @@ def regression_settings(args):
     """RegressionSettings from --history-runs / --noise-k; bad values are one line."""
     from pydantic import ValidationError
 
-    from analysis.regression import RegressionSettings
+    from epdbench.analysis.regression import RegressionSettings
 
     given = {"last_n": args.history_runs, "k": args.noise_k}
     given = {k: v for k, v in given.items() if v is not None}
@@ -163,7 +163,7 @@ def kube_overrides(args) -> dict:
 
 def with_target(spec, kind: str, overrides: dict, source: str):
     """The spec on the chosen target with the command line's Kubernetes settings, validated again."""
-    from specs.models import SpecError, parse_spec
+    from epdbench.specs.models import SpecError, parse_spec
 
     if overrides and kind != "kubernetes":
         flag = next(f for f, field in KUBE_FLAGS.items() if field in overrides)
@@ -175,8 +175,8 @@ def with_target(spec, kind: str, overrides: dict, source: str):
 
 
 def check_kubeconfig(target) -> None:
-    from specs.models import SpecError
-    from tasks.k8s_api import kubeconfig_paths
+    from epdbench.specs.models import SpecError
+    from epdbench.tasks.k8s_api import kubeconfig_paths
 
     if not any(p.exists() for p in kubeconfig_paths(target)) and not os.environ.get("KUBERNETES_SERVICE_HOST"):
         raise SpecError(f"--kubeconfig: {target.kubeconfig or os.environ.get('KUBECONFIG') or '~/.kube/config'} "
@@ -184,7 +184,7 @@ def check_kubeconfig(target) -> None:
 
 
 def load_compare_spec(args):
-    from specs.models import SpecError, load_spec, select_configurations
+    from epdbench.specs.models import SpecError, load_spec, select_configurations
 
     spec = load_spec(args.spec)
     spec = with_target(spec, args.target or spec.target.kind, kube_overrides(args), args.spec)
@@ -210,7 +210,7 @@ def load_compare_spec(args):
 
 def check_keep_fits(spec) -> None:
     """Kept configurations stay side by side on the GPU node: they must fit together."""
-    from specs.models import SpecError
+    from epdbench.specs.models import SpecError
 
     gpus = sum(c.gpus for c in spec.configurations)
     if spec.target.kind == "kubernetes" and spec.target.kubernetes.keep and gpus > spec.hardware.gpus_per_node:
@@ -238,8 +238,8 @@ def cmd_compare(args) -> int:
         raise CliError(f"--out {out}: directory exists and is not empty; choose a new one or --resume it")
     settings = regression_settings(args)
     quiet_defaults()
-    from flows.compare import INTERRUPTED, compare
-    from reports.terminal import print_summary
+    from epdbench.flows.compare import INTERRUPTED, compare
+    from epdbench.reports.terminal import print_summary
 
     def on_sigint(signum, frame):
         INTERRUPTED.set()
@@ -258,9 +258,9 @@ def cmd_compare(args) -> int:
 
 
 def cmd_manifests(args) -> int:
-    from manifests.render import (DEFAULT_SCHEMA_VERSION, ManifestError, manifest_files, render_manifests,
+    from epdbench.manifests.render import (DEFAULT_SCHEMA_VERSION, ManifestError, manifest_files, render_manifests,
                                   validate_manifests)
-    from specs.models import load_spec
+    from epdbench.specs.models import load_spec
 
     spec = with_target(load_spec(args.spec), "kubernetes", kube_overrides(args), args.spec)
     names = [c.name for c in spec.configurations]
@@ -286,9 +286,9 @@ def cmd_manifests(args) -> int:
 def cmd_cleanup(args) -> int:
     from pydantic import ValidationError
 
-    from specs.models import KubernetesTargetSpec, describe_validation_error
-    from tasks.k8s_api import KubeApiError
-    from tasks.k8s_target import cleanup
+    from epdbench.specs.models import KubernetesTargetSpec, describe_validation_error
+    from epdbench.tasks.k8s_api import KubeApiError
+    from epdbench.tasks.k8s_target import cleanup
 
     try:
         target = KubernetesTargetSpec(**kube_overrides(args))
@@ -307,8 +307,8 @@ def cmd_cleanup(args) -> int:
 def cmd_plan(args) -> int:
     import json
 
-    from specs.models import load_spec, select_configurations
-    from specs.plan import plan, total_seconds
+    from epdbench.specs.models import load_spec, select_configurations
+    from epdbench.analysis.plan import plan, total_seconds
 
     spec = load_spec(args.spec)
     configs = [x.strip() for x in args.configs.split(",") if x.strip()] if args.configs else None
@@ -330,7 +330,7 @@ def cmd_plan(args) -> int:
 
 def cmd_report(args) -> int:
     """Re-render report.md, report.html and plots/ from a results directory or an MLflow comparison run."""
-    from tasks.report_files import ResultsError, download_comparison, rerender
+    from epdbench.tasks.report_files import ResultsError, download_comparison, rerender
 
     if bool(args.results_dir) == bool(args.run_id):
         raise CliError("report: give a results directory or --run-id, not both or neither")
@@ -349,16 +349,16 @@ def cmd_report(args) -> int:
 
 
 def tracking_uri_of(args) -> str:
-    from tasks.tracking import default_tracking_uri
+    from epdbench.tasks.tracking import default_tracking_uri
 
     return args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
 
 
 def cmd_history(args) -> int:
     """Print one metric over the past runs of a spec (oldest first) and where the newest stands."""
-    from analysis.metrics import METRIC_KEYS
-    from reports.trend import select, trend_lines
-    from tasks.history import cell_history, experiment_id, mlflow_client
+    from epdbench.analysis.metrics import METRIC_KEYS
+    from epdbench.reports.trend import select, trend_lines
+    from epdbench.tasks.history import cell_history, experiment_id, mlflow_client
 
     if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,60}", args.spec):
         raise CliError(f"--spec {args.spec}: not a spec name (lowercase letters, digits and dashes, e.g. pd-text)")
@@ -382,19 +382,19 @@ def cmd_history(args) -> int:
 
 def cmd_up(args) -> int:
     quiet_defaults()
-    from epdbench.services import up
+    from epdbench.tasks.services import up
     return up(args.host, args.prefect_port, args.mlflow_port, Path(args.data_dir), args.nightly_cron,
               args.timezone, args.nightly_preset)
 
 
 def cmd_down(args) -> int:
-    from epdbench.services import down
+    from epdbench.tasks.services import down
     return down(Path(args.data_dir))
 
 
 def cmd_sync(args) -> int:
     quiet_defaults()
-    from tasks.publish import sync_results
+    from epdbench.tasks.publish import sync_results
     rdir = results_dir_of(args.run)
     print(sync_results(rdir, args.tracking_uri))
     return EXIT_OK
@@ -404,8 +404,8 @@ def cmd_verify_transport(args) -> int:
     """Exit 0 only when the logs prove the expected transport carried the KV."""
     import json
 
-    from analysis.evidence import transport_of_pod, verify_transport
-    from tasks.evidence import iter_lines
+    from epdbench.analysis.evidence import transport_of_pod, verify_transport
+    from epdbench.tasks.evidence import iter_lines
 
     missing = [p for p in args.logs if not Path(p).is_file()]
     if missing:
@@ -461,7 +461,7 @@ def terminate_children(grace_s: float = 5.0) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["sim"]:
-        from sim.server import main as sim_main
+        from epdbench.sim.server import main as sim_main
         return sim_main(argv[1:])
     try:
         args = build_parser().parse_args(argv)
@@ -488,14 +488,14 @@ def main(argv: list[str] | None = None) -> int:
         # Teardown already ran in the flow's finally blocks; stop any straggler (simulator processes,
         # Prefect's temporary server), then leave without waiting on background threads, which can hang
         # once their server is gone.
-        from tasks.sim_target import stop_all
+        from epdbench.tasks.sim_target import stop_all
         stop_all()
         terminate_children()
         print("interrupted: every started process was stopped", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(130)
     except Exception as e:  # noqa: BLE001
-        from specs.models import SpecError
+        from epdbench.specs.models import SpecError
         if isinstance(e, SpecError):
             print(f"error: {e}", file=sys.stderr)
             return EXIT_BAD_INPUT

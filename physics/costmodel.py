@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specs.models import HardwareSpec, ModelSpec
+from epdbench.specs.models import HardwareSpec, ModelSpec
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from sim.costmodel import CostModel, PrefillChunk, chunk_prefill, image_tokens, transfer_seconds
-from specs.models import load_spec
+from epdbench.physics.costmodel import CostModel, PrefillChunk, chunk_prefill, image_tokens, transfer_seconds
+from epdbench.specs.models import load_spec
 
 GiB = 2 ** 30
 

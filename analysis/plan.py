@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from statistics import mean
 
-from sim.costmodel import CostModel, PrefillChunk, image_tokens, transfer_seconds
-from specs.models import ConfigurationSpec, ExperimentSpec
-from specs.workload import Cell, build_requests, plan_cells, prompt_set_hash
+from epdbench.physics.costmodel import CostModel, PrefillChunk, image_tokens, transfer_seconds
+from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
+from epdbench.specs.workload import Cell, build_requests, plan_cells, prompt_set_hash
 
 STARTUP_S = 5.0   # processes and router of one configuration (simulator), per configuration
 

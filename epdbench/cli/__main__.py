@@ -1,0 +1,5 @@
+import sys
+
+from epdbench.cli import main
+
+sys.exit(main())

@@ -1,0 +1,73 @@
+"""The command lines a spec implies (pure): `vllm serve` arguments of each role and the vllm-router
+command line. One source for the Kubernetes manifests, the simulator target and the report, so the
+three can never drift apart."""
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, RoleSpec
+
+ENGINE_PORT = 8000
+ROUTER_PORT = 8000
+ROUTER_METRICS_PORT = 29000
+MOONCAKE_BOOTSTRAP_PORT = 8998
+NIXL_SIDE_CHANNEL_PORT = 5600
+
+
+def moves_kv(config: ConfigurationSpec, role: str) -> bool:
+    return config.topology != "aggregated" and role in ("prefill", "decode")
+
+
+def kv_transfer_config(config: ConfigurationSpec, role: str) -> dict | None:
+    if not moves_kv(config, role):
+        return None
+    return {"kv_connector": "MooncakeConnector",
+            "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
+            "kv_connector_extra_config": {"mooncake_protocol": config.kv_transport}}
+
+
+def ec_transfer_config(spec: ExperimentSpec, config: ConfigurationSpec, role: str) -> dict | None:
+    if config.topology != "epd" or role not in ("encode", "prefill"):
+        return None
+    return {"ec_connector": spec.target.kubernetes.engine.ec_connector,
+            "ec_role": "ec_producer" if role == "encode" else "ec_consumer"}
+
+
+def engine_args(spec: ExperimentSpec, config: ConfigurationSpec, role: RoleSpec) -> list[str]:
+    """`vllm serve` arguments of one role: model, TP, the WORKLOADS.md engine limits, evidence logging."""
+    args = [spec.model.name, "--host", "0.0.0.0", "--port", str(ENGINE_PORT),
+            "--tensor-parallel-size", str(role.tp),
+            "--max-model-len", str(spec.engine.max_model_len),
+            "--max-num-seqs", str(spec.engine.max_num_seqs),
+            "--max-num-batched-tokens", str(spec.engine.max_num_batched_tokens),
+            "--gpu-memory-utilization", str(spec.engine.gpu_memory_utilization),
+            "--enable-request-id-headers", "--enable-log-requests"]
+    if role.role == "encode":
+        args.append("--enforce-eager")
+    if role.role == "encode" or not spec.engine.enable_prefix_caching:
+        args.append("--no-enable-prefix-caching")
+    kv = kv_transfer_config(config, role.role)
+    if kv:
+        args += ["--kv-transfer-config", json.dumps(kv, separators=(",", ":"))]
+    ec = ec_transfer_config(spec, config, role.role)
+    if ec:
+        args += ["--ec-transfer-config", json.dumps(ec, separators=(",", ":"))]
+    return args + list(spec.target.kubernetes.engine.extra_args)
+
+
+def vllm_router_args(config: ConfigurationSpec, *, host: str, port: int, prometheus_port: int,
+                     startup_timeout_s: float, servers: Sequence[str] = (),
+                     prefills: Sequence[tuple[str, int]] = (), decodes: Sequence[str] = ()) -> list[str]:
+    """vllm-router's arguments: round robin over `servers` (aggregated), or PD mode over `prefills`
+    (URL, Mooncake bootstrap port) and `decodes` with the Mooncake KV connector."""
+    args = ["--host", host, "--port", str(port), "--prometheus-port", str(prometheus_port),
+            "--policy", "round_robin", "--worker-startup-timeout-secs", str(int(startup_timeout_s))]
+    if config.topology == "aggregated":
+        return args + ["--worker-urls", *servers]
+    args += ["--vllm-pd-disaggregation", "--kv-connector", "mooncake"]
+    for url, bootstrap_port in prefills:
+        args += ["--prefill", url, str(bootstrap_port)]
+    for url in decodes:
+        args += ["--decode", url]
+    return args
