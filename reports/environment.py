@@ -19,7 +19,7 @@ def hardware_text(spec: ExperimentSpec) -> str:
 
 def engine_image(spec: ExperimentSpec) -> str:
     if spec.target.kind == "sim":
-        return "epdbench simulator (sim/server.py: vLLM HTTP API and log formats, step-level cost model)"
+        return "epdbench simulator (epdbench.sim: vLLM HTTP API and log formats, step-level cost model)"
     return spec.target.kubernetes.engine.image
 
 

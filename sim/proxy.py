@@ -158,7 +158,7 @@ async def serve(proxy: Proxy, host: str, port: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m sim.proxy", description="Built-in router of the simulator.")
+    p = argparse.ArgumentParser(prog="python -m epdbench.sim.proxy", description="Built-in router of the simulator.")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--server", action="append", default=[])

@@ -1,4 +1,4 @@
-"""specs/plan.py and `epdbench plan`: every cell per configuration, before anything runs."""
+"""analysis/plan.py and `epdbench plan`: every cell per configuration, before anything runs."""
 import json
 
 from epdbench.cli import main

@@ -1,4 +1,4 @@
-"""sim/costmodel.py: roofline step times, image tokens, KV transfer times, FCFS chunked prefill."""
+"""physics/costmodel.py: roofline step times, image tokens, KV transfer times, FCFS chunked prefill."""
 from __future__ import annotations
 
 import pytest

@@ -1,0 +1,206 @@
+"""The sub-commands of `epdbench`, each returning its exit code; imports are deferred so that a bad
+flag answers at once, before Prefect, MLflow or Kubernetes load."""
+from __future__ import annotations
+
+import re
+import signal
+import sys
+from pathlib import Path
+
+from epdbench.cli.common import (EXIT_FAILURES, EXIT_OK, EXIT_REGRESSION, CliError, kube_overrides,
+                                 load_compare_spec, quiet_defaults, regression_settings, results_dir_of,
+                                 tracking_uri_of, with_target)
+
+
+def cmd_compare(args) -> int:
+    out = args.out
+    if args.resume:
+        rdir = results_dir_of(args.resume)
+        if args.out and Path(args.out).resolve() != rdir.resolve():
+            raise CliError("--out and --resume name different directories; give one of them")
+        out = str(rdir)
+        args.spec = str(rdir / "spec.yaml")
+    spec = load_compare_spec(args)
+    if not args.resume and out and Path(out).exists() and any(Path(out).iterdir()):
+        raise CliError(f"--out {out}: directory exists and is not empty; choose a new one or --resume it")
+    settings = regression_settings(args)
+    quiet_defaults()
+    from epdbench.flows.compare import INTERRUPTED, compare
+    from epdbench.reports.terminal import print_summary
+
+    def on_sigint(signum, frame):
+        INTERRUPTED.set()
+        signal.default_int_handler(signum, frame)
+
+    signal.signal(signal.SIGINT, on_sigint)
+
+    outcome = compare(spec, out_dir=out, tracking_uri=args.tracking_uri, trigger="cli",
+                      run_name=Path(out).name if args.resume else None, resume=bool(args.resume),
+                      regression=settings)
+    print_summary(outcome)
+    if not outcome["all_verified"]:
+        return EXIT_FAILURES
+    regressed = outcome["regression"].get("overall", {}).get("regressions", 0)
+    return EXIT_REGRESSION if args.fail_on_regression and regressed else EXIT_OK
+
+
+def cmd_manifests(args) -> int:
+    from epdbench.manifests.render import (DEFAULT_SCHEMA_VERSION, ManifestError, manifest_files, render_manifests,
+                                  validate_manifests)
+    from epdbench.specs.models import load_spec
+
+    spec = with_target(load_spec(args.spec), "kubernetes", kube_overrides(args), args.spec)
+    names = [c.name for c in spec.configurations]
+    if args.config and args.config not in names:
+        raise CliError(f"--config {args.config}: not in this spec; it has {', '.join(names)}")
+    version = spec.target.kubernetes.version or DEFAULT_SCHEMA_VERSION
+    for config in spec.configurations:
+        if args.config and config.name != args.config:
+            continue
+        objects = render_manifests(spec, config, args.run)
+        try:
+            validate_manifests(objects, version)
+        except ManifestError as e:
+            raise CliError(f"{config.name}: {e}") from None
+        out = Path(args.out) / config.name
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in manifest_files(objects).items():
+            (out / name).write_text(text)
+        print(f"{out}/: {len(objects)} objects, {config.gpus} GPUs, valid for Kubernetes {version}")
+    return EXIT_OK
+
+
+def cmd_cleanup(args) -> int:
+    from pydantic import ValidationError
+
+    from epdbench.specs.models import KubernetesTargetSpec, describe_validation_error
+    from epdbench.tasks.k8s_api import KubeApiError
+    from epdbench.tasks.k8s_target import cleanup
+
+    try:
+        target = KubernetesTargetSpec(**kube_overrides(args))
+    except ValidationError as e:
+        raise CliError(describe_validation_error(e, "cleanup")) from None
+    try:
+        found, left = cleanup(target, args.run)
+    except KubeApiError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAILURES
+    print(f"run {args.run} in namespace {target.namespace}: {found} objects found, {found - len(left)} gone"
+          + (f"; still there: {', '.join(left)}" if left else ""))
+    return EXIT_FAILURES if left else EXIT_OK
+
+
+def cmd_plan(args) -> int:
+    import json
+
+    from epdbench.specs.models import load_spec, select_configurations
+    from epdbench.analysis.plan import plan, total_seconds
+
+    spec = load_spec(args.spec)
+    configs = [x.strip() for x in args.configs.split(",") if x.strip()] if args.configs else None
+    spec = select_configurations(spec, configs)
+    rows = plan(spec)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return EXIT_OK
+    print(f"{'config':<12} {'suite':<12} {'workload':<22} {'conc':>4} {'stream':<14} {'warm':>4} {'meas':>5} "
+          f"{'prompts':<16} {'est s':>7}")
+    for r in rows:
+        print(f"{r['config']:<12} {r['suite']:<12} {r['workload']:<22} {r['concurrency']:>4} {r['stream']:<14} "
+              f"{r['n_warmup']:>4} {r['n_measured']:>5} {r['prompt_set_hash']:<16} {r['est_seconds']:>7.1f}")
+    total = total_seconds(spec, rows)
+    print(f"{len(rows)} cells × {spec.trials} trial(s); estimated {total / 60:.1f} min on the simulator "
+          f"(cost model; real hardware differs)")
+    return EXIT_OK
+
+
+def cmd_report(args) -> int:
+    """Re-render report.md, report.html and plots/ from a results directory or an MLflow comparison run."""
+    from epdbench.tasks.report_files import ResultsError, download_comparison, rerender
+
+    if bool(args.results_dir) == bool(args.run_id):
+        raise CliError("report: give a results directory or --run-id, not both or neither")
+    try:
+        if args.run_id:
+            quiet_defaults()
+            rdir = download_comparison(tracking_uri_of(args), args.run_id, Path(args.out) if args.out else None)
+        else:
+            rdir = Path(args.results_dir)
+        paths = rerender(rdir)
+    except ResultsError as e:
+        raise CliError(str(e)) from None
+    for path in paths:
+        print(path)
+    return EXIT_OK
+
+
+def cmd_history(args) -> int:
+    """Print one metric over the past runs of a spec (oldest first) and where the newest stands."""
+    from epdbench.analysis.metrics import METRIC_KEYS
+    from epdbench.reports.trend import select, trend_lines
+    from epdbench.tasks.history import cell_history, experiment_id, mlflow_client
+
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,60}", args.spec):
+        raise CliError(f"--spec {args.spec}: not a spec name (lowercase letters, digits and dashes, e.g. pd-text)")
+    if args.metric not in METRIC_KEYS:
+        raise CliError(f"--metric {args.metric}: not a cell metric; choose one of {', '.join(METRIC_KEYS)}")
+    settings = regression_settings(args)
+    quiet_defaults()
+    client = mlflow_client(tracking_uri_of(args))
+    exp_id = experiment_id(client, args.experiment)
+    if exp_id is None:
+        raise CliError(f"--experiment {args.experiment}: not in {tracking_uri_of(args)}; give --tracking-uri "
+                       "or --experiment of your runs")
+    history = cell_history(client, exp_id, args.spec, args.target, settings.last_n + 1)
+    if history.empty:
+        raise CliError(f"--spec {args.spec}: no comparison runs on target {args.target} in experiment "
+                       f"{args.experiment}")
+    for line in trend_lines(select(history, args.config, args.workload, args.concurrency), args.metric, settings):
+        print(line)
+    return EXIT_OK
+
+
+def cmd_up(args) -> int:
+    quiet_defaults()
+    from epdbench.tasks.services import up
+    return up(args.host, args.prefect_port, args.mlflow_port, Path(args.data_dir), args.nightly_cron,
+              args.timezone, args.nightly_preset)
+
+
+def cmd_down(args) -> int:
+    from epdbench.tasks.services import down
+    return down(Path(args.data_dir))
+
+
+def cmd_sync(args) -> int:
+    quiet_defaults()
+    from epdbench.tasks.publish import sync_results
+    rdir = results_dir_of(args.run)
+    print(sync_results(rdir, args.tracking_uri))
+    return EXIT_OK
+
+
+def cmd_verify_transport(args) -> int:
+    """Exit 0 only when the logs prove the expected transport carried the KV."""
+    import json
+
+    from epdbench.analysis.evidence import transport_of_pod, verify_transport
+    from epdbench.tasks.evidence import iter_lines
+
+    missing = [p for p in args.logs if not Path(p).is_file()]
+    if missing:
+        raise CliError(f"verify-transport: no such log file: {missing[0]}")
+    pods = {Path(p).name: transport_of_pod(iter_lines(Path(p))) for p in args.logs}
+    result = verify_transport(args.expect, pods)
+    if args.json:
+        print(json.dumps(result, indent=2, sort_keys=True))
+    else:
+        print(f"{result['verdict']}: " + "; ".join(result["reasons"]))
+        for name, pod in pods.items():
+            devices = ", ".join(f"{d['name']} (LID {d['lid']})" for d in pod["rdma_devices"]) or "none"
+            print(f"  {name}: installed {pod['observed'] or '?'}, HCAs {pod['hcas']}, RDMA devices {devices}, "
+                  f"{len(pod['throughput_mb_s'])} throughput windows, ready ACKs {pod['ready_acks_received']}")
+    return EXIT_OK if result["verdict"] == "verified" else EXIT_FAILURES
+
+

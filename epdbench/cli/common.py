@@ -1,0 +1,132 @@
+"""What every command shares: one-line errors, quiet defaults, the spec as the command line amends it."""
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+EXIT_OK, EXIT_BAD_INPUT, EXIT_FAILURES, EXIT_REGRESSION = 0, 2, 3, 4
+
+
+def quiet_defaults() -> None:
+    """Telemetry off and a start-up timeout that fits small machines, unless the user set them."""
+    for k, v in {
+        "DO_NOT_TRACK": "true",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
+        "PREFECT_LOGGING_LEVEL": "WARNING",
+        "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "false",
+        "GIT_PYTHON_REFRESH": "quiet",
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",      # an unreachable server fails fast; `epdbench sync` later
+        "MLFLOW_HTTP_REQUEST_TIMEOUT": "20",
+    }.items():
+        os.environ.setdefault(k, v)
+
+
+class CliError(Exception):
+    pass
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2
+        raise CliError(f"{self.prog}: {message} (see --help)")
+
+
+def regression_settings(args):
+    """RegressionSettings from --history-runs / --noise-k; bad values are one line."""
+    from pydantic import ValidationError
+
+    from epdbench.analysis.regression import RegressionSettings
+
+    given = {"last_n": args.history_runs, "k": args.noise_k}
+    given = {k: v for k, v in given.items() if v is not None}
+    if "last_n" in given:
+        given["min_history"] = min(RegressionSettings().min_history, given["last_n"])
+    try:
+        return RegressionSettings(**given)
+    except ValidationError as e:
+        err = e.errors()[0]
+        flag = {"last_n": "--history-runs", "k": "--noise-k"}.get(str(err["loc"][0]) if err["loc"] else "", "")
+        raise CliError(f"{flag or 'regression settings'}: {err['msg']}") from None
+
+
+KUBE_FLAGS = {"kube_context": "context", "namespace": "namespace", "kubeconfig": "kubeconfig", "keep": "keep"}
+
+
+def kube_overrides(args) -> dict:
+    """Kubernetes target settings given as flags: {spec field: value}."""
+    return {field: getattr(args, flag) for flag, field in KUBE_FLAGS.items()
+            if getattr(args, flag, None) not in (None, False)}
+
+
+def with_target(spec, kind: str, overrides: dict, source: str):
+    """The spec on the chosen target with the command line's Kubernetes settings, validated again."""
+    from epdbench.specs.models import SpecError, parse_spec
+
+    if overrides and kind != "kubernetes":
+        flag = next(f for f, field in KUBE_FLAGS.items() if field in overrides)
+        raise SpecError(f"--{flag.replace('_', '-')}: applies to --target kubernetes only")
+    data = spec.model_dump(mode="json")
+    data["target"]["kind"] = kind
+    data["target"]["kubernetes"].update(overrides)
+    return parse_spec(data, source)
+
+
+def check_kubeconfig(target) -> None:
+    from epdbench.specs.models import SpecError
+    from epdbench.tasks.k8s_api import kubeconfig_paths
+
+    if not any(p.exists() for p in kubeconfig_paths(target)) and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        raise SpecError(f"--kubeconfig: {target.kubeconfig or os.environ.get('KUBECONFIG') or '~/.kube/config'} "
+                        "not found: give the kubeconfig of the cluster")
+
+
+def load_compare_spec(args):
+    from epdbench.specs.models import SpecError, load_spec, select_configurations
+
+    spec = load_spec(args.spec)
+    spec = with_target(spec, args.target or spec.target.kind, kube_overrides(args), args.spec)
+    if spec.target.kind == "kubernetes":
+        check_kubeconfig(spec.target.kubernetes)
+    updates: dict = {}
+    if args.seed is not None:
+        if args.seed < 0:
+            raise SpecError("--seed: must be >= 0")
+        updates["seed"] = args.seed
+    tracking = spec.tracking
+    if args.experiment:
+        tracking = tracking.model_copy(update={"experiment": args.experiment})
+    if args.tracking_uri:
+        tracking = tracking.model_copy(update={"tracking_uri": args.tracking_uri})
+    updates["tracking"] = tracking
+    spec = spec.model_copy(update=updates)
+    configs = [x.strip() for x in args.configs.split(",") if x.strip()] if args.configs else None
+    spec = select_configurations(spec, configs)
+    check_keep_fits(spec)
+    return spec
+
+
+def check_keep_fits(spec) -> None:
+    """Kept configurations stay side by side on the GPU node: they must fit together."""
+    from epdbench.specs.models import SpecError
+
+    gpus = sum(c.gpus for c in spec.configurations)
+    if spec.target.kind == "kubernetes" and spec.target.kubernetes.keep and gpus > spec.hardware.gpus_per_node:
+        raise SpecError(f"--keep: the configurations kept side by side need {gpus} GPUs, the node has "
+                        f"{spec.hardware.gpus_per_node}; pick fewer with --configs")
+
+
+def results_dir_of(run: str) -> Path:
+    path = Path(run) if Path(run).is_dir() else Path("results") / run
+    if not (path / "spec.yaml").exists():
+        raise CliError(f"{run}: no results directory with a spec.yaml (looked in {path})")
+    return path
+
+
+def tracking_uri_of(args) -> str:
+    from epdbench.tasks.tracking import default_tracking_uri
+
+    return args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
+
+

@@ -1,0 +1,101 @@
+"""The `epdbench` argument parser: one sub-command per job, errors as one line (exit 2)."""
+from __future__ import annotations
+
+import argparse
+
+from epdbench.cli.common import Parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="epdbench", description="Compare aggregated, PD and EPD LLM serving on matched workloads.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    c = sub.add_parser("compare", help="run the comparison (main job)")
+    c.add_argument("--spec", default="smoke", help="spec YAML path or preset name (default: smoke)")
+    c.add_argument("--target", choices=["sim", "kubernetes"], default=None, help="where to run (default: spec's, sim)")
+    c.add_argument("--configs", default=None, help="comma-separated configuration names (default: all)")
+    c.add_argument("--out", default=None, help="results directory (default: results/<run>)")
+    c.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: sqlite under .epdbench/)")
+    c.add_argument("--experiment", default=None, help="MLflow experiment name (default: spec's, epdbench)")
+    c.add_argument("--seed", type=int, default=None, help="override the spec's seed")
+    add_kube_flags(c)
+    c.add_argument("--keep", action="store_true", help="leave each configuration running (--target kubernetes)")
+    c.add_argument("--resume", default=None, metavar="RUN",
+                   help="continue an interrupted run (results/RUN or a results path): recorded cells are skipped")
+    c.add_argument("--fail-on-regression", action="store_true",
+                   help="exit 4 when a metric regressed beyond the noise of the previous runs")
+    add_regression_flags(c)
+
+    pl = sub.add_parser("plan", help="show every cell, its counts and estimated duration, without running")
+    pl.add_argument("--spec", default="smoke", help="spec YAML path or preset name (default: smoke)")
+    pl.add_argument("--configs", default=None, help="comma-separated configuration names (default: all)")
+    pl.add_argument("--json", action="store_true", help="print a JSON list of cells")
+
+    r = sub.add_parser("report", help="re-render report.md and report.html from a results directory or MLflow run")
+    r.add_argument("results_dir", nargs="?", help="a results directory written by compare")
+    r.add_argument("--run-id", default=None, help="an MLflow comparison run id instead of a directory")
+    r.add_argument("--tracking-uri", default=None, help="MLflow tracking URI of --run-id (default: local store)")
+    r.add_argument("--out", default=None, help="where --run-id's results go (default: results/<run name>)")
+
+    h = sub.add_parser("history", help="a metric over the past runs of a spec, and whether the newest is noise")
+    h.add_argument("--spec", required=True, help="spec name (e.g. smoke, pd-text)")
+    h.add_argument("--target", choices=["sim", "kubernetes"], default="sim", help="target of the runs (default: sim)")
+    h.add_argument("--metric", default="itl_p99_ms", help="cell metric (default: itl_p99_ms)")
+    h.add_argument("--config", default=None, help="configuration name (default: all)")
+    h.add_argument("--workload", default=None, help="workload, e.g. 8192/128 (default: all)")
+    h.add_argument("--concurrency", type=int, default=None, help="concurrency (default: all)")
+    h.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: local store)")
+    h.add_argument("--experiment", default="epdbench", help="MLflow experiment (default: epdbench)")
+    add_regression_flags(h)
+
+    v = sub.add_parser("verify-transport", help="which KV transport did these pod logs really use?")
+    v.add_argument("logs", nargs="+", help="one log file per KV pod (Prefill and Decode)")
+    v.add_argument("--expect", required=True, choices=["tcp", "rdma"], help="the transport the deployment asked for")
+    v.add_argument("--json", action="store_true", help="print transport.json instead of text")
+
+    m = sub.add_parser("manifests", help="render and validate the Kubernetes manifests of configurations")
+    m.add_argument("--spec", default="smoke", help="spec YAML path or preset name (default: smoke)")
+    m.add_argument("--config", default=None, help="configuration name (default: every configuration)")
+    m.add_argument("--out", required=True, help="directory; one sub-folder of YAML files per configuration")
+    m.add_argument("--namespace", default=None, help="namespace written into the objects (default: spec's)")
+    m.add_argument("--run", default="preview", help="value of the epdbench/run label (default: preview)")
+
+    k = sub.add_parser("cleanup", help="delete every Kubernetes object of a run (leftovers of a crashed run)")
+    k.add_argument("--run", required=True, help="run id: the epdbench/run label, printed by compare")
+    add_kube_flags(k)
+
+    u = sub.add_parser("up", help="start Prefect, MLflow and the epdbench deployments on this machine")
+    u.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")
+    u.add_argument("--prefect-port", type=int, default=4200)
+    u.add_argument("--mlflow-port", type=int, default=5000)
+    u.add_argument("--data-dir", default=".epdbench", help="stores and logs (default: .epdbench)")
+    u.add_argument("--nightly-cron", default="0 2 * * *", help="schedule of nightly-comparison (default: 02:00)")
+    u.add_argument("--timezone", default="UTC", help="time zone of the schedule (default: UTC)")
+    u.add_argument("--nightly-preset", default="smoke", choices=["smoke", "pd-text", "epd-multimodal", "epd-reuse"])
+
+    d = sub.add_parser("down", help="stop what 'epdbench up' started")
+    d.add_argument("--data-dir", default=".epdbench")
+
+    y = sub.add_parser("sync", help="upload a results directory to MLflow (after MLflow was unreachable)")
+    y.add_argument("run", help="results/RUN or a results path")
+    y.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or "
+                                                        "the local store)")
+
+    s = sub.add_parser("sim", help="serve one simulated role replica (used by the sim target)")
+    s.add_argument("args", nargs=argparse.REMAINDER)
+    return p
+
+
+def add_regression_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--history-runs", type=int, default=None, metavar="N",
+                        help="past runs that form the noise band (default: 10)")
+    parser.add_argument("--noise-k", type=float, default=None, metavar="K",
+                        help="band half-width in robust standard deviations, 1.4826·MAD (default: 4)")
+
+
+def add_kube_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kube-context", default=None, help="kubeconfig context (default: the current one)")
+    parser.add_argument("--namespace", default=None, help="namespace of the objects (default: spec's, epdbench)")
+    parser.add_argument("--kubeconfig", default=None, help="kubeconfig path (default: $KUBECONFIG, ~/.kube/config)")
+
+

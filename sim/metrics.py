@@ -1,0 +1,118 @@
+"""A replica's counters, their Prometheus text under vLLM's metric names, and the periodic
+Mooncake transfer-engine and "KV Transfer metrics" log windows."""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from epdbench.sim.replica import Replica
+
+
+@dataclass
+class Counters:
+    request_success: dict[str, int] = field(default_factory=dict)
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    prompt_by_source: dict[str, int] = field(
+        default_factory=lambda: {"local_compute": 0, "local_cache_hit": 0, "external_kv_transfer": 0})
+    mm_cache_queries: int = 0
+    mm_cache_hits: int = 0
+    kv_bytes: int = 0
+    kv_transfers: int = 0
+    kv_failed_transfers: int = 0
+    kv_failed_recvs: int = 0
+    kv_xfer_seconds: float = 0.0
+    ec_bytes: int = 0
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+
+    def admit(self, prompt_tokens: int, computed: int, cached: int) -> None:
+        """Count an admitted request's prompt tokens by where their KV comes from: `computed` tokens are
+        already there (`cached` of them from the local prefix cache, the rest pulled), the others computed."""
+        self.prompt_tokens += prompt_tokens
+        self.prompt_by_source["local_compute"] += prompt_tokens - computed
+        self.prompt_by_source["local_cache_hit"] += cached
+        self.prompt_by_source["external_kv_transfer"] += computed - cached
+
+    def finish(self, reason: str, generated: int) -> None:
+        self.request_success[reason] = self.request_success.get(reason, 0) + 1
+        self.generation_tokens += generated
+
+
+@dataclass
+class TransferWindow:
+    """KV sent since the last metrics window: what Mooncake's MC_TE_METRIC line reports."""
+    n_bytes: int = 0
+    count: int = 0
+    lat_ms: list[float] = field(default_factory=list)
+
+    def record(self, n_bytes: int, latency_ms: float) -> None:
+        self.n_bytes += n_bytes
+        self.count += 1
+        self.lat_ms.append(latency_ms)
+
+
+def prometheus_text(replica: Replica) -> str:
+    c = replica.counters
+    lbl = f'engine="0",model_name="{replica.spec.model.name}"'
+    lines = ["# HELP epdbench_sim_info Emulated engine (no GPU). 1 means this is the epdbench simulator.",
+             "# TYPE epdbench_sim_info gauge",
+             f'epdbench_sim_info{{{lbl},role="{replica.role}",transport="{replica.transport}"}} 1']
+
+    def counter(name, value, extra=""):
+        lines.append(f"# TYPE vllm:{name} counter")
+        lines.append(f"vllm:{name}_total{{{lbl}{extra}}} {value}")
+
+    for reason, n in sorted(c.request_success.items()) or [("length", 0)]:
+        counter("request_success", n, f',finished_reason="{reason}"')
+    counter("prompt_tokens", c.prompt_tokens)
+    counter("generation_tokens", c.generation_tokens)
+    for src, n in c.prompt_by_source.items():
+        counter("prompt_tokens_by_source", n, f',source="{src}"')
+    counter("prefix_cache_queries", c.prefix_queries)
+    counter("prefix_cache_hits", c.prefix_hits)
+    counter("mm_cache_queries", c.mm_cache_queries)
+    counter("mm_cache_hits", c.mm_cache_hits)
+    lines += ["# TYPE vllm:num_requests_running gauge",
+              f"vllm:num_requests_running{{{lbl}}} {replica.engine.num_running}",
+              "# TYPE vllm:num_requests_waiting gauge",
+              f"vllm:num_requests_waiting{{{lbl}}} {replica.engine.num_waiting}"]
+    if replica.moves_kv:
+        counter("mooncake_bytes_transferred", c.kv_bytes)
+        counter("mooncake_num_failed_transfers", c.kv_failed_transfers)
+        counter("mooncake_num_failed_recvs", c.kv_failed_recvs)
+        lines.append("# TYPE vllm:mooncake_xfer_time_seconds summary")
+        lines.append(f"vllm:mooncake_xfer_time_seconds_count{{{lbl}}} {c.kv_transfers}")
+        lines.append(f"vllm:mooncake_xfer_time_seconds_sum{{{lbl}}} {c.kv_xfer_seconds:.6f}")
+    return "\n".join(lines) + "\n"
+
+
+# --- periodic transport metrics (MC_TE_METRIC=1 style) -------------------------------------------
+async def metrics_windows(replica: Replica, interval_s: float) -> None:
+    kv = replica.kv
+    last = {"transfers": 0, "failed": 0, "recv_failed": 0}
+    while True:
+        await asyncio.sleep(interval_s)
+        w = kv.window
+        if w.count and not kv.genuine:
+            mb_s = w.n_bytes / 1e6 / interval_s
+            lat = sorted(w.lat_ms)
+            under_1ms = sum(1 for x in lat if x < 1) / len(lat) * 100
+            replica.mc_log(f"[Metrics] Transfer Engine Stats (over last {interval_s:g}s): Throughput: "
+                           f"{mb_s:.2f} MB/s | Latency Distribution (count={len(lat)}): "
+                           f"0-1000μs:{under_1ms:.1f}%, >1000μs:{100 - under_1ms:.1f}%")
+            kv.window = TransferWindow()
+        c = replica.counters
+        new = {"transfers": c.kv_transfers, "failed": c.kv_failed_transfers, "recv_failed": c.kv_failed_recvs}
+        if new != last:
+            # Mooncake pushes from Prefill: successes are reported there, failures on Decode.
+            dn = new["transfers"] - last["transfers"] if replica.role == "prefill" else 0
+            avg_mb = (c.kv_bytes / c.kv_transfers / 1e6) if c.kv_transfers else 0.0
+            replica.api_log(
+                f"KV Transfer metrics: Num successful transfers={dn}, Avg MB per transfer={avg_mb:.1f}, "
+                f"Num failed transfers={new['failed'] - last['failed']}, "
+                f"Num failed recvs={new['recv_failed'] - last['recv_failed']}, Num KV expired reqs=0"
+                f"{kv.mark}", file="metrics.py", line=103)
+            last = new

@@ -1,0 +1,182 @@
+"""One simulated vLLM replica (role server, prefill, decode or encode): cost model, engine, vLLM-format logs,
+and the request path through prefix cache, encoder, KV handoff and responses."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import uuid
+
+import aiohttp
+from aiohttp import web
+
+from epdbench.physics.costmodel import CostModel
+from epdbench.sim import logfmt, responses
+from epdbench.sim.encoder import Encoder, PullError
+from epdbench.sim.engine import Engine, Sequence
+from epdbench.sim.kv_handoff import KVHandoff
+from epdbench.sim.metrics import Counters, prometheus_text
+from epdbench.sim.prefix_cache import PrefixCache
+from epdbench.sim.tokenizer import chat_parts, image_end_positions, image_hash, prompt_ids
+from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+class Replica:
+    def __init__(self, spec: ExperimentSpec, config: ConfigurationSpec, role: str, replica: int,
+                 host: str, port: int, bootstrap_port: int | None):
+        self.spec, self.config, self.role, self.replica = spec, config, role, replica
+        self.host, self.port, self.bootstrap_port = host, port, bootstrap_port
+        role_spec = config.role(role)
+        assert role_spec is not None, f"configuration {config.name} has no role {role}"
+        self.role_spec = role_spec
+        self.cost = CostModel(spec.model, spec.hardware, role_spec.tp)
+        self.engine = Engine(self.cost, spec.engine)
+        self.pid = os.getpid()
+        self.engine_id = f"{config.name}-{role}-{replica}-{uuid.uuid4().hex[:8]}"
+        self.counters = Counters()
+        self.link_lock = asyncio.Lock()  # the sending pod's NIC(s): one transfer at a time (KV or encoder outputs)
+        self.prefix_cache = (PrefixCache(self.kv_capacity_tokens())
+                             if spec.engine.enable_prefix_caching and role in ("server", "prefill", "decode")
+                             else None)
+        self.session: aiohttp.ClientSession | None = None
+        self.kv = KVHandoff(self)
+        self.encoder = Encoder(self)
+
+    def kv_capacity_tokens(self) -> int:
+        """KV cache of the replica: memory left after the weights, over bytes per token."""
+        total = self.spec.hardware.hbm_gb * 1e9 * self.spec.engine.gpu_memory_utilization * self.role_spec.tp
+        return max(0, int((total - self.spec.model.weight_bytes) / self.spec.model.kv_bytes_per_token))
+
+    # --- logging -------------------------------------------------------------------------
+    def api_log(self, msg: str, level: str = "INFO", file: str = "api_server.py", line: int = 1) -> None:
+        log(logfmt.vllm_line("APIServer", self.pid, level, file, line, msg))
+
+    def engine_log(self, msg: str, level: str = "INFO", file: str = "scheduler.py", line: int = 1) -> None:
+        log(logfmt.vllm_line("EngineCore_DP0", self.pid, level, file, line, msg))
+
+    def mc_log(self, msg: str, severity: str = "I", file: str = "transfer_engine.cpp", line: int = 1) -> None:
+        log(logfmt.glog_line(severity, self.pid, file, line, msg))
+
+    @property
+    def transport(self) -> str:
+        return self.config.kv_transport
+
+    @property
+    def moves_kv(self) -> bool:
+        return self.role in ("prefill", "decode")
+
+    def startup_lines(self) -> None:
+        hw = self.spec.hardware
+        what = ("[epdbench sim: emulated GPU, genuine Mooncake KV transport]" if self.kv.genuine
+                else logfmt.EMULATED_MARK)
+        self.api_log(f"epdbench simulator {what}: vLLM API server role={self.role} "
+                     f"replica={self.replica} config={self.config.name} model={self.spec.model.name} "
+                     f"tp={self.role_spec.tp} hardware={hw.gpu}")
+        if self.moves_kv:
+            self.kv.startup_lines()
+        self.api_log(f"Starting vLLM API server 0 on http://{self.host}:{self.port}", file="launcher.py")
+
+    # --- request parsing -----------------------------------------------------------------
+    def parse(self, body: dict, chat: bool) -> tuple[list[int], list[bytes], list[int]]:
+        """(prompt token ids, raw images, where each image's tokens end) of a request body."""
+        if chat:
+            text, images = chat_parts(body.get("messages") or [])
+            placed = [(image_hash(b), self.encoder.tokens(b)) for b in images]
+            overhead = self.spec.model.chat_overhead_tokens
+            return prompt_ids(text, placed, True, overhead), images, image_end_positions(placed, overhead)
+        prompt = body.get("prompt", "")
+        if isinstance(prompt, list):
+            prompt = " ".join(str(p) for p in prompt)
+        return prompt_ids(prompt, [], False, 0), [], []
+
+    # --- handlers --------------------------------------------------------------------------
+    async def generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        try:
+            body = await request.json()
+            ids, images, image_ends = self.parse(body, chat)
+            prompt_tokens = len(ids)
+        except (ValueError, json.JSONDecodeError, OSError) as e:
+            return web.json_response({"error": {"message": f"bad request: {e}", "code": 400}}, status=400)
+        if images and self.spec.model.vision is None:
+            return web.json_response({"error": {"message": "model is not multimodal", "code": 400}}, status=400)
+        max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+        if prompt_tokens + max_tokens > self.spec.engine.max_model_len:
+            msg = (f"This model's maximum context length is {self.spec.engine.max_model_len} tokens. However, "
+                   f"you requested {prompt_tokens + max_tokens} tokens.")
+            return web.json_response({"error": {"message": msg, "code": 400}}, status=400)
+        client_id = body.get("request_id") or request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        prefix = "chatcmpl" if chat else "cmpl"
+        rid = f"{prefix}-{client_id}"
+        kvp = body.get("kv_transfer_params") or {}
+        self.api_log(f"Received request {rid}: role={self.role} prompt_tokens={prompt_tokens} "
+                     f"max_tokens={max_tokens} images={len(images)} "
+                     f"kv_transfer_params={json.dumps(kvp, sort_keys=True) if kvp else None}",
+                     file="logger.py", line=49)
+
+        seq = Sequence(request_id=rid, prompt_tokens=prompt_tokens, max_tokens=max_tokens)
+        hashes = [image_hash(b) for b in images]
+        cached = self.prefix_lookup(seq, ids, kvp)
+        prefill_only = self.role in ("prefill", "encode") or bool(kvp.get("do_remote_decode"))
+        if prefill_only:
+            seq.max_tokens = 1
+        try:
+            if self.role == "encode":
+                await self.encoder.encode_images(rid, images, hashes)
+                return await responses.respond_prefill_only(self, body, rid, seq, chat, kvp=None)
+            # As vLLM's scheduler: an image whose tokens lie inside the cached prefix needs neither the
+            # encoder nor its encoder output (its KV is already there).
+            todo = [i for i, end in enumerate(image_ends) if end > cached]
+            if todo:
+                seq.image_tokens = await self.encoder.image_work(rid, body, [images[i] for i in todo],
+                                                                 [hashes[i] for i in todo])
+            if self.role == "decode" and kvp.get("do_remote_prefill"):
+                ok = await self.kv.pull_kv(rid, kvp, prompt_tokens - cached)
+                if ok:
+                    seq.computed = prompt_tokens - 1  # last prompt token is recomputed locally
+                    seq.image_tokens = 0
+            elif self.role == "decode":
+                self.engine_log(f"Request {rid} arrived without kv_transfer_params: prefilling locally",
+                                level="WARNING", file="mooncake_connector.py")
+        except PullError as e:
+            return web.json_response({"error": {"message": str(e), "code": 502}}, status=502)
+        self.counters.admit(prompt_tokens, seq.computed, cached)
+        self.engine_log(f"Added request {rid}.", file="scheduler.py")
+        self.engine.submit(seq)
+        if prefill_only:
+            return await responses.respond_prefill_only(self, body, rid, seq, chat, kvp=kvp)
+        if body.get("stream"):
+            return await responses.stream(self, request, body, rid, seq, chat)
+        return await responses.complete(self, body, rid, seq, chat)
+
+    def prefix_lookup(self, seq: Sequence, ids: list[int], kvp: dict) -> int:
+        """Start the sequence after its cached prefix (vLLM automatic prefix caching); returns the
+        cached tokens. On a decode leg, the KV connector then loads only the blocks not cached locally."""
+        if self.prefix_cache is None:
+            return 0
+        cached = self.prefix_cache.lookup(ids)
+        self.counters.prefix_queries += len(ids)
+        self.counters.prefix_hits += cached
+        seq.computed = seq.cached = cached
+        seq.on_prefilled = lambda: self.prefix_cache.insert(ids)
+        return cached
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        ids, _, _ = self.parse(body, chat="messages" in body)
+        return web.json_response({"count": len(ids), "max_model_len": self.spec.engine.max_model_len,
+                                  "tokens": ids})
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [
+            {"id": self.spec.model.name, "object": "model", "owned_by": "vllm",
+             "max_model_len": self.spec.engine.max_model_len}]})
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=prometheus_text(self), content_type="text/plain")

@@ -1,0 +1,117 @@
+"""OpenAI-style answers of a replica: completion JSON, SSE chunks with usage, and the prefill-only answer
+that hands the KV or encoder outputs on."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from epdbench.sim.engine import Sequence
+
+if TYPE_CHECKING:
+    from epdbench.sim.replica import Replica
+
+OUTPUT_WORDS = ["the", "model", "answers", "with", "tokens", "that", "stream", "back", "to", "you"]
+
+
+def word(i: int) -> str:
+    """The i-th output token's text."""
+    return " " + OUTPUT_WORDS[i % len(OUTPUT_WORDS)]
+
+
+def text_of(n: int) -> str:
+    return "".join(word(i) for i in range(n))
+
+
+def usage(seq: Sequence, generated: int | None = None) -> dict:
+    n = seq.generated if generated is None else generated
+    return {"prompt_tokens": seq.prompt_tokens, "completion_tokens": n,
+            "total_tokens": seq.prompt_tokens + n,
+            "prompt_tokens_details": {"cached_tokens": seq.cached}}
+
+
+def model_of(replica: Replica, body: dict) -> str:
+    return body.get("model") or replica.spec.model.name
+
+
+def response_json(replica: Replica, body: dict, rid: str, seq: Sequence, chat: bool, reason: str) -> dict:
+    text = text_of(seq.generated)
+    choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason}
+              if chat else {"index": 0, "text": text, "finish_reason": reason})
+    return {"id": rid, "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()), "model": model_of(replica, body),
+            "choices": [choice], "usage": usage(seq)}
+
+
+async def collect(seq: Sequence) -> str:
+    while True:
+        kind, _ = await seq.out.get()
+        if kind == "done":
+            return seq.finish_reason or "length"
+
+
+async def respond_prefill_only(replica: Replica, body: dict, rid: str, seq: Sequence, chat: bool,
+                               kvp: dict | None) -> web.Response:
+    if replica.role == "encode":
+        reason = "length"
+        seq.generated = 1
+    else:
+        reason = await collect(seq)
+    replica.counters.finish(reason, seq.generated)
+    out = response_json(replica, body, rid, seq, chat, reason)
+    if kvp and kvp.get("do_remote_decode"):
+        out["kv_transfer_params"] = replica.kv.hold(kvp, rid, seq.prompt_tokens)
+    if replica.role == "encode":
+        out["ec_transfer_params"] = replica.encoder.transfer_params()
+    return web.json_response(out)
+
+
+async def complete(replica: Replica, body: dict, rid: str, seq: Sequence, chat: bool) -> web.Response:
+    reason = await collect(seq)
+    replica.counters.finish(reason, seq.generated)
+    return web.json_response(response_json(replica, body, rid, seq, chat, reason))
+
+
+async def stream(replica: Replica, request: web.Request, body: dict, rid: str, seq: Sequence,
+                 chat: bool) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    model = model_of(replica, body)
+    created = int(time.time())
+    obj = "chat.completion.chunk" if chat else "text_completion"
+
+    def chunk(choices, usage_=None) -> bytes:
+        d = {"id": rid, "object": obj, "created": created, "model": model, "choices": choices}
+        if usage_ is not None:
+            d["usage"] = usage_
+        return b"data: " + json.dumps(d, separators=(",", ":")).encode() + b"\n\n"
+
+    n = 0
+    continuous = bool((body.get("stream_options") or {}).get("continuous_usage_stats"))
+    try:
+        if chat:
+            await resp.write(chunk([{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                     "finish_reason": None}]))
+        while True:
+            kind, _ = await seq.out.get()
+            if kind == "done":
+                break
+            text = word(n)
+            n += 1
+            last = n >= seq.max_tokens
+            reason = "length" if last else None
+            piece = ({"index": 0, "delta": {"content": text}, "finish_reason": reason} if chat
+                     else {"index": 0, "text": text, "finish_reason": reason})
+            await resp.write(chunk([piece], usage(seq, n) if continuous else None))
+        replica.counters.finish(seq.finish_reason or "length", seq.generated)
+        if (body.get("stream_options") or {}).get("include_usage"):
+            await resp.write(chunk([], usage(seq)))
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+    except (ConnectionResetError, asyncio.CancelledError):
+        replica.engine.abort(seq)
+        raise
+    return resp

@@ -1,0 +1,149 @@
+"""Where a comparison runs: the embedded simulator or a Kubernetes cluster."""
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import Field, model_validator
+
+from epdbench.specs.base import Strict
+
+
+class SimFaults(Strict):
+    skip_prefill_fraction: float = Field(0.0, ge=0, le=1, title="Skip-prefill fraction",
+                                         description="Fault injection: the router sends this fraction of PD/EPD "
+                                                     "requests straight to decode, which prefills locally.")
+
+
+class SimTargetSpec(Strict):
+    host: str = Field("127.0.0.1", pattern=r"^(127\.\d+\.\d+\.\d+|localhost|::1)$", title="Bind address",
+                      description="Loopback address the simulator processes listen on.")
+    router: Literal["vllm-router", "builtin"] = Field(
+        "vllm-router", title="Router",
+        description="vllm-router for aggregated and PD (EPD always uses the built-in proxy).")
+    startup_timeout_s: float = Field(60, gt=0, le=600, title="Start-up timeout (s)",
+                                     description="Time allowed for every process of a configuration to serve.")
+    faults: SimFaults = Field(default_factory=SimFaults, title="Faults",
+                              description="Faults to inject, to prove the verifiers catch them.")
+    kv_engine: Literal["emulated", "mooncake"] = Field(
+        "emulated", title="KV transfer engine",
+        description="emulated: KV handoff timed by the cost model; mooncake: real byte buffers also move "
+                    "through the real Mooncake transfer engine (needs the mooncake extra and libibverbs1).")
+    kv_scale: float = Field(1 / 16, gt=0, le=1, title="Genuine KV scale",
+                            description="Fraction of the modelled KV bytes really moved when kv_engine is mooncake.")
+    kv_buffer_mb: int = Field(64, ge=1, le=4096, title="Genuine KV buffer (MB)",
+                              description="Registered buffer per KV process; larger transfers are capped to it.")
+
+
+K8S_NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+K8S_QUANTITY = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$"
+
+
+class KubeEngineSpec(Strict):
+    image: str = Field("vllm/vllm-openai:v0.33.0", min_length=1, title="Engine image",
+                       description="vLLM image with its tag; every role runs `vllm serve` from it.")
+    extra_args: list[str] = Field(default_factory=list, title="Extra engine arguments",
+                                  description="Appended to every `vllm serve` command line.")
+    shm_size: str = Field("16Gi", pattern=K8S_QUANTITY, title="/dev/shm size",
+                          description="Size limit of the memory emptyDir mounted at /dev/shm.")
+    hf_token_secret: str | None = Field(None, pattern=K8S_NAME, title="Hugging Face token secret",
+                                        description="Secret whose key HF_TOKEN is passed to engines "
+                                                    "(gated models); none: no token.")
+    ec_connector: str = Field("ECCPUConnector", min_length=1, title="Encoder-cache connector",
+                              description="vLLM ec_connector of EPD encode (producer) and prefill (consumer).")
+
+
+class KubeRouterSpec(Strict):
+    image: str | None = Field(None, title="Router image",
+                              description="Image of the router pod; none: the engine image (already on the node).")
+    pip_install: str | None = Field("vllm-router==0.1.17", title="Router package to install",
+                                    description="pip requirement installed at start when the router is vllm-router; "
+                                                "none when the image already has it.")
+    command: list[str] | None = Field(None, title="Router command",
+                                      description="None: vllm-router (aggregated, PD) or vLLM's disagg_epd_proxy.py "
+                                                  "(EPD). Set it, with args, to swap in a cluster's own router.")
+    args: list[str] | None = Field(None, title="Router arguments",
+                                   description="Required with a custom command. Kubernetes expands $(SERVER_URLS), "
+                                               "$(PREFILL_URLS), $(DECODE_URLS), $(ENCODE_URLS) (comma-separated).")
+
+    @model_validator(mode="after")
+    def _check(self) -> "KubeRouterSpec":
+        if self.command is not None and self.args is None:
+            raise ValueError("a custom router command needs args too")
+        return self
+
+
+class KubeNodeSpec(Strict):
+    selector: dict[str, str] = Field(default_factory=lambda: {"nvidia.com/gpu.present": "true"},
+                                     title="GPU node selector",
+                                     description="Node labels every engine pod requires (the GPU node).")
+    tolerations: list[dict[str, str]] = Field(
+        default_factory=lambda: [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        title="Tolerations", description="Tolerations of engine pods (e.g. the GPU node's taints).")
+    gpu_resource: str = Field("nvidia.com/gpu", min_length=1, title="GPU resource",
+                              description="Extended resource of the NVIDIA device plugin.")
+    rdma_resource: str | None = Field("rdma/rdma_shared_device_a", title="RDMA resource",
+                                      description="Extended resource of the RDMA device plugin; "
+                                                  "needed by configurations with kv_transport rdma.")
+    rdma_pod_annotations: dict[str, str] = Field(
+        default_factory=dict, title="RDMA pod annotations",
+        description="Annotations of RDMA pods, e.g. k8s.v1.cni.cncf.io/networks for a secondary RDMA network.")
+
+
+class PvcModelCache(Strict):
+    kind: Literal["pvc"] = Field("pvc", title="Kind", description="A PersistentVolumeClaim holding the HF cache.")
+    claim_name: str = Field("hf-cache", pattern=K8S_NAME, title="Claim name",
+                            description="PVC in the namespace, mounted read-write as the Hugging Face cache.")
+
+
+class HostPathModelCache(Strict):
+    kind: Literal["host-path"] = Field("host-path", title="Kind",
+                                       description="A directory on the GPU node holding the HF cache.")
+    path: str = Field(pattern=r"^/", title="Host path", description="Absolute path on the node.")
+
+
+class EmptyDirModelCache(Strict):
+    kind: Literal["empty-dir"] = Field("empty-dir", title="Kind",
+                                       description="A fresh emptyDir per pod: every pod downloads the model.")
+
+
+ModelCache = Annotated[Union[PvcModelCache, HostPathModelCache, EmptyDirModelCache], Field(discriminator="kind")]
+
+
+class KubernetesTargetSpec(Strict):
+    kubeconfig: str | None = Field(None, title="Kubeconfig",
+                                   description="Path of the kubeconfig; none: $KUBECONFIG or ~/.kube/config "
+                                               "(in-cluster credentials when neither exists).")
+    context: str | None = Field(None, title="Context", description="Kubeconfig context; none: the current one.")
+    namespace: str = Field("epdbench", pattern=K8S_NAME, title="Namespace",
+                           description="Existing namespace every object is created in.")
+    version: str | None = Field(None, pattern=r"^1\.\d+$", title="Kubernetes version",
+                                description="Schema version manifests are validated against, e.g. 1.31; "
+                                            "none: read from the cluster (1.31 for `epdbench manifests`).")
+    access: Literal["service-proxy", "port-forward"] = Field(
+        "service-proxy", title="Endpoint access",
+        description="How the runner reaches the router and the pods' /metrics from outside the cluster.")
+    keep: bool = Field(False, title="Keep deployments",
+                       description="Leave each configuration running after its run, for debugging.")
+    ready_timeout_s: float = Field(1800, gt=0, le=7200, title="Readiness timeout (s)",
+                                   description="Time allowed for every pod of a configuration to become ready.")
+    teardown_timeout_s: float = Field(300, gt=0, le=3600, title="Teardown timeout (s)",
+                                      description="Time allowed for every labelled object to be gone.")
+    poll_interval_s: float = Field(5, gt=0, le=60, title="Poll interval (s)",
+                                   description="Interval between readiness and teardown checks.")
+    engine: KubeEngineSpec = Field(default_factory=KubeEngineSpec, title="Engine",
+                                   description="vLLM image and pod settings.")
+    router: KubeRouterSpec = Field(default_factory=KubeRouterSpec, title="Router",
+                                   description="Router pod in front of each configuration.")
+    node: KubeNodeSpec = Field(default_factory=KubeNodeSpec, title="GPU node",
+                               description="Where engine pods run and which device-plugin resources they request.")
+    model_cache: ModelCache = Field(default_factory=PvcModelCache, title="Model cache",
+                                    description="Volume mounted as the Hugging Face cache of every engine.")
+
+
+class TargetSpec(Strict):
+    kind: Literal["sim", "kubernetes"] = Field("sim", title="Target",
+                                               description="sim: local simulator processes; kubernetes: a cluster.")
+    sim: SimTargetSpec = Field(default_factory=SimTargetSpec, title="Simulator settings",
+                               description="Used when kind is sim.")
+    kubernetes: KubernetesTargetSpec = Field(default_factory=KubernetesTargetSpec, title="Kubernetes settings",
+                                             description="Used when kind is kubernetes.")

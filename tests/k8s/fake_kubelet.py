@@ -1,0 +1,237 @@
+"""The fake cluster's kubelet: runs each pod by the script its test chose (a `run` pod is a local simulator
+process), reports its status and health, stops it when the pod goes, and serves its logs."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import aiohttp
+from aiohttp import web
+
+from tests.k8s.fake_objects import ObjectStore, now_stamp, status_body
+
+ROOT = Path(__file__).resolve().parents[2]
+NODE = "gpu-node-1"
+TICK_S = 0.05
+HEALTH_TIMEOUT_S = 0.5
+
+RUN, READY, UNSCHEDULABLE, IMAGE_PULL, CRASH_LOOP, NOT_READY = (
+    "run", "ready", "unschedulable", "image-pull", "crash-loop", "not-ready")
+CRASH_LOG = "ValueError: invalid model configuration (scripted crash)\n"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class PodLife:
+    """The kubelet's view of one pod: its script, its simulator process and its stamped log lines."""
+    script: str
+    port: int | None = None
+    process: subprocess.Popen | None = None
+    log_path: Path | None = None
+    lines: list[tuple[str, str]] = field(default_factory=list)
+    read_bytes: int = 0
+    started: bool = False
+    ready: bool = False
+
+
+class Kubelet:
+    """Pod lives by pod name: `run` starts `python -m epdbench.sim.server` for an engine pod and
+    `python -m epdbench.sim.proxy` for a router pod (once its configuration's engines have ports)."""
+
+    def __init__(self, store: ObjectStore, work_dir: Path, spec_path: Path | None,
+                 behaviour: Callable[[dict], str], env_overrides: dict[str, str]):
+        self.store, self.work_dir, self.spec_path = store, work_dir, spec_path
+        self.behaviour, self.env_overrides = behaviour, env_overrides
+        self.lives: dict[str, PodLife] = {}
+        self._session: aiohttp.ClientSession | None = None
+
+    # --- pods coming and going -------------------------------------------------------------------
+    def admit(self, pod: dict) -> None:
+        """A new pod: ask the test's behaviour for its script."""
+        self.lives[pod["metadata"]["name"]] = PodLife(script=self.behaviour(pod))
+
+    def ready_life(self, name: str) -> PodLife | None:
+        life = self.lives.get(name)
+        return life if life and life.ready else None
+
+    def release(self, name: str) -> None:
+        """Forget a deleted pod and stop its process, off the event loop (stopping can take seconds)."""
+        life = self.lives.pop(name, None)
+        if life:
+            asyncio.get_running_loop().run_in_executor(None, self.kill, life)
+
+    def kill_all(self) -> None:
+        for life in self.lives.values():
+            self.kill(life)
+
+    def running_processes(self) -> list[subprocess.Popen]:
+        return [life.process for life in self.lives.values() if life.process and life.process.poll() is None]
+
+    @staticmethod
+    def kill(life: PodLife) -> None:
+        if life.process and life.process.poll() is None:
+            os.killpg(life.process.pid, signal.SIGTERM)
+            try:
+                life.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                os.killpg(life.process.pid, signal.SIGKILL)
+                life.process.wait(timeout=5)
+
+    # --- the loop --------------------------------------------------------------------------------
+    async def run(self, session: aiohttp.ClientSession) -> None:
+        """Every tick, take each live pod that is not ready yet one step further."""
+        self._session = session
+        while True:
+            with self.store.lock:
+                pods = [o for o in self.store.find("pods") if not o["metadata"].get("deletionTimestamp")]
+            for pod in pods:
+                life = self.lives.get(pod["metadata"]["name"])
+                if life and not life.ready:
+                    await self._step(pod, life)
+            await asyncio.sleep(TICK_S)
+
+    async def _step(self, pod: dict, life: PodLife) -> None:
+        if not life.started:
+            with self.store.lock:
+                self._begin(pod, life)
+            return
+        if life.script == RUN and life.port and await self._healthy(life.port):
+            with self.store.lock:
+                life.ready = True
+                self._set_status(pod, "Running", ready=True)
+
+    def _begin(self, pod: dict, life: PodLife) -> None:
+        """First kubelet pass over a pod: schedule it (or not) and start its container (or fail)."""
+        script = life.script
+        if script == UNSCHEDULABLE:
+            message = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu. preemption: 0/1 nodes are available."
+            pod["status"] = {"phase": "Pending", "conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}]}
+            self.store.event(pod, "FailedScheduling", message)
+            life.started = True
+            return
+        pod["spec"]["nodeName"] = NODE
+        if script == IMAGE_PULL:
+            image = pod["spec"]["containers"][0]["image"]
+            self._set_status(pod, "Pending", waiting=("ImagePullBackOff", f'Back-off pulling image "{image}"'))
+            self.store.event(pod, "Failed", f'Failed to pull image "{image}": manifest unknown')
+        elif script == CRASH_LOOP:
+            life.lines = [(now_stamp(), CRASH_LOG.strip())]
+            self._set_status(pod, "Running", waiting=("CrashLoopBackOff", "back-off 40s restarting failed container"),
+                             restarts=3)
+            self.store.event(pod, "BackOff", "Back-off restarting failed container")
+        elif script == NOT_READY:
+            self._set_status(pod, "Running")
+            self.store.event(pod, "Unhealthy", "Readiness probe failed: connect: connection refused")
+        elif script == READY:
+            self._set_status(pod, "Running", ready=True)
+            life.ready = True
+        elif not self._start_process(pod, life):
+            return   # a router waits for its engines
+        life.started = True
+
+    def _set_status(self, pod: dict, phase: str, ready: bool = False, waiting: tuple[str, str] | None = None,
+                    restarts: int = 0) -> None:
+        name = pod["spec"]["containers"][0]["name"]
+        state = {"waiting": {"reason": waiting[0], "message": waiting[1]}} if waiting else \
+            {"running": {"startedAt": now_stamp()}}
+        status = {"name": name, "ready": ready, "restartCount": restarts, "state": state,
+                  "image": pod["spec"]["containers"][0]["image"]}
+        if restarts:
+            status["lastState"] = {"terminated": {"exitCode": 1, "reason": "Error"}}
+        pod["status"] = {"phase": phase, "podIP": "10.0.0.1", "containerStatuses": [status], "conditions": [
+            {"type": "PodScheduled", "status": "True"},
+            {"type": "Ready", "status": "True" if ready else "False"}]}
+        pod["metadata"]["resourceVersion"] = self.store.next_version()
+
+    def _start_process(self, pod: dict, life: PodLife) -> bool:
+        labels = pod["metadata"]["labels"]
+        config, role = labels["epdbench/config"], labels["epdbench/role"]
+        if role == "router":
+            cmd = self._router_command(pod, config)
+            if cmd is None:
+                return False
+        else:
+            ordinal = pod["metadata"]["name"].rsplit("-", 1)[1]
+            life.port = free_port()
+            cmd = [sys.executable, "-m", "epdbench.sim.server", "--spec", str(self.spec_path), "--config", config,
+                   "--role", role, "--replica", ordinal, "--port", str(life.port)]
+            if role == "prefill":
+                cmd += ["--bootstrap-port", str(free_port())]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT),
+               **{e["name"]: e["value"] for e in pod["spec"]["containers"][0].get("env", []) if "value" in e},
+               **self.env_overrides}
+        life.log_path = self.work_dir / f"{pod['metadata']['name']}.log"
+        with open(life.log_path, "ab") as fh:
+            life.process = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            env=env, cwd=ROOT, start_new_session=True)
+        self._set_status(pod, "Running")
+        return True
+
+    def _router_command(self, pod: dict, config: str) -> list[str] | None:
+        """sim.proxy in front of the configuration's engines, once every engine process exists."""
+        engines = self.store.find("pods", selector=f"epdbench/config={config},epdbench/role!=router")
+        lives = [self.lives.get(o["metadata"]["name"]) for o in engines]
+        if not engines or any(life is None or life.port is None for life in lives):
+            return None
+        self.lives[pod["metadata"]["name"]].port = port = free_port()
+        cmd = [sys.executable, "-m", "epdbench.sim.proxy", "--port", str(port)]
+        for engine, life in sorted(zip(engines, lives), key=lambda e: e[0]["metadata"]["name"]):
+            cmd += [f"--{engine['metadata']['labels']['epdbench/role']}", f"http://127.0.0.1:{life.port}"]
+        return cmd
+
+    async def _healthy(self, port: int) -> bool:
+        try:
+            async with self._session.get(f"http://127.0.0.1:{port}/health",
+                                         timeout=aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S)) as r:
+                return r.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return False
+
+    # --- logs ------------------------------------------------------------------------------------
+    def log(self, request: web.Request, ns: str, name: str) -> web.Response:
+        """pods/NAME/log: container, previous, sinceTime and timestamps as the real server reads them."""
+        with self.store.lock:
+            pod, life = self.store.get("pods", ns, name), self.lives.get(name)
+        if pod is None:
+            return status_body(404, "NotFound", f'pods "{name}" not found')
+        containers = [c["name"] for c in pod["spec"]["containers"]]
+        container = request.query.get("container", containers[0])
+        if container not in containers:
+            return status_body(400, "BadRequest", f"container {container} is not valid for pod {name}")
+        if request.query.get("previous") == "true":
+            if life is None or life.script != CRASH_LOOP:
+                return status_body(400, "BadRequest", f'previous terminated container "{container}" not found')
+            return web.Response(text=CRASH_LOG)
+        if life is None or not (life.process or life.lines):
+            return status_body(400, "BadRequest", f'container "{container}" in pod "{name}" is waiting to start')
+        self._read_new_lines(life)
+        since = request.query.get("sinceTime")
+        lines = [(stamp, text) for stamp, text in life.lines if not since or stamp[:19] >= since[:19]]
+        stamped = request.query.get("timestamps") == "true"
+        return web.Response(text="".join(f"{stamp} {text}\n" if stamped else f"{text}\n" for stamp, text in lines))
+
+    @staticmethod
+    def _read_new_lines(life: PodLife) -> None:
+        """Stamp the complete lines the process wrote since the last read, as the container runtime does."""
+        if life.log_path is None or not life.log_path.exists():
+            return
+        with open(life.log_path, "rb") as fh:
+            fh.seek(life.read_bytes)
+            data = fh.read()
+        complete = data[:data.rfind(b"\n") + 1]
+        life.read_bytes += len(complete)
+        stamp = now_stamp()
+        life.lines += [(stamp, line) for line in complete.decode("utf-8", "replace").splitlines()]
