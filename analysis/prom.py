@@ -9,6 +9,7 @@ LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 # Counters whose per-suite deltas are reported: key -> (metric name, label filter or None).
 DELTA_COUNTERS = {
+    "requests_finished": ("vllm:request_success_total", None),
     "prompt_tokens": ("vllm:prompt_tokens_total", None),
     "generation_tokens": ("vllm:generation_tokens_total", None),
     "prompt_tokens_local_compute": ("vllm:prompt_tokens_by_source_total", ("source", "local_compute")),

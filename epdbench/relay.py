@@ -14,7 +14,12 @@ async def stream_back(request: web.Request, upstream: aiohttp.ClientResponse,
     resp = web.StreamResponse(status=upstream.status, headers={
         k: v for k, v in upstream.headers.items() if k.lower() not in dropped_headers})
     await resp.prepare(request)
-    async for chunk in upstream.content.iter_any():
-        await resp.write(chunk)
-    await resp.write_eof()
+    try:
+        async for chunk in upstream.content.iter_any():
+            await resp.write(chunk)
+        await resp.write_eof()
+    except ConnectionResetError:
+        # The client went away, after its last event or mid-stream: the status line is already out and
+        # nothing is left to send. Not the relay's error, so it is not logged as one.
+        pass
     return resp

@@ -196,7 +196,7 @@ def run_configuration(spec: ExperimentSpec, config: ConfigurationSpec, run: str,
             outcome.cells += items
             snap = after
         rows = [r for item in outcome.cells for r in item["rows"]]
-        outcome.transport, outcome.stages = evidence.collect(dep, config, first, snap, rows, suites, ev_dir,
+        outcome.transport, outcome.stages = evidence.collect(dep, spec, config, first, snap, rows, suites, ev_dir,
                                                              emulated)
         outcome.ok = True
         say(f"[{config.name}] transport {outcome.transport['verdict']}, stages {outcome.stages['verdict']}")

@@ -171,6 +171,7 @@ def manifest_context(spec: ExperimentSpec, config: ConfigurationSpec, run: str) 
         "namespace": target.namespace, "config": config.name,
         "service_account": f"epdbench-{config.name}",
         "rbac_labels": labels(run, config, "rbac"),
+        "router_discovery": target.router.discovery,
         "engine": target.engine, "node": target.node, "model_cache": target.model_cache, "hf_home": HF_HOME,
         "engine_port": ENGINE_PORT, "router_port": ROUTER_PORT,
         "roles": [role_context(spec, config, r, run) for r in config.roles],

@@ -28,8 +28,7 @@ COLUMN_TITLES = {
     "output_tok_s_per_gpu": "tok/s per GPU",
 }
 RATIO_METRICS = ("ttft_p50_ms", "itl_p99_ms", "output_tok_s")
-ROLE_COUNTS = {"completions": "Completions", "renders": "Renders", "errors": "Errors",
-               "local_prefills": "Local prefills", "request_ids": "Request ids"}
+ROLE_COUNTS = {"completions": "Completions", "renders": "Renders", "errors": "Errors", "request_ids": "Request ids"}
 
 
 def report_env(html: bool = False) -> jinja2.Environment:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-EMULATED_MARK = "[emulated by epdbench sim: no GPU, no NIC]"
+from epdbench.analysis.logformats import EMULATED_MARK  # noqa: F401 - the one mark, shared with the verifier
 
 
 def vllm_line(process: str, pid: int, level: str, file: str, line: int, msg: str,

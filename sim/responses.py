@@ -111,7 +111,9 @@ async def stream(replica: Replica, request: web.Request, body: dict, rid: str, s
             await resp.write(chunk([], usage(seq)))
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
-    except (ConnectionResetError, asyncio.CancelledError):
+    except ConnectionResetError:
+        replica.engine.abort(seq)   # the client left: vLLM aborts the request; the 200 status line stands
+    except asyncio.CancelledError:
         replica.engine.abort(seq)
         raise
     return resp

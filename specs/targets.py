@@ -64,6 +64,11 @@ class KubeRouterSpec(Strict):
     args: list[str] | None = Field(None, title="Router arguments",
                                    description="Required with a custom command. Kubernetes expands $(SERVER_URLS), "
                                                "$(PREFILL_URLS), $(DECODE_URLS), $(ENCODE_URLS) (comma-separated).")
+    discovery: bool = Field(False, title="Router discovers its workers",
+                            description="Grant the router's ServiceAccount get/list/watch on pods, services and "
+                                        "endpoints of the namespace and mount its token, for a router that finds "
+                                        "its workers through the Kubernetes API. Off: the router gets its workers' "
+                                        "URLs on the command line and no API rights at all.")
 
     @model_validator(mode="after")
     def _check(self) -> "KubeRouterSpec":

@@ -1,5 +1,5 @@
 """Collect evidence from a running deployment: log offsets and /metrics before and after each suite,
-then verdicts (computed by analysis.evidence) into evidence/<config>/. Logs are streamed."""
+then verdicts (computed by analysis.transport and analysis.stages) into evidence/<config>/. Logs are streamed."""
 from __future__ import annotations
 
 import urllib.error
@@ -7,9 +7,11 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator
 
-from epdbench.analysis.evidence import merge_counts, stage_counts, transport_of_pod, verify_stages, verify_transport
 from epdbench.analysis.prom import counter_deltas, hit_rate
-from epdbench.specs.models import ConfigurationSpec
+from epdbench.analysis.stages import merge_counts, stage_counts, verify_stages
+from epdbench.analysis.transport import kv_expectation, transport_of_pod, verify_transport
+from epdbench.physics.costmodel import link_bytes_per_s
+from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
 from epdbench.tasks.deployment import Deployment
 from epdbench.tasks.results import write_json
 
@@ -93,24 +95,39 @@ def suite_evidence(dep: Deployment, config: ConfigurationSpec, before: dict, aft
                    records: list[dict], emulated: bool) -> dict:
     """Stage correlation and counter deltas of one suite's window (warm-ups and probes outside it
     are excluded by the offsets; warm-up requests inside it are not in `records` as measured)."""
-    stages = verify_stages(expected_roles(config, records), _role_counts(dep, before, after), emulated)
-    stages["metrics_delta"] = _metric_deltas(dep, before, after)
+    deltas = _metric_deltas(dep, before, after)
+    stages = verify_stages(expected_roles(config, records), _role_counts(dep, before, after), emulated, deltas)
+    stages["metrics_delta"] = deltas
     return stages
 
 
-def collect(dep: Deployment, config: ConfigurationSpec, first: dict, last: dict, records: list[dict],
-            suites: dict[str, dict], out_dir: Path, emulated: bool) -> tuple[dict, dict]:
+def kv_moved(spec: ExperimentSpec, config: ConfigurationSpec, deltas: dict[str, dict[str, float]],
+             records: list[dict]) -> dict | None:
+    """What the records say must have moved, beside what the sending (prefill) side's counters say did."""
+    if config.topology == "aggregated":
+        return None
+    sent = deltas.get("prefill") or {}
+    kv = kv_expectation(records, spec.model.kv_bytes_per_token)
+    kv.update({"transfers": sent.get("mooncake_transfers"), "bytes": sent.get("mooncake_bytes_transferred")})
+    return kv
+
+
+def collect(dep: Deployment, spec: ExperimentSpec, config: ConfigurationSpec, first: dict, last: dict,
+            records: list[dict], suites: dict[str, dict], out_dir: Path, emulated: bool) -> tuple[dict, dict]:
     """Write transport.json, stages.json and metrics snapshots; return the two verdict dicts."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, text in first["metrics"].items():
         (out_dir / f"metrics-before-{name}.prom").write_text(text)
     for name, text in last["metrics"].items():
         (out_dir / f"metrics-after-{name}.prom").write_text(text)
-    pods = {p.name: transport_of_pod(iter_lines(p.log_path)) for p in dep.processes
-            if p.role in ("prefill", "decode")}
-    transport = verify_transport(config.kv_transport, pods)
-    stages = verify_stages(expected_roles(config, records), _role_counts(dep, first, last), emulated)
-    stages["metrics_delta"] = _metric_deltas(dep, first, last)
+    kv_pods = [p for p in dep.processes if p.role in ("prefill", "decode")]
+    pods = {p.name: transport_of_pod(iter_lines(p.log_path)) for p in kv_pods}
+    deltas = _metric_deltas(dep, first, last)
+    transport = verify_transport(config.kv_transport, pods, roles={p.name: p.role for p in kv_pods},
+                                 kv=kv_moved(spec, config, deltas, records),
+                                 tcp_mb_s=link_bytes_per_s(spec.hardware, "tcp") / 1e6)
+    stages = verify_stages(expected_roles(config, records), _role_counts(dep, first, last), emulated, deltas)
+    stages["metrics_delta"] = deltas
     stages["suites"] = suites
     if any(s["verdict"] == "mismatch" for s in suites.values()) and stages["verdict"] != "mismatch":
         stages["verdict"] = "mismatch"

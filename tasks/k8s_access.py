@@ -3,18 +3,26 @@ generator and the metrics scraper use plain HTTP and never hold cluster credenti
 
 service-proxy: a loopback relay to the API server's proxy subresources of one namespace (what
 `kubectl proxy` does, limited to services/*/proxy and pods/*/proxy), streaming responses as they come.
+It holds the runner's credentials, so it lets no one else in: every URL carries a per-run random token,
+only GET and POST reach it, and the path is decoded (repeatedly, so double encoding cannot hide a `..`)
+and checked as the API server will read it — no dot segments, no empty segments, only this namespace's
+service and pod proxies, only the engine endpoints the pipeline calls — before that exact path is sent.
 port-forward: one loopback listener per pod; every accepted connection gets its own port-forward stream.
 """
 from __future__ import annotations
 
 import asyncio
+import hmac
 import re
+import secrets
 import socket
 import ssl
 import threading
+import urllib.parse
 
 import aiohttp
 from aiohttp import web
+from yarl import URL
 
 from epdbench.relay import stream_back
 from epdbench.tasks.k8s_api import KubeApi
@@ -40,14 +48,51 @@ def ssl_context(cfg) -> ssl.SSLContext | bool:
     return ctx
 
 
+METHODS = ("GET", "POST")
+# What the pipeline calls on a router or an engine: serving, the probe, tokenizer calibration, metrics.
+ENDPOINTS = ("/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize")
+_NAME = r"(?:https?:)?[a-z0-9](?:[-a-z0-9.]*[a-z0-9])?(?::[a-z0-9-]+)?"
+_DECODE_ROUNDS = 4
+
+
+class RelayRefused(Exception):
+    def __init__(self, status: int, reason: str):
+        super().__init__(reason)
+        self.status, self.reason = status, reason
+
+
 def proxy_path_pattern(namespace: str) -> re.Pattern:
-    return re.compile(rf"^/api/v1/namespaces/{re.escape(namespace)}/(services|pods)/[^/]+/proxy(/.*)?$")
+    return re.compile(rf"^/api/v1/namespaces/{re.escape(namespace)}/(services|pods)/{_NAME}/proxy"
+                      rf"(?P<tail>{'|'.join(re.escape(e) for e in ENDPOINTS)})$")
+
+
+def checked_proxy_path(raw_path: str, namespace: str) -> str:
+    """The exact path to send to the API server for `raw_path` (as received, still percent-encoded), or
+    RelayRefused. The check runs on the path as the API server will read it: fully decoded, dot segments
+    and empty segments refused rather than removed, then matched whole against this namespace's proxies."""
+    decoded = raw_path
+    for _ in range(_DECODE_ROUNDS):
+        once = urllib.parse.unquote(decoded, errors="strict")
+        if once == decoded:
+            break
+        decoded = once
+    else:
+        raise RelayRefused(400, "path is encoded too many times")
+    if "\\" in decoded or any(ord(c) < 0x20 for c in decoded):
+        raise RelayRefused(400, "path holds a backslash or a control character")
+    segments = decoded.split("/")[1:]
+    if any(seg in ("", ".", "..") for seg in segments):
+        raise RelayRefused(400, "path holds a dot or empty segment")
+    if not proxy_path_pattern(namespace).match(decoded):
+        raise RelayRefused(403, f"only {', '.join(ENDPOINTS)} of service and pod proxies in namespace "
+                                f"{namespace} are relayed")
+    return urllib.parse.quote(decoded, safe="/:")
 
 
 class ServiceProxyAccess:
     def __init__(self, api: KubeApi):
         self.api = api
-        self.allowed = proxy_path_pattern(api.namespace)
+        self.token = secrets.token_urlsafe(24)   # per run: the listener answers nobody without it
         self.base_url = ""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="epdbench-service-proxy", daemon=True)
@@ -57,7 +102,7 @@ class ServiceProxyAccess:
     def start(self) -> "ServiceProxyAccess":
         self._thread.start()
         port = asyncio.run_coroutine_threadsafe(self._serve(), self._loop).result(timeout=START_TIMEOUT_S)
-        self.base_url = f"http://127.0.0.1:{port}"
+        self.base_url = f"http://127.0.0.1:{port}/{self.token}"
         return self
 
     def router_url(self, service: str, pod: str, port: int) -> str:
@@ -91,13 +136,29 @@ class ServiceProxyAccess:
         if self._session:
             await self._session.close()
 
+    def _upstream_url(self, request: web.Request) -> URL:
+        """The API server URL of an allowed request, or RelayRefused."""
+        raw = request.raw_path.split("?", 1)
+        token, _, rest = raw[0].lstrip("/").partition("/")
+        if not hmac.compare_digest(token.encode(), self.token.encode()):
+            raise RelayRefused(401, "this relay serves one epdbench run; its URLs carry the run's token")
+        if request.method not in METHODS:
+            raise RelayRefused(405, f"only {' and '.join(METHODS)} are relayed")
+        path = checked_proxy_path("/" + rest, self.api.namespace)
+        query = f"?{raw[1]}" if len(raw) > 1 and raw[1] else ""
+        return URL(self.api.host.rstrip("/") + path + query, encoded=True)
+
     async def _relay(self, request: web.Request) -> web.StreamResponse:
-        if not self.allowed.match(request.path):
-            return web.Response(status=403, text=f"only proxy paths of namespace {self.api.namespace} are relayed\n")
+        try:
+            url = self._upstream_url(request)
+        except RelayRefused as e:
+            return web.Response(status=e.status, text=f"refused: {e.reason}\n")
+        except UnicodeDecodeError:
+            return web.Response(status=400, text="refused: path is not valid UTF-8 once decoded\n")
         headers = {k: v for k, v in request.headers.items() if k.lower() not in DROPPED_HEADERS}
         headers.update(self.api.auth_headers())
         try:
-            async with self._session.request(request.method, self.api.host + request.raw_path, headers=headers,
+            async with self._session.request(request.method, url, headers=headers,
                                              data=await request.read()) as upstream:
                 return await stream_back(request, upstream, DROPPED_HEADERS)
         except aiohttp.ClientError as e:

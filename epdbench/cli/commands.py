@@ -185,7 +185,7 @@ def cmd_verify_transport(args) -> int:
     """Exit 0 only when the logs prove the expected transport carried the KV."""
     import json
 
-    from epdbench.analysis.evidence import transport_of_pod, verify_transport
+    from epdbench.analysis.transport import transport_of_pod, verify_transport
     from epdbench.tasks.evidence import iter_lines
 
     missing = [p for p in args.logs if not Path(p).is_file()]
@@ -201,6 +201,9 @@ def cmd_verify_transport(args) -> int:
             devices = ", ".join(f"{d['name']} (LID {d['lid']})" for d in pod["rdma_devices"]) or "none"
             print(f"  {name}: installed {pod['observed'] or '?'}, HCAs {pod['hcas']}, RDMA devices {devices}, "
                   f"{len(pod['throughput_mb_s'])} throughput windows, ready ACKs {pod['ready_acks_received']}")
+            for wname, w in sorted(pod["workers"].items()):
+                windows = ", ".join(f"{t:.2f}" for t in w["throughput_mb_s"]) or "none attributed"
+                print(f"    {wname}: installed {w['observed'] or '?'}, HCAs {w['hcas']}, windows (MB/s) {windows}")
     return EXIT_OK if result["verdict"] == "verified" else EXIT_FAILURES
 
 

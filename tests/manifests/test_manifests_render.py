@@ -135,6 +135,28 @@ def test_engines_get_memory_shm_gpu_node_and_model_cache(preset, config):
 
 
 @pytest.mark.parametrize("preset,config", CASES)
+def test_no_pod_holds_api_rights_it_does_not_use(preset, config):
+    objects = render(preset, config)
+    assert not [o for o in objects if o["kind"] in ("Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")]
+    pods = [w["spec"]["template"]["spec"] for w in workloads(objects)]
+    assert all(pod["automountServiceAccountToken"] is False for pod in pods)
+
+
+def test_a_discovering_router_alone_gets_read_only_rights_in_its_namespace():
+    objects = render("pd-text", "pd-tcp", router={"command": ["my-router"], "args": ["--discover"],
+                                                  "discovery": True})
+    role = next(o for o in objects if o["kind"] == "Role")
+    assert role["metadata"]["namespace"] == "epdbench"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods", "services", "endpoints"],
+                              "verbs": ["get", "list", "watch"]}]
+    assert next(o for o in objects if o["kind"] == "RoleBinding")["roleRef"]["name"] == role["metadata"]["name"]
+    mounts = {w["metadata"]["name"]: w["spec"]["template"]["spec"]["automountServiceAccountToken"]
+              for w in workloads(objects)}
+    assert mounts == {"pd-tcp-prefill": False, "pd-tcp-decode": False, "pd-tcp-router": True}
+    validate_manifests(objects, "1.31")
+
+
+@pytest.mark.parametrize("preset,config", CASES)
 def test_every_object_carries_run_config_and_role_labels(preset, config):
     for obj in render(preset, config):
         labels = obj["metadata"]["labels"]
@@ -233,7 +255,7 @@ def test_custom_router_command_needs_args():
 
 def test_invalid_object_fails_validation_naming_object_and_field():
     objects = render("pd-text", "pd-tcp")
-    objects[4]["spec"]["replicass"] = 1
+    objects[2]["spec"]["replicass"] = 1
     with pytest.raises(ManifestError) as exc:
         validate_manifests(objects, "1.31")
     msg = str(exc.value)
@@ -269,8 +291,8 @@ def test_manifests_command_renders_every_configuration_of_both_presets(tmp_path,
         assert cli_main(["manifests", "--spec", preset, "--out", str(tmp_path / preset)]) == 0
         assert sorted(p.name for p in (tmp_path / preset).iterdir()) == sorted(configs)
     files = sorted(p.name for p in (tmp_path / "pd-text" / "pd-rdma").iterdir())
-    assert files[0] == "00-serviceaccount-epdbench-pd-rdma.yaml" and files[-1] == "08-deployment-pd-rdma-router.yaml"
-    assert "pd-rdma/: 9 objects, 6 GPUs, valid for Kubernetes 1.31" in capsys.readouterr().out
+    assert files[0] == "00-serviceaccount-epdbench-pd-rdma.yaml" and files[-1] == "06-deployment-pd-rdma-router.yaml"
+    assert "pd-rdma/: 7 objects, 6 GPUs, valid for Kubernetes 1.31" in capsys.readouterr().out
 
 
 def test_manifests_command_rejects_an_unknown_configuration_in_one_line(tmp_path, capsys):

@@ -107,7 +107,7 @@ def synthetic_verdicts(spec: ExperimentSpec, transport: dict | None = None) -> d
             "rdma_devices": ["mlx5_0 (LID 7)"] if c.kv_transport == "rdma" else [],
             "throughput_mb_s_min": 900.0 if kv else None, "throughput_mb_s_max": 1200.0 if kv else None,
             "failed_transfers": 0, "failed_recvs": 0,
-            "per_role": {r: {"completions": 8, "renders": 0, "errors": 0, "local_prefills": 0, "request_ids": 8}
+            "per_role": {r: {"completions": 8, "renders": 0, "errors": 0, "request_ids": 8}
                          for r in roles},
             "suites": {s.name: {"verdict": "emulated", "fraction_seen": {r: 1.0 for r in roles},
                                 "kv_bytes": 2.0e9 if kv else 0, "cache": synthetic_cache(c, s)} for s in spec.suites},

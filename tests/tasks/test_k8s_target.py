@@ -58,7 +58,7 @@ def test_service_proxy_serves_syncs_logs_and_stop_waits_until_everything_is_gone
         assert "vllm:" in fetch(dep.processes[0].metrics_url)
         placement = json.loads((tmp_path / "results/run-1/evidence/aggregated/placement.json").read_text())
         assert {p["process"]: (p["node"], p["gpus"]) for p in placement}["server-0"] == ("gpu-node-1", 1)
-        assert len(list((tmp_path / "results/run-1/manifests/aggregated").glob("*.yaml"))) == 7
+        assert len(list((tmp_path / "results/run-1/manifests/aggregated").glob("*.yaml"))) == 5
         assert_log_sync_appends_only_new_lines(dep, spec.model.name)
     finally:
         k8s_target.stop(dep)
@@ -111,7 +111,7 @@ def test_objects_are_applied_in_order_with_server_side_apply_taking_over(cluster
     try:
         patches = [path for method, path in fake.requests if method == "PATCH"]
         assert [p.split("?")[0].rsplit("/", 2)[-2] for p in patches] == [
-            "serviceaccounts", "roles", "rolebindings", "services", "statefulsets", "services", "deployments"]
+            "serviceaccounts", "services", "statefulsets", "services", "deployments"]
         assert all("fieldManager=epdbench" in p and "force=true" in p for p in patches)
         service = fake.objects("Service", "epdbench/role=router")[0]
         assert service["metadata"]["managedFields"][0]["manager"] == "epdbench"
@@ -244,8 +244,8 @@ def test_manifests_are_validated_for_the_clusters_version(cluster, tmp_path, ver
     api = connect(spec.target.kubernetes)
     config = spec.configuration("pd-rdma")
     if ok:
-        assert len(k8s_target.prepare_manifests(api, spec, config, "r", tmp_path / "m")) == 9
-        assert len(list((tmp_path / "m").iterdir())) == 9
+        assert len(k8s_target.prepare_manifests(api, spec, config, "r", tmp_path / "m")) == 7
+        assert len(list((tmp_path / "m").iterdir())) == 7
     else:
         with pytest.raises(ManifestError, match="older than"):
             k8s_target.prepare_manifests(api, spec, config, "r", tmp_path / "m")
