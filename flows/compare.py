@@ -4,8 +4,8 @@ Sequencing only: side effects live in tasks/, statistics and rendering in analys
 """
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
+import errno
 import json
 import sys
 import threading
@@ -18,20 +18,20 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from epdbench.analysis.metrics import summarize
-from epdbench.analysis.prom import cache_by_role
 from epdbench.analysis.regression import RegressionSettings
 from epdbench.analysis.trials import aggregate_trials
-from epdbench.reports.findings import regression_line
-from epdbench.reports.live import LiveCell
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, spec_to_yaml
-from epdbench.specs.workload import Calibration, Cell, build_requests, plan_cells
+from epdbench.specs.workload import build_requests, plan_cells
+from epdbench.flows.outputs import prefect_summary_artifact, report_meta, verdict_view
+from epdbench.flows.suite import CellTimeout, DeploymentDied, run_suite
 from epdbench.tasks import evidence, publish
 from epdbench.tasks.publish import roles_text
 from epdbench.tasks.deployment import ProvisionError
 from epdbench.tasks.targets import target_module
 from epdbench.tasks.calibrate import calibrate, needed_keys
-from epdbench.tasks.loadgen import LoadGenerator, records_as_dicts
-from epdbench.tasks.results import append_records, read_records, write_json, write_summary
+from epdbench.tasks.results import drop_records, read_records, write_json, write_summary
+from epdbench.tasks.resume import cells_done, missing_cells, validate_state_files
+from epdbench.tasks.runstate import RunFolder, end_leftovers
 from epdbench.tasks.history import check_history, log_regression_check
 from epdbench.tasks.report_files import write_report
 from epdbench.tasks.tracking import Tracker
@@ -39,6 +39,8 @@ from epdbench.tasks.tracking import Tracker
 # Set by the CLI's SIGINT handler: an interrupt that Prefect turns into another exception while a task
 # starts must still stop the run, not just fail the current configuration.
 INTERRUPTED = threading.Event()
+# The results folder this process holds while a comparison runs (its lock and process registry).
+RUN_FOLDER: RunFolder | None = None
 
 
 def say(msg: str) -> None:
@@ -54,92 +56,11 @@ class ConfigOutcome:
     stages: dict = field(default_factory=dict)
     router: str = ""
     cells: list[dict] = field(default_factory=list)
+    status: str = "failed"     # ok | degraded (requests failed above the threshold) | failed
 
     def verified(self, target: str) -> bool:
         """Ran, and its evidence holds; `emulated` counts only on the simulator target."""
         return publish.evidence_ok({"ok": self.ok, "transport": self.transport, "stages": self.stages}, target)
-
-
-def _cell_line(config: str, cell: Cell, trial: int, s: dict) -> str:
-    def f(v, unit=" ms"):
-        return "—" if v is None else f"{v:.1f}{unit}"
-    return (f"  [{config}] {cell.suite} {cell.workload} c={cell.concurrency} trial {trial}: "
-            f"{s['requests_ok']}/{s['requests_total']} ok, TTFT p50 {f(s['ttft_p50_ms'])}, "
-            f"ITL p99 {f(s['itl_p99_ms'])}, {f(s['output_tok_s'], ' tok/s')}")
-
-
-@task(name="run-suite", cache_policy=NO_CACHE, retries=0)
-def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run: str, records_path: str,
-              calibration: dict, skip: frozenset = frozenset(), progress: "Progress | None" = None,
-              deadline: float | None = None) -> list[dict]:
-    """Every cell of one suite, every trial, on one shared HTTP session; records appended after each
-    cell (after each mixed window). Never retried: a measured cell is not repeated behind the user's back.
-    A cell past spec.cell_timeout_s (or the configuration's deadline, monotonic) raises CellTimeout."""
-    import pandas as pd
-
-    cal = Calibration({k: tuple(v) for k, v in calibration.items()})
-    cells = [c for c in plan_cells(spec) if c.suite == suite]
-    done: list[dict] = []
-
-    def rows_of(cell: Cell, trial: int, recs) -> list[dict]:
-        return [{**r, "run": run, "trial": trial, "config": config, "suite": cell.suite, "cell": cell.cell_id,
-                 "workload": cell.workload, "stream": cell.stream, "concurrency": cell.concurrency}
-                for r in records_as_dicts(recs)]
-
-    def finish(batch: list[tuple[Cell, list[dict]]], trial: int) -> None:
-        rows = [r for _, rs in batch for r in rs]
-        append_records(Path(records_path), rows)
-        summaries = summarize(pd.DataFrame(rows)).set_index("stream", drop=False)
-        for cell, cell_rows in batch:
-            say(_cell_line(config, cell, trial, summaries.loc[cell.stream].to_dict()))
-            if progress:
-                progress.cell_done()
-            done.append({"cell": cell, "trial": trial, "rows": cell_rows})
-
-    live = LiveCell()
-
-    async def bounded(label: str, n_requests: int, work):
-        limits = [x for x in (spec.cell_timeout_s, deadline and deadline - time.monotonic()) if x]
-        live.reset(f"[{config}] {label}", n_requests)
-        try:
-            return await asyncio.wait_for(work, timeout=min(limits) if limits else None)
-        except asyncio.TimeoutError:
-            raise CellTimeout(f"{label} did not finish within {min(limits):.0f} s "
-                              "(cell_timeout_s / configuration_timeout_s)") from None
-        finally:
-            live.stop()
-
-    async def go():
-        async with LoadGenerator(endpoint, spec.model.name, spec.request_timeout_s, run_tag=run[-8:]) as lg:
-            for trial in range(spec.trials):
-                if all((c.cell_id, trial) in skip for c in cells):
-                    say(f"  [{config}] {suite} trial {trial}: already recorded, skipped (resume)")
-                    if progress:
-                        progress.cell_done(len(cells))
-                    continue
-                if cells[0].kind == "mixed":
-                    requests = [build_requests(spec, c, trial, calibration=cal) for c in cells]
-                    recs = await bounded(f"{suite} (mixed) trial {trial}", sum(map(len, requests)),
-                                         lg.run_streams([(r, c.concurrency) for r, c in zip(requests, cells)],
-                                                        live.on_record))
-                    finish([(c, rows_of(c, trial, rs)) for c, rs in zip(cells, recs)], trial)
-                    continue
-                for cell in cells:
-                    if (cell.cell_id, trial) in skip:
-                        if progress:
-                            progress.cell_done()
-                        continue
-                    requests = build_requests(spec, cell, trial, calibration=cal)
-                    recs = await bounded(f"{suite} {cell.workload} c={cell.concurrency} trial {trial}", len(requests),
-                                         lg.run_cell(requests, cell.concurrency, live.on_record))
-                    finish([(cell, rows_of(cell, trial, recs))], trial)
-
-    asyncio.run(go())
-    return done
-
-
-class CellTimeout(RuntimeError):
-    pass
 
 
 @task(name="calibrate-prompts", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
@@ -162,8 +83,8 @@ def publish_configuration_task(tracker: Tracker, parent: str, spec: ExperimentSp
 
 
 @task(name="publish-comparison", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
-def publish_comparison_task(tracker: Tracker, parent: str, rdir: str, all_verified: bool, all_ok: bool) -> None:
-    publish.publish_comparison(tracker, parent, Path(rdir), all_verified, all_ok)
+def publish_comparison_task(tracker: Tracker, parent: str, rdir: str, all_verified: bool, all_ok: bool) -> str:
+    return publish.publish_comparison(tracker, parent, Path(rdir), all_verified, all_ok)
 
 
 @flow(name="configuration", flow_run_name="{config.name}")
@@ -179,6 +100,11 @@ def run_configuration(spec: ExperimentSpec, config: ConfigurationSpec, run: str,
     target = target_module(spec.target.kind)
     try:
         dep = target.start(spec, config, rdir / "spec.yaml", log_dir)
+        if RUN_FOLDER is not None:
+            for proc in dep.processes:
+                if proc.popen is not None:
+                    RUN_FOLDER.register([proc.popen.pid], f"{config.name}/{proc.name}")
+            RUN_FOLDER.register_descendants(config.name)
         outcome.router = dep.router
         say(f"[{config.name}] serving at {dep.endpoint} via {dep.router}")
         emulated = spec.target.kind == "sim"
@@ -189,7 +115,7 @@ def run_configuration(spec: ExperimentSpec, config: ConfigurationSpec, run: str,
         suites: dict[str, dict] = {}
         for suite in spec.suites:
             items = run_suite(dep.endpoint, spec, suite.name, config.name, run, str(rdir / "records.parquet"),
-                              calibration, skip, progress, deadline)
+                              calibration, skip, progress, deadline, dep.health)
             after = evidence.snapshot(dep)
             rows = [r for item in items for r in item["rows"]]
             suites[suite.name] = evidence.suite_evidence(dep, config, snap, after, rows, emulated)
@@ -198,23 +124,37 @@ def run_configuration(spec: ExperimentSpec, config: ConfigurationSpec, run: str,
         rows = [r for item in outcome.cells for r in item["rows"]]
         outcome.transport, outcome.stages = evidence.collect(dep, spec, config, first, snap, rows, suites, ev_dir,
                                                              emulated)
-        outcome.ok = True
+        bad = [i for i in outcome.cells if i["status"] != "ok"]
+        if bad:
+            outcome.error = (f"degraded: {len(bad)} of {len(outcome.cells)} cells above the failed-request "
+                             f"threshold ({bad[0]['cell'].suite} {bad[0]['cell'].workload} "
+                             f"c={bad[0]['cell'].concurrency}: {bad[0]['reason']})")
+            outcome.status = "degraded"
+        else:
+            outcome.ok = True
         say(f"[{config.name}] transport {outcome.transport['verdict']}, stages {outcome.stages['verdict']}")
     except ProvisionError as e:
         outcome.error = f"provisioning failed: {e}"
     except CellTimeout as e:
         outcome.error = f"timed out: {e}"
+    except DeploymentDied as e:
+        outcome.error = f"a process of the deployment died: {e}"
     except Exception as e:  # noqa: BLE001 - a failed configuration must not stop the others
         if INTERRUPTED.is_set():
             raise KeyboardInterrupt from e
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise   # a full disk stops the run (the CLI says so in one line); what finished is kept
         outcome.error = f"{type(e).__name__}: {e}"
         traceback.print_exc(file=sys.stderr)
     finally:
         if dep is not None:
             target.stop(dep)
+    if outcome.ok:
+        outcome.status = "ok"
     if outcome.error:
-        say(f"[{config.name}] FAILED: {outcome.error}")
-    write_json(ev_dir / "outcome.json", {"ok": outcome.ok, "error": outcome.error, "router": outcome.router})
+        say(f"[{config.name}] {outcome.status.upper()}: {outcome.error}")
+    write_json(ev_dir / "outcome.json", {"ok": outcome.ok, "status": outcome.status, "error": outcome.error,
+                                         "router": outcome.router})
     return outcome
 
 
@@ -243,12 +183,18 @@ class Progress:
             update_progress_artifact(self.artifact_id, 100.0 * self.done / self.total)
 
 
+_MLFLOW_NOTICE = publish.MlflowNotice()   # one line per run about MLflow failures (reset by each run)
+
+
 def _try_mlflow(what: str, fn, *args):
-    """MLflow being down must not lose a run: results stay on disk for `epdbench sync`."""
+    """MLflow being down must not lose a run: results stay on disk for `epdbench sync`. The first failure
+    of a run prints one line (where the results are, how to publish them); later ones print nothing."""
     try:
         return fn(*args)
     except Exception as e:  # noqa: BLE001
-        say(f"MLflow unavailable ({what}): {type(e).__name__}: {str(e)[:200]}")
+        line = _MLFLOW_NOTICE.failed(what, e)
+        if line:
+            say(line)
         return None
 
 
@@ -258,18 +204,41 @@ def compare(spec: ExperimentSpec, out_dir: str | None = None, tracking_uri: str 
             regression: RegressionSettings | None = None) -> dict:
     """Compare every configuration of the spec on matched workloads; returns the outcome. With
     `resume`, cells already recorded in the results directory are skipped and configurations
-    already finished are not run again."""
+    already finished are not run again. The results folder is held exclusively for the whole run
+    (FolderLocked when another live process holds it); what a killed earlier run left running is ended
+    first, and every process this run starts is registered for the next one to find."""
+    global RUN_FOLDER
     run = run_name or run_name_for(spec)
     rdir = Path(out_dir or Path("results") / run)
-    rdir.mkdir(parents=True, exist_ok=True)
+    held = RUN_FOLDER is not None and RUN_FOLDER.rdir.resolve() == rdir.resolve()   # the CLI took it already
+    hold = RUN_FOLDER if held else RunFolder(rdir).acquire()
+    RUN_FOLDER = hold
+    try:
+        if resume:
+            validate_state_files(rdir)
+            ended = end_leftovers(rdir)
+            if ended:
+                say(f"Ended {len(ended)} process(es) an earlier run of {run} left running: "
+                    + ", ".join(f"{e['what']} pid {e['pid']}" for e in ended))
+        hold.register_descendants("prefect")
+        return _compare(spec, run, rdir, tracking_uri, trigger, resume, regression)
+    finally:
+        if not held:
+            RUN_FOLDER = None
+            hold.release()
+
+
+def _compare(spec: ExperimentSpec, run: str, rdir: Path, tracking_uri: str | None, trigger: str, resume: bool,
+             regression: RegressionSettings | None) -> dict:
     if not resume or not (rdir / "spec.yaml").exists():
         (rdir / "spec.yaml").write_text(spec_to_yaml(spec))
-    state = publish.load_state(rdir)
     uri = publish.resolve_tracking_uri(tracking_uri, spec)
+    state = publish.load_state(rdir, run, publish.store_id(uri, spec.tracking.experiment))
+    _MLFLOW_NOTICE.reset(uri, rdir)
     tracker = _try_mlflow("connect", Tracker, uri, spec.tracking.experiment)
-    if tracker and not state["mlflow_parent"]:
-        state["mlflow_parent"] = _try_mlflow("start", publish.start_comparison, tracker, spec, run, rdir, trigger,
-                                             _prefect_flow_run_id())
+    if tracker:   # find-or-create by key: a resumed run gets the comparison run of its first attempt
+        state["mlflow_parent"] = _try_mlflow("start", publish.start_comparison, tracker, spec, state["run"], rdir,
+                                             trigger, _prefect_flow_run_id(), state["mlflow_parent"])
     publish.save_state(rdir, state)
     cells = plan_cells(spec)
     say(f"Run {run}: {len(spec.configurations)} configurations × {len(cells)} cells × "
@@ -280,18 +249,25 @@ def compare(spec: ExperimentSpec, out_dir: str | None = None, tracking_uri: str 
         if INTERRUPTED.is_set():
             raise KeyboardInterrupt
         finished = publish.config_outcome(rdir, config.name) if resume else {}
-        if finished.get("ok"):
+        missing = missing_cells(rdir, spec, config.name) if resume else []
+        if finished.get("ok") and not missing:
             say(f"[{config.name}] already finished in this run, skipped (resume)")
             outcomes[config.name] = ConfigOutcome(config.name, True, None, finished["transport"],
-                                                  finished["stages"], finished.get("router", ""))
+                                                  finished["stages"], finished.get("router", ""), status="ok")
             progress.cell_done(len(cells) * spec.trials)
         else:
-            skip = frozenset(publish.cells_done(rdir, spec, config.name)) if resume else frozenset()
+            if finished.get("ok"):
+                say(f"[{config.name}] finished earlier, but {len(missing)} cell(s) are missing from "
+                    f"records.parquet or differ from the plan: measuring them again")
+            skip = frozenset(cells_done(rdir, spec, config.name)) if resume else frozenset()
+            if resume:
+                drop_records(rdir / "records.parquet", config.name, set(missing))
             outcomes[config.name] = run_configuration(spec, config, run, str(rdir), skip, progress)
-        if tracker and state["mlflow_parent"] and config.name not in state["published"]:
+        fingerprint = publish.config_fingerprint(rdir, config.name)   # what is on disk now for this config
+        if tracker and state["mlflow_parent"] and state["published"].get(config.name) != fingerprint:
             if _try_mlflow(config.name, publish_configuration_task, tracker, state["mlflow_parent"], spec, config,
                            str(rdir)):
-                state["published"].append(config.name)
+                state["published"][config.name] = fingerprint
                 publish.save_state(rdir, state)
 
     summary = summarize(read_records(rdir / "records.parquet"), {c.name: c.gpus for c in spec.configurations})
@@ -299,106 +275,33 @@ def compare(spec: ExperimentSpec, out_dir: str | None = None, tracking_uri: str 
     aggregate_trials(summary).to_csv(rdir / "summary_trials.csv", index=False)
     verdicts = {name: verdict_view(o) for name, o in outcomes.items()}
     meta = report_meta(spec, run, outcomes)
-    parent = state["mlflow_parent"]
+    parent = state["mlflow_parent"] if tracker else None    # not connected: no MLflow call for the rest of the run
     check = check_history(uri, spec.tracking.experiment, spec.name, spec.target.kind, parent, summary,
                           regression or RegressionSettings())
     write_report(rdir, meta, verdicts, check, summary)
     outcome = {"run": run, "results_dir": str(rdir), "tracking_uri": uri, "mlflow_run_id": parent,
                "mlflow_url": tracker.run_url(parent) if tracker and parent else None, "trigger": trigger,
-               "configs": {n: {"ok": o.ok, "verified": o.verified(spec.target.kind), "error": o.error,
+               "configs": {n: {"ok": o.ok, "status": o.status, "verified": o.verified(spec.target.kind), "error": o.error,
                                "transport": o.transport.get("verdict"), "stages": o.stages.get("verdict")}
                            for n, o in outcomes.items()}}
     outcome["all_verified"] = all(c["verified"] for c in outcome["configs"].values())
     outcome["meta"], outcome["verdicts"], outcome["regression"] = meta, verdicts, check
     write_json(rdir / "outcome.json", outcome)
-    if tracker and parent and not state["parent_published"]:
-        _try_mlflow("comparison", publish_comparison_task, tracker, parent, str(rdir), outcome["all_verified"],
-                    all(o.ok for o in outcomes.values()))
-        state["parent_published"] = _published_ok(tracker, parent)
+    fingerprint = publish.comparison_fingerprint(rdir)
+    if tracker and parent and state["parent_published"] != fingerprint:
+        if _try_mlflow("comparison", publish_comparison_task, tracker, parent, str(rdir), outcome["all_verified"],
+                       all(o.ok for o in outcomes.values())):
+            state["parent_published"] = fingerprint
         if check["status"] != "unavailable":
             _try_mlflow("regression tags", log_regression_check, uri, parent, check)
         publish.save_state(rdir, state)
-    outcome["mlflow_pending"] = not (state["parent_published"]
-                                     and set(state["published"]) >= {c.name for c in spec.configurations})
-    if outcome["mlflow_pending"]:
+    outcome["mlflow_pending"] = publish.pending(state, rdir, spec)     # [] or ["comparison", config, ...]
+    if outcome["mlflow_pending"] and not _MLFLOW_NOTICE.said:
         say(f"Not everything reached MLflow; results are safe in {rdir}. Publish later with: "
             f"epdbench sync {rdir}")
     write_json(rdir / "outcome.json", outcome)
-    _prefect_summary_artifact(outcome, summary)
+    prefect_summary_artifact(outcome, summary)
     return outcome
-
-
-def _published_ok(tracker: Tracker, parent: str) -> bool:
-    try:
-        names = {a.path for a in tracker.client.list_artifacts(parent)}
-    except Exception:  # noqa: BLE001
-        return False
-    return "report.md" in names
-
-
-def _prefect_summary_artifact(outcome: dict, summary) -> None:
-    """The Markdown artifact that ends a flow run in the Prefect UI: headline table, verdicts, MLflow link."""
-    try:
-        from prefect.artifacts import create_markdown_artifact
-    except ImportError:
-        return
-    lines = [f"# epdbench {outcome['run']}", ""]
-    if outcome.get("mlflow_url"):
-        lines += [f"MLflow comparison run: [{outcome['mlflow_run_id']}]({outcome['mlflow_url']})", ""]
-    lines += ["| configuration | ok | transport | stages |", "|---|---|---|---|"]
-    lines += [f"| {n} | {'yes' if c['ok'] else 'FAILED: ' + (c['error'] or '')} | {c['transport']} | {c['stages']} |"
-              for n, c in outcome["configs"].items()]
-    if not summary.empty:
-        lines += ["", "| config | suite | workload | conc | stream | ok | TTFT p50 ms | ITL p99 ms | tok/s |",
-                  "|---|---|---|---:|---|---:|---:|---:|---:|"]
-        for _, r in summary.iterrows():
-            def f(v):
-                return "—" if v is None else f"{float(v):.1f}"
-            lines.append(f"| {r['config']} | {r['suite']} | {r['workload']} | {r['concurrency']} | {r['stream']} | "
-                         f"{r['requests_ok']}/{r['requests_total']} | {f(r['ttft_p50_ms'])} | {f(r['itl_p99_ms'])} | "
-                         f"{f(r['output_tok_s'])} |")
-    lines += ["", regression_line(outcome.get("regression")), "", f"Results: `{outcome['results_dir']}`"]
-    try:
-        create_markdown_artifact("\n".join(lines), key="epdbench-report", description=f"epdbench {outcome['run']}")
-    except Exception:  # noqa: BLE001 - outside a flow run context
-        pass
-
-
-def verdict_view(o: ConfigOutcome) -> dict:
-    """What the report shows of a configuration's evidence (JSON-able)."""
-    t, st = o.transport, o.stages
-    pods = t.get("pods", {})
-    return {
-        "transport": t.get("verdict", "not run"), "transport_reasons": t.get("reasons", [o.error or ""]),
-        "stages": st.get("verdict", "not run"), "stage_reasons": st.get("reasons", [o.error or ""]),
-        "fraction_seen": st.get("fraction_seen", {}),
-        "observed": {n: p.get("observed") for n, p in pods.items()},
-        "rdma_devices": sorted({f"{d['name']} (LID {d['lid']})" for p in pods.values() for d in p["rdma_devices"]}),
-        "throughput_mb_s_min": t.get("throughput_mb_s_min"), "throughput_mb_s_max": t.get("throughput_mb_s_max"),
-        "failed_transfers": t.get("failed_transfers"), "failed_recvs": t.get("failed_recvs"),
-        "per_role": st.get("per_role", {}),
-        "suites": {name: {"verdict": s["verdict"], "fraction_seen": s["fraction_seen"],
-                          "kv_bytes": sum(d.get("mooncake_bytes_transferred", 0) for r, d in s["metrics_delta"].items()
-                                          if r == "prefill"),
-                          "cache": cache_by_role(s["metrics_delta"])}
-                   for name, s in st.get("suites", {}).items()},
-    }
-
-
-def report_meta(spec: ExperimentSpec, run: str, outcomes: dict[str, ConfigOutcome]) -> dict:
-    target = "simulator (emulated hardware)" if spec.target.kind == "sim" else "Kubernetes"
-    return {
-        "title": f"epdbench: {spec.name} on {target}",
-        "run": run, "spec": spec.name, "target": spec.target.kind, "model": spec.model.name,
-        "hardware": f"{spec.hardware.gpu} figures", "seed": spec.seed, "trials": spec.trials,
-        "created": dt.datetime.now().isoformat(timespec="seconds"),
-        "configurations": [{"name": c.name, "topology": c.topology, "roles": roles_text(c), "gpus": c.gpus,
-                            "transport": c.kv_transport,
-                            "router": outcomes[c.name].router if c.name in outcomes else ""}
-                           for c in spec.configurations],
-        "failures": {n: o.error for n, o in outcomes.items() if o.error},
-        "reuse_suites": [s.name for s in spec.suites if getattr(s, "reuse_image", False)],
-    }
 
 
 def _prefect_flow_run_id() -> str | None:

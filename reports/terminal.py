@@ -30,8 +30,13 @@ def print_summary(outcome: dict, console: Console | None = None) -> None:
                           *[fmt(None if pd.isna(r[m]) else r[m], m) for m, _ in TERMINAL_METRICS])
             console.print(t)
     for name, c in outcome["configs"].items():
-        state = "ok" if c["ok"] else f"FAILED: {c['error']}"
+        state = "ok" if c["ok"] else f"{c.get('status', 'failed').upper()}: {c['error']}"
         console.print(f"{name}: {state}; transport {c['transport']}, stages {c['stages']}")
     console.print(regression_line(outcome.get("regression")))
     console.print(f"results: {rdir}/ (report.md, report.html, summary.csv, records.parquet, evidence/)")
-    console.print(f"MLflow:  {outcome['mlflow_url']}")
+    pending = outcome.get("mlflow_pending")
+    if pending:
+        what = ", ".join(pending) if isinstance(pending, list) else "some of it"
+        console.print(f"MLflow:  not published yet ({what}); publish with: epdbench sync {rdir}")
+    else:
+        console.print(f"MLflow:  {outcome['mlflow_url']}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import uuid
 
 import aiohttp
@@ -38,6 +39,7 @@ class Replica:
         self.pid = os.getpid()
         self.engine_id = f"{config.name}-{role}-{replica}-{uuid.uuid4().hex[:8]}"
         self.counters = Counters()
+        self.requests_seen = 0   # completion requests received (fault injection counts them)
         self.link_lock = asyncio.Lock()  # the sending pod's NIC(s): one transfer at a time (KV or encoder outputs)
         self.prefix_cache = (PrefixCache(self.kv_capacity_tokens())
                              if spec.engine.enable_prefix_caching and role in ("server", "prefill", "decode")
@@ -94,7 +96,17 @@ class Replica:
         return prompt_ids(prompt, [], False, 0), [], []
 
     # --- handlers --------------------------------------------------------------------------
+    def maybe_die(self) -> None:
+        """Fault injection (target.sim.faults.kill_replica): die as a crashed engine does, without a word."""
+        faults = self.spec.target.sim.faults
+        if faults.kill_replica != f"{self.role}-{self.replica}":
+            return
+        self.requests_seen += 1
+        if self.requests_seen >= faults.kill_after_requests:
+            os.kill(os.getpid(), signal.SIGKILL)
+
     async def generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        self.maybe_die()
         try:
             body = await request.json()
             ids, images, image_ends = self.parse(body, chat)

@@ -49,6 +49,10 @@ class ExperimentSpec(Strict):
     configuration_timeout_s: float | None = Field(None, ge=1, title="Configuration timeout (s)",
                                                   description="Limit on all the suites of one configuration. "
                                                               "Empty: no limit.")
+    max_failed_fraction: float = Field(0.0, ge=0, le=1, title="Tolerated failed requests",
+                                       description="Share of a cell's measured requests that may fail before the "
+                                                   "cell, and its configuration, count as degraded (re-run by "
+                                                   "--resume). 0: any failed request degrades the cell.")
     request_timeout_s: float = Field(300, gt=0, le=3600, title="Request timeout (s)",
                                      description="A request slower than this is recorded as an error.")
     model: ModelSpec = Field(title="Model", description="Served model and its architecture figures.")

@@ -12,6 +12,14 @@ class SimFaults(Strict):
     skip_prefill_fraction: float = Field(0.0, ge=0, le=1, title="Skip-prefill fraction",
                                          description="Fault injection: the router sends this fraction of PD/EPD "
                                                      "requests straight to decode, which prefills locally.")
+    kill_replica: str | None = Field(None, pattern=r"^(server|prefill|decode|encode)-\d+$",
+                                     title="Replica that dies",
+                                     description="Fault injection: this replica (e.g. server-1) kills itself with "
+                                                 "SIGKILL on receiving its kill_after_requests-th completion "
+                                                 "request, in every configuration that has it.")
+    kill_after_requests: int = Field(1, ge=1, le=100000, title="Requests before the replica dies",
+                                     description="Completion requests the kill_replica replica receives before "
+                                                 "it dies (the readiness probe counts).")
 
 
 class SimTargetSpec(Strict):

@@ -3,6 +3,7 @@ engine/router 'pod' with its log file and metrics URL. Shared by the sim and Kub
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import time
 import urllib.error
@@ -33,6 +34,7 @@ class Deployment:
     router: str
     processes: list[Process] = field(default_factory=list)
     sync_logs: Callable[[], None] | None = None   # refresh log files before they are read (remote targets)
+    health: Callable[[], list[str]] | None = None  # what died since start ("router (pid 7) killed by SIGKILL")
 
     def by_role(self, role: str) -> list[Process]:
         return [p for p in self.processes if p.role == role]
@@ -57,3 +59,15 @@ def probe_until_served(url: str, body: dict, headers: dict, deadline: float, int
             last = str(e)
         time.sleep(interval_s)
     raise ProvisionError(f"router did not serve a probe request at {url} in time: {last}")
+
+
+def exited(processes: list[Process]) -> list[str]:
+    """Local processes that are no longer running, each with its exit code or signal."""
+    out = []
+    for p in processes:
+        code = p.popen.poll() if p.popen is not None else None
+        if code is None:
+            continue
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+        out.append(f"{p.name} (pid {p.popen.pid}) {how}, found at {time.strftime('%H:%M:%S')}")
+    return out

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
+import traceback
 import uuid
 from dataclasses import asdict, dataclass, field
 from typing import AsyncIterator, Callable
@@ -31,44 +33,133 @@ class StreamTiming:
     error: str | None = None
 
 
+class MalformedEvent(ValueError):
+    """One SSE event whose shape is not that of a (chat) completions chunk."""
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def content_of(event: dict) -> str:
-    """Generated text carried by one completions or chat-completions chunk ('' if none)."""
-    choices = event.get("choices") or []
+    """Generated text carried by one completions or chat-completions chunk ('' if none).
+    Raises MalformedEvent when the event does not have a chunk's shape."""
+    if not isinstance(event, dict):
+        raise MalformedEvent("not a JSON object")
+    choices = event.get("choices")
+    if choices is None:
+        return ""
+    if not isinstance(choices, list):
+        raise MalformedEvent("choices is not a list")
     if not choices:
         return ""
     c = choices[0]
+    if not isinstance(c, dict):
+        raise MalformedEvent("choices[0] is not an object")
     if "text" in c:
-        return c.get("text") or ""
-    return (c.get("delta") or {}).get("content") or ""
+        text = c["text"]
+        where = "choices[0].text"
+    else:
+        delta = c.get("delta")
+        if delta is None:
+            return ""
+        if not isinstance(delta, dict):
+            raise MalformedEvent("choices[0].delta is not an object")
+        text = delta.get("content")
+        where = "choices[0].delta.content"
+    if text is None:
+        return ""
+    if not isinstance(text, str):
+        raise MalformedEvent(f"{where} is not a string")
+    return text
+
+
+def _usage_of(event: dict) -> dict | None:
+    """The event's usage block (None if absent); MalformedEvent if any field used later is ill-typed."""
+    usage = event.get("usage")
+    if usage is None:
+        return None
+    if not isinstance(usage, dict):
+        raise MalformedEvent("usage is not an object")
+    for k in ("prompt_tokens", "completion_tokens"):
+        if usage.get(k) is not None and not _is_int(usage[k]):
+            raise MalformedEvent(f"usage.{k} is not an integer")
+    details = usage.get("prompt_tokens_details")
+    if details is not None:
+        if not isinstance(details, dict):
+            raise MalformedEvent("usage.prompt_tokens_details is not an object")
+        if details.get("cached_tokens") is not None and not _is_int(details["cached_tokens"]):
+            raise MalformedEvent("usage.prompt_tokens_details.cached_tokens is not an integer")
+    return usage
+
+
+def _server_error(err) -> str:
+    """A short text for an in-stream {"error": ...} event, whatever the type of its payload."""
+    if isinstance(err, dict) and isinstance(err.get("message"), str):
+        text = err["message"]
+    elif isinstance(err, str):
+        text = err
+    else:
+        try:
+            text = json.dumps(err)
+        except (TypeError, ValueError):
+            text = repr(err)
+    return f"server error event: {text}"[:300]
+
+
+def _fail(t: StreamTiming, error: str) -> None:
+    """Record the request's first error (the root cause); later ones do not overwrite it."""
+    if t.error is None:
+        t.error = error[:300]
 
 
 async def consume_stream(lines: AsyncIterator[bytes], send_ns: int, clock: Clock,
                          t: StreamTiming | None = None) -> StreamTiming:
     """Read SSE lines; stamp the clock once per event. Fills `t` as it goes, so a stream cut by an
-    exception leaves its partial timings behind."""
+    exception leaves its partial timings behind.
+
+    A malformed event (bad UTF-8, not JSON, not an object, ill-shaped choices/usage) or a server
+    error event sets `t.error` and contributes nothing itself; chunks before it are kept and the
+    stream is read on to [DONE] or its end (so done_ns is still the stream's end). Exceptions raised
+    by `lines` itself (connection errors, timeouts, cancellation) propagate to the caller."""
     t = t if t is not None else StreamTiming()
     prev_completion = 0
     async for raw in lines:
         now = clock()
-        line = raw.strip()
-        if not line.startswith(b"data:"):
-            continue
-        data = line[5:].strip()
-        if data == b"[DONE]":
-            t.saw_done = True
-            t.done_ns = now - send_ns
-            break
+        data = b""
         try:
-            event = json.loads(data)
-        except json.JSONDecodeError:
-            t.error = f"malformed SSE event: {data[:80]!r}"
+            line = raw.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                t.saw_done = True
+                t.done_ns = now - send_ns
+                break
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                raise MalformedEvent("invalid UTF-8") from None
+            try:
+                event = json.loads(text)
+            except (ValueError, RecursionError):
+                raise MalformedEvent("not JSON") from None
+            if not isinstance(event, dict):
+                raise MalformedEvent("not a JSON object")
+            if "error" in event:
+                _fail(t, _server_error(event["error"]))
+                continue
+            usage = _usage_of(event)
+            content = content_of(event)
+        except MalformedEvent as e:
+            _fail(t, f"malformed SSE event: {e}: {data[:80]!r}")
             continue
-        if "error" in event:
-            t.error = str(event["error"])[:300]
-        usage = event.get("usage")
+        except Exception as e:  # a bug in parsing one event: fail the request, never the stream reader
+            _fail(t, f"malformed SSE event: {type(e).__name__}: {e}: {data[:80]!r}")
+            continue
         if usage:
             t.usage = usage
-        if content_of(event):
+        if content:
             t.chunk_offsets_ns.append(now - send_ns)
             completion = (usage or {}).get("completion_tokens")
             if completion is not None and completion > prev_completion:
@@ -117,16 +208,21 @@ class Record:
     chunk_tokens: list[int] = field(default_factory=list)
 
 
+def _int_or_none(v) -> int | None:
+    return v if _is_int(v) else None
+
+
 def _fill(rec: Record, t: StreamTiming) -> None:
     timing = derive_timing(t)
     rec.chunk_offsets_ns, rec.chunk_tokens = t.chunk_offsets_ns, t.chunk_tokens
     rec.ttft_ms = timing["ttft_ns"] / 1e6 if timing["ttft_ns"] is not None else None
     rec.e2e_ms = timing["e2e_ns"] / 1e6 if timing["e2e_ns"] is not None else None
     rec.done_ms = t.done_ns / 1e6 if t.done_ns is not None else None
-    if t.usage:
-        rec.prompt_tokens = t.usage.get("prompt_tokens")
-        rec.output_tokens = t.usage.get("completion_tokens")
-        rec.cached_tokens = (t.usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    if isinstance(t.usage, dict):  # consume_stream only keeps well-typed usage; re-checked here anyway
+        details = t.usage.get("prompt_tokens_details")
+        rec.prompt_tokens = _int_or_none(t.usage.get("prompt_tokens"))
+        rec.output_tokens = _int_or_none(t.usage.get("completion_tokens"))
+        rec.cached_tokens = _int_or_none(details.get("cached_tokens")) if isinstance(details, dict) else None
     if t.error:
         rec.error = t.error
     elif not t.saw_done:
@@ -144,38 +240,71 @@ class LoadGenerator:
         self.timeout_s = timeout_s
         self.clock = clock
         self.run_tag = run_tag or uuid.uuid4().hex[:8]
+        self.on_record_errors = 0   # exceptions raised by on_record callbacks (logged once, then counted)
 
     async def send(self, session: aiohttp.ClientSession, req: RequestSpec, scheduled_ns: int) -> Record:
-        path = "/v1/completions" if req.api == "completions" else "/v1/chat/completions"
+        """One streamed request. Never raises except asyncio.CancelledError: every failure (HTTP error,
+        timeout, connection error, malformed stream, any other exception) ends up in the Record
+        (ok=False, error) with the partial timings gathered before it."""
         rid = f"epd-{self.run_tag}-{req.phase[0]}{req.index}-{uuid.uuid4().hex[:6]}"
-        body = {**req.payload, "model": self.model, "stream": True, "request_id": rid,
-                "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
         send_ns = self.clock()
         rec = Record(rid, req.index, req.phase, req.api, req.target_prompt_tokens, req.max_tokens,
                      req.prompt_hash, req.image_px, req.image_hash, scheduled_ns, send_ns, time.time())
         timing = StreamTiming()
         try:
+            path = "/v1/completions" if req.api == "completions" else "/v1/chat/completions"
+            body = {**req.payload, "model": self.model, "stream": True, "request_id": rid,
+                    "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
             async with session.post(self.base_url + path, json=body, headers={"X-Request-Id": rid},
                                     timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as resp:
                 rec.status = resp.status
                 if resp.status != 200:
-                    rec.error = f"HTTP {resp.status}: {(await resp.text())[:300]}"
-                    rec.done_ms = (self.clock() - send_ns) / 1e6
-                    return rec
-                await consume_stream(resp.content, send_ns, self.clock, timing)
+                    _fail(timing, f"HTTP {resp.status}")
+                    text = await resp.text(errors="replace")
+                    timing.error = f"HTTP {resp.status}: {text[:300]}"
+                    timing.done_ns = self.clock() - send_ns
+                else:
+                    await consume_stream(resp.content, send_ns, self.clock, timing)
         except asyncio.TimeoutError:
-            timing.error = f"timeout after {self.timeout_s:g}s"
+            _fail(timing, f"timeout after {self.timeout_s:g}s")
         except aiohttp.ClientError as e:
-            timing.error = f"{type(e).__name__}: {e}"[:300]
-        _fill(rec, timing)
+            _fail(timing, f"{type(e).__name__}: {e}")
+        except Exception as e:  # a bug or an unforeseen failure: this request's error, never the worker's
+            _fail(timing, f"unexpected {type(e).__name__}: {e}")
+        try:
+            _fill(rec, timing)
+        except Exception as e:
+            rec.ok, rec.error = False, f"unexpected {type(e).__name__} in recording: {e}"[:300]
         if rec.done_ms is None:
             rec.done_ms = (self.clock() - send_ns) / 1e6
         return rec
 
+    def _broken_record(self, req: RequestSpec, scheduled_ns: int, e: Exception) -> Record:
+        """A failed Record for a request that could not even be sent (e.g. an ill-formed RequestSpec)."""
+        g = lambda name, default=None: getattr(req, name, default)  # noqa: E731
+        rid = f"epd-{self.run_tag}-x{g('index')}-{uuid.uuid4().hex[:6]}"
+        return Record(rid, g("index", -1), g("phase", ""), g("api", ""), g("target_prompt_tokens", 0),
+                      g("max_tokens", 0), g("prompt_hash", ""), g("image_px"), g("image_hash"), scheduled_ns,
+                      scheduled_ns, time.time(), ok=False, error=f"unexpected {type(e).__name__}: {e}"[:300])
+
+    def _notify(self, on_record: Callable[[Record], None] | None, rec: Record) -> None:
+        """Call the on_record callback; its own failure is logged to stderr once and never loses a record."""
+        if on_record is None:
+            return
+        try:
+            on_record(rec)
+        except Exception:
+            self.on_record_errors += 1
+            if self.on_record_errors == 1:
+                print(f"epdbench loadgen: on_record callback failed (request {rec.request_id}); records are "
+                      f"kept, further callback errors are not shown:\n{traceback.format_exc()}",
+                      file=sys.stderr, end="", flush=True)
+
     async def run_phase(self, session, requests: list[RequestSpec], concurrency: int,
                         on_record: Callable[[Record], None] | None = None) -> list[Record]:
         """`concurrency` workers, each sends its next request as soon as the last ends (closed loop), or
-        not before the request's scheduled offset (bursts); scheduled vs actual send time is recorded."""
+        not before the request's scheduled offset (bursts); scheduled vs actual send time is recorded.
+        Every finished request is returned and passed to `on_record` as soon as it finishes."""
         queue: asyncio.Queue[RequestSpec] = asyncio.Queue()
         for r in sorted(requests, key=lambda r: (r.offset_s or 0.0, r.index)):
             queue.put_nowait(r)
@@ -188,16 +317,19 @@ class LoadGenerator:
                     req = queue.get_nowait()
                 except asyncio.QueueEmpty:
                     return
-                scheduled_ns = self.clock()
-                if req.offset_s is not None:  # open-loop arrival (bursts): wait for the request's slot
-                    scheduled_ns = start_ns + int(req.offset_s * 1e9)
-                    delay_s = (scheduled_ns - self.clock()) / 1e9
-                    if delay_s > 0:
-                        await asyncio.sleep(delay_s)
-                rec = await self.send(session, req, scheduled_ns)
+                scheduled_ns = start_ns
+                try:
+                    scheduled_ns = self.clock()
+                    if req.offset_s is not None:  # open-loop arrival (bursts): wait for the request's slot
+                        scheduled_ns = start_ns + int(req.offset_s * 1e9)
+                        delay_s = (scheduled_ns - self.clock()) / 1e9
+                        if delay_s > 0:
+                            await asyncio.sleep(delay_s)
+                    rec = await self.send(session, req, scheduled_ns)
+                except Exception as e:  # send() records its own failures; this is the last resort
+                    rec = self._broken_record(req, scheduled_ns, e)
                 records.append(rec)
-                if on_record:
-                    on_record(rec)
+                self._notify(on_record, rec)
 
         await asyncio.gather(*(worker() for _ in range(min(concurrency, len(requests)) or 1)))
         return sorted(records, key=lambda r: r.index)

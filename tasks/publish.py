@@ -1,42 +1,37 @@
 """Publish a results directory to MLflow, one piece at a time, from the files alone.
 
 The flow publishes each configuration as it finishes and the comparison at the end; when MLflow is
-unreachable nothing is lost — `state.json` remembers what is still pending and `epdbench sync RUN`
-publishes it later from the same files. Each piece is published once (no duplicate runs).
+unreachable nothing is lost — `state.json` remembers what was published and `epdbench sync RUN`
+publishes the rest later from the same files. Publishing is idempotent: retries, `--resume` and `sync`
+update the runs they find, never add a second one.
+
+Update, never stale. Re-publishing re-logs metrics (latest wins), overwrites tags (status, verdicts, `epdbench.error`
+and `epdbench.router` are tags because they change between attempts), skips params logged with the same value,
+sets the status again (FINISHED when the configuration's outcome is ok, FAILED otherwise; a cell run is always
+FINISHED; the comparison run is FINISHED when every configuration ran), and re-uploads artifacts to the same
+paths. Runs for data no longer in the folder are deleted (MLflow soft delete: hidden from searches and the UI,
+restorable): cell runs under a configuration run that are not cells of its records, and configuration runs under
+the comparison run for configurations with no `evidence/<config>/outcome.json` — so MLflow equals the folder
+(`mlflow_matches_results` checks it).
+
+Keys, state.json and fingerprints: tasks/publish_state.py; the check that MLflow equals the folder:
+tasks/mlflow_check.py.
 """
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from epdbench.analysis.metrics import summarize
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, load_spec
 from epdbench.specs.workload import hash_prompt_hashes, plan_cells
 from epdbench.tasks.results import read_records, write_json
-from epdbench.tasks.tracking import Tracker, default_tracking_uri
+from epdbench.tasks.publish_state import (PARENT_ARTIFACTS, cell_key, comparison_fingerprint,  # noqa: F401
+                                          config_fingerprint, config_key, folder_configs, load_state, pending,
+                                          read_json, resolve_tracking_uri, save_state, store_id)
+from epdbench.tasks.tracking import KEY_TAG, MlflowUnreachable, Tracker, is_unreachable
 
-STATE = "state.json"
-PARENT_ARTIFACTS = ("report.md", "report.html", "summary.csv", "summary_trials.csv", "summary.parquet",
-                    "records.parquet", "spec.yaml", "calibration.json", "outcome.json")
-
-
-def load_state(rdir: Path) -> dict:
-    path = rdir / STATE
-    state = json.loads(path.read_text()) if path.exists() else {}
-    state.setdefault("mlflow_parent", None)
-    state.setdefault("published", [])
-    state.setdefault("parent_published", False)
-    return state
-
-
-def save_state(rdir: Path, state: dict) -> None:
-    write_json(rdir / STATE, state)
-
-
-def resolve_tracking_uri(explicit: str | None, spec: ExperimentSpec) -> str:
-    return explicit or spec.tracking.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
-
+# --- reading the folder --------------------------------------------------------------------------------
 
 def config_outcome(rdir: Path, name: str) -> dict:
     """ok / error / router of a configuration, and its transport and stage verdicts, from evidence/."""
@@ -60,32 +55,83 @@ def evidence_ok(outcome: dict, target: str) -> bool:
             and outcome["stages"].get("verdict") in good)
 
 
+def cells_of(records, run: str, config: str, gpus: int | None = None) -> dict:
+    """cell key → (summary row, that cell's records) of one configuration's records."""
+    records = records[records["config"] == config]
+    out = {}
+    for _, row in summarize(records, {config: gpus} if gpus else None).iterrows():
+        mine = records[(records["suite"] == row["suite"]) & (records["workload"] == row["workload"])
+                       & (records["concurrency"] == row["concurrency"]) & (records["stream"] == row["stream"])
+                       & (records["trial"] == row["trial"])]
+        out[cell_key(run, config, row["suite"], row["workload"], row["concurrency"], row["stream"],
+                     row["trial"])] = (row, mine)
+    return out
+
+
+def _legacy_cell_id(run) -> tuple:
+    p = run.data.params
+    return (p.get("suite"), p.get("cell"), str(p.get("concurrency")), p.get("stream", "main"), str(p.get("trial", 0)))
+
+
+def _run_key(tracker: Tracker, parent: str, rdir: Path) -> str:
+    """The key of the comparison run `parent` (what configuration and cell keys extend)."""
+    return tracker.client.get_run(parent).data.tags.get(KEY_TAG) or load_state(rdir)["run"]
+
+
+# --- publishing ----------------------------------------------------------------------------------------
+
 def start_comparison(tracker: Tracker, spec: ExperimentSpec, run: str, rdir: Path, trigger: str,
-                     flow_run_id: str | None) -> str:
+                     flow_run_id: str | None, previous: str | None = None) -> str:
+    """Find or create the comparison run keyed `run`; `previous` is a run id state.json named before keys
+    existed (adopted when it is a comparison run without a key)."""
+    def legacy():
+        if not previous:
+            return None
+        try:
+            r = tracker.client.get_run(previous)
+        except Exception:  # noqa: BLE001 - gone or not visible: create a new one
+            return None
+        ok = (r.info.lifecycle_stage == "active" and r.info.experiment_id == tracker.experiment_id
+              and r.data.tags.get("epdbench.kind") == "comparison" and not r.data.tags.get(KEY_TAG))
+        return r if ok else None
+
+    tags = {"epdbench.target": spec.target.kind, "epdbench.spec": spec.name, "epdbench.trigger": trigger,
+            "epdbench.results_dir": str(Path(rdir).resolve())}
+    if flow_run_id:
+        tags["epdbench.prefect_flow_run_id"] = flow_run_id
     return tracker.start_comparison(
-        run, tags={"epdbench.target": spec.target.kind, "epdbench.spec": spec.name, "epdbench.trigger": trigger,
-                   "epdbench.prefect_flow_run_id": flow_run_id or "", "epdbench.results_dir": str(rdir.resolve())},
+        run, tags=tags,
         params={"configurations": ",".join(c.name for c in spec.configurations),
                 "suites": ",".join(s.name for s in spec.suites), "seed": spec.seed, "trials": spec.trials,
-                "model": spec.model.name, "hardware": spec.hardware.gpu})
+                "model": spec.model.name, "hardware": spec.hardware.gpu},
+        key=run, adopt=legacy)
 
 
 def publish_configuration(tracker: Tracker, parent: str, spec: ExperimentSpec, config: ConfigurationSpec,
                           rdir: Path) -> str:
-    """A configuration run with its evidence, and one cell run per recorded cell × trial."""
+    """The configuration run with its evidence, and one cell run per recorded cell × trial (found or created
+    by key; cell runs of cells no longer recorded are deleted). Safe to call again at any point."""
+    rdir = Path(rdir)
     o = config_outcome(rdir, config.name)
     t, st = o["transport"], o["stages"]
+    run = _run_key(tracker, parent, rdir)
+
+    def legacy_config():
+        same = [r for r in tracker.children(parent, "configuration")
+                if r.data.tags.get("epdbench.config") == config.name and not r.data.tags.get(KEY_TAG)]
+        return same[0] if same else None
+
     run_id = tracker.log_configuration(
         parent, config.name,
         tags={"epdbench.status": "ok" if o.get("ok") else "failed",
               "epdbench.transport_verdict": t.get("verdict", "none"),
-              "epdbench.stages_verdict": st.get("verdict", "none")},
+              "epdbench.stages_verdict": st.get("verdict", "none"),
+              "epdbench.router": o.get("router") or "", "epdbench.error": (o.get("error") or "")[:5000]},
         params={"topology": config.topology, "roles": roles_text(config), "gpus": config.gpus,
                 "tp": ",".join(f"{r.role}={r.tp}" for r in config.roles), "transport": config.kv_transport,
                 "connectors": "MooncakeConnector" if config.kv_transport != "none" else "none",
-                "router": o.get("router", ""),
                 "image": "epdbench-sim" if spec.target.kind == "sim" else spec.target.kubernetes.engine.image,
-                "engine_args": spec.engine.model_dump_json(), "error": o.get("error") or ""},
+                "engine_args": spec.engine.model_dump_json()},
         metrics={"transport_verified": 1.0 if t.get("verdict") == "verified" else 0.0,
                  "stages_verified": 1.0 if st.get("verdict") == "verified" else 0.0,
                  "kv_throughput_min_mb_s": t.get("throughput_mb_s_min"),
@@ -93,24 +139,34 @@ def publish_configuration(tracker: Tracker, parent: str, spec: ExperimentSpec, c
                  "failed_transfers": t.get("failed_transfers"),
                  "evidence_ok": 1.0 if evidence_ok(o, spec.target.kind) else 0.0,
                  "stages_fraction_seen_min": min((f for f in st.get("fraction_seen", {}).values() if f is not None),
-                                                 default=None)})
+                                                 default=None)},
+        key=config_key(run, config.name), adopt=legacy_config)
+
+    keyed: dict[str, list] = {}
+    legacy: dict[tuple, list] = {}
+    for r in tracker.children(run_id, "cell"):                  # oldest first
+        if r.data.tags.get(KEY_TAG):
+            keyed.setdefault(r.data.tags[KEY_TAG], []).append(r)
+        else:
+            legacy.setdefault(_legacy_cell_id(r), []).append(r)
+    planned = {(c.suite, c.workload, c.concurrency, c.stream): c for c in plan_cells(spec)}
     records = read_records(rdir / "records.parquet")
-    records = records[records["config"] == config.name]
-    cells = {(c.suite, c.workload, c.concurrency, c.stream): c for c in plan_cells(spec)}
-    for _, row in summarize(records, {config.name: config.gpus}).iterrows():
-        cell = cells.get((row["suite"], row["workload"], row["concurrency"], row["stream"]))
-        mine = records[(records["suite"] == row["suite"]) & (records["workload"] == row["workload"])
-                       & (records["concurrency"] == row["concurrency"]) & (records["stream"] == row["stream"])
-                       & (records["trial"] == row["trial"])].sort_values("index")
+    for key, (row, mine) in cells_of(records, run, config.name, config.gpus).items():
+        cell = planned.get((row["suite"], row["workload"], row["concurrency"], row["stream"]))
+        params = {"suite": row["suite"], "cell": row["workload"], "concurrency": row["concurrency"],
+                  "stream": row["stream"], "n_measured": cell.n_measured if cell else "",
+                  "n_warmup": cell.n_warmup if cell else "", "seed": spec.seed, "trial": row["trial"],
+                  "prompt_set_hash": hash_prompt_hashes(list(mine.sort_values("index")["prompt_hash"]))}
+        have = keyed.pop(key, []) or legacy.pop(_legacy_cell_id_of(params), [])
+        for dup in have[1:]:
+            tracker.delete(dup.info.run_id)
         tracker.log_cell(run_id, f"{config.name}:{row['suite']}:{row['workload']}:c{row['concurrency']}"
                                  + ("" if row["stream"] == "main" else f":{row['stream']}"),
                          tags={"epdbench.config": config.name, "epdbench.suite": row["suite"]},
-                         params={"suite": row["suite"], "cell": row["workload"], "concurrency": row["concurrency"],
-                                 "stream": row["stream"], "n_measured": cell.n_measured if cell else "",
-                                 "n_warmup": cell.n_warmup if cell else "", "seed": spec.seed,
-                                 "trial": row["trial"],
-                                 "prompt_set_hash": hash_prompt_hashes(list(mine["prompt_hash"]))},
-                         summary=row.to_dict())
+                         params=params, summary=row.to_dict(), key=key, existing=have[0] if have else None)
+    for stale in [r for runs in (*keyed.values(), *legacy.values()) for r in runs]:
+        tracker.delete(stale.info.run_id)                          # data no longer in the folder
+
     ev = rdir / "evidence" / config.name
     if ev.exists():
         tracker.log_artifacts(run_id, ev, "evidence")
@@ -120,51 +176,106 @@ def publish_configuration(tracker: Tracker, parent: str, spec: ExperimentSpec, c
     return run_id
 
 
-def publish_comparison(tracker: Tracker, parent: str, rdir: Path, all_verified: bool, all_ok: bool) -> None:
+def _legacy_cell_id_of(params: dict) -> tuple:
+    return (str(params["suite"]), str(params["cell"]), str(params["concurrency"]), str(params["stream"]),
+            str(params["trial"]))
+
+
+def publish_comparison(tracker: Tracker, parent: str, rdir: Path, all_verified: bool, all_ok: bool) -> str:
+    """Artifacts, verdict tags and status of the comparison run; configuration runs under it for configurations
+    no longer in the folder are deleted (with their cell runs). Returns the run id (truthy: published)."""
+    rdir = Path(rdir)
     for name in PARENT_ARTIFACTS:
         tracker.log_artifacts(parent, rdir / name)
     if (rdir / "plots").exists():
         tracker.log_artifacts(parent, rdir / "plots", "plots")
-    tracker.set_tags(parent, {"epdbench.all_verified": all_verified})
+    tracker.set_tags(parent, {"epdbench.all_verified": all_verified, "epdbench.all_ok": all_ok})
+    run = _run_key(tracker, parent, rdir)
+    wanted = {config_key(run, name) for name in folder_configs(rdir)}
+    for r in tracker.children(parent, "configuration"):
+        if r.data.tags.get(KEY_TAG) not in wanted:
+            for cell in tracker.children(r.info.run_id, "cell"):
+                tracker.delete(cell.info.run_id)
+            tracker.delete(r.info.run_id)
     tracker.finish(parent, ok=all_ok)
+    return parent
 
 
 def sync_results(rdir: Path, tracking_uri: str | None) -> str:
-    """Publish whatever a run could not publish (MLflow was down); idempotent."""
+    """Publish what MLflow lacks or holds stale (per the fingerprints in state.json); idempotent."""
+    rdir = Path(rdir)
     spec = load_spec(str(rdir / "spec.yaml"))
-    outcome = json.loads((rdir / "outcome.json").read_text()) if (rdir / "outcome.json").exists() else None
-    state = load_state(rdir)
-    tracker = Tracker(resolve_tracking_uri(tracking_uri, spec), spec.tracking.experiment)
-    if not state["mlflow_parent"]:
-        trigger = (outcome or {}).get("trigger", "cli")
-        state["mlflow_parent"] = start_comparison(tracker, spec, rdir.name, rdir, trigger, None)
-        save_state(rdir, state)
+    outcome = read_json(rdir / "outcome.json")
+    uri = resolve_tracking_uri(tracking_uri, spec)
+    state = load_state(rdir, store=store_id(uri, spec.tracking.experiment))
+    tracker = Tracker(uri, spec.tracking.experiment)
+    todo = pending(state, rdir, spec)
+    if state["mlflow_parent"] and not [r for r in tracker.find(state["run"], deleted=False)
+                                       if r.info.run_id == state["mlflow_parent"]]:
+        todo = ["MLflow lost the comparison run"]                # e.g. a wiped store: publish everything
+    if not todo:
+        return f"{rdir}: already in MLflow (run {state['mlflow_parent']})"
+    parent = start_comparison(tracker, spec, state["run"], rdir, (outcome or {}).get("trigger", "cli"), None,
+                              state["mlflow_parent"])
+    if parent != state["mlflow_parent"]:                        # runs recorded in state.json are not these
+        state.update(published={}, parent_published=None)
+    state["mlflow_parent"] = parent
+    save_state(rdir, state)
     done = []
+    records = read_records(rdir / "records.parquet")
     for config in spec.configurations:
-        if config.name in state["published"] or not (rdir / "evidence" / config.name / "outcome.json").exists():
+        if config.name not in folder_configs(rdir, spec):
             continue
-        publish_configuration(tracker, state["mlflow_parent"], spec, config, rdir)
-        state["published"].append(config.name)
+        fp = config_fingerprint(rdir, config.name, records)
+        if state["published"].get(config.name) == fp:
+            continue
+        publish_configuration(tracker, parent, spec, config, rdir)
+        state["published"][config.name] = fp
         save_state(rdir, state)
         done.append(config.name)
-    if outcome and not state["parent_published"]:
-        publish_comparison(tracker, state["mlflow_parent"], rdir, outcome["all_verified"],
-                           all(c["ok"] for c in outcome["configs"].values()))
-        state["parent_published"] = True
-        save_state(rdir, state)
-        done.append("comparison")
+    if isinstance(outcome, dict):
+        fp = comparison_fingerprint(rdir)
+        if state["parent_published"] != fp:
+            publish_comparison(tracker, parent, rdir, outcome.get("all_verified", False),
+                               all(c.get("ok") for c in outcome.get("configs", {}).values()))
+            state["parent_published"] = fp
+            save_state(rdir, state)
+            done.append("comparison")
+        left = pending(state, rdir, spec)
+        update = {"mlflow_pending": left, "mlflow_run_id": parent, "mlflow_url": tracker.run_url(parent),
+                  "tracking_uri": uri}
+        if any(outcome.get(k) != v for k, v in update.items()):
+            write_json(rdir / "outcome.json", {**outcome, **update})
     if not done:
-        return f"{rdir}: already in MLflow (run {state['mlflow_parent']})"
-    return f"{rdir}: published {', '.join(done)} to {tracker.run_url(state['mlflow_parent'])}"
+        return f"{rdir}: already in MLflow (run {parent})"
+    return f"{rdir}: published {', '.join(done)} to {tracker.run_url(parent)}"
 
 
-def cells_done(rdir: Path, spec: ExperimentSpec, config: str) -> set[tuple[str, int]]:
-    """(cell id, trial) of cells whose measured requests are all recorded — skipped on resume."""
-    records = read_records(rdir / "records.parquet")
-    if records.empty:
-        return set()
-    want = {c.cell_id: c.n_measured for c in plan_cells(spec)}
-    m = records[(records["config"] == config) & (records["phase"] == "measured")]
-    counts = m.groupby(["cell", "trial"]).size()
-    return {(cell, int(trial)) for (cell, trial), n in counts.items() if n >= want.get(cell, 10 ** 9)}
+# --- the user's view of an outage ----------------------------------------------------------------------
 
+def outage_line(e: BaseException, tracking_uri: str | None, rdir, what: str = "") -> str:
+    """One line for an MLflow failure: what failed, and that the results are kept for `epdbench sync`."""
+    first = (str(e).strip().splitlines() or [""])[0]
+    cause = first if isinstance(e, MlflowUnreachable) else f"{type(e).__name__}: {first}"
+    cause = cause if len(cause) <= 160 else cause[:157] + "..."
+    where = f"results kept in {rdir}; publish later with: epdbench sync {rdir}"
+    if is_unreachable(e):
+        return f"MLflow unreachable at {tracking_uri} ({cause}): {where}"
+    return f"MLflow publishing failed ({what}: {cause}): {where}"
+
+
+class MlflowNotice:
+    """What one run tells the user about MLflow failures: one line, the first time; later ones are silent."""
+
+    def __init__(self, tracking_uri: str | None = None, rdir=None):
+        self.reset(tracking_uri, rdir)
+
+    def reset(self, tracking_uri: str | None, rdir) -> None:
+        self.tracking_uri, self.rdir, self.said = tracking_uri, rdir, False
+
+    def failed(self, what: str, e: BaseException) -> str | None:
+        """The line to print for this failure, or None when one was printed already."""
+        if self.said:
+            return None
+        self.said = True
+        return outage_line(e, self.tracking_uri, self.rdir, what)

@@ -36,6 +36,20 @@ def append_records(path: Path, rows: list[dict]) -> None:
     _atomic_write_parquet(new, path)
 
 
+def drop_records(path: Path, config: str, cells: set[tuple[str, int]]) -> int:
+    """Remove the rows of `config`'s (cell id, trial) pairs, before those cells are measured again, so no
+    request is ever recorded twice; returns how many rows went."""
+    if not path.exists() or not cells:
+        return 0
+    df = read_records(path)
+    gone = (df["config"] == config) & pd.Series([(c, int(t)) in cells for c, t in zip(df["cell"], df["trial"])],
+                                                index=df.index)
+    if gone.any():
+        kept = df[~gone]
+        _atomic_write_parquet(pa.Table.from_pandas(kept, schema=RECORD_SCHEMA, preserve_index=False), path)
+    return int(gone.sum())
+
+
 def read_records(path: Path) -> pd.DataFrame:
     if not path.exists():
         return pd.DataFrame({f.name: pd.Series(dtype="object") for f in RECORD_SCHEMA})

@@ -13,6 +13,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from epdbench.tasks.runstate import process_start_time
+
 STATE_FILE = "up.json"
 
 
@@ -146,7 +148,8 @@ def up(host: str, prefect_port: int, mlflow_port: int, data_dir: Path, nightly_c
         wait_for_deployments(prefect_api, ["nightly-comparison", "adhoc-comparison"], timeout_s)
         state_path.write_text(json.dumps({"pid": os.getpid(), "prefect": f"http://{host}:{prefect_port}",
                                           "mlflow": f"http://{host}:{mlflow_port}",
-                                          "children": [s.popen.pid for s in services]}))
+                                          "children": [{"pid": s.popen.pid, "start": process_start_time(s.popen.pid)}
+                                                       for s in services]}))
         print(f"Prefect UI: http://{host}:{prefect_port}  (deployments nightly-comparison, adhoc-comparison)")
         print(f"MLflow UI:  http://{host}:{mlflow_port}")
         print(f"state and logs under {data_dir}/; Ctrl-C or 'epdbench down' stops everything", flush=True)
@@ -197,9 +200,11 @@ def down(data_dir: Path, timeout_s: float = 60) -> int:
         while _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.5)
     for child in state.get("children", []):     # the up process died without cleaning up
-        if _alive(child):
+        # by recorded pid and start time only: a pid reused by another process is left alone
+        pid, start = (child.get("pid"), child.get("start")) if isinstance(child, dict) else (child, None)
+        if pid and start is not None and process_start_time(int(pid)) == start:
             try:
-                os.killpg(int(child), signal.SIGKILL)
+                os.killpg(int(pid), signal.SIGKILL)
             except ProcessLookupError:
                 pass
     state_path.unlink(missing_ok=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from epdbench.specs.commands import vllm_router_args
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
-from epdbench.tasks.deployment import Deployment, Process, ProvisionError, probe_until_served
+from epdbench.tasks.deployment import Deployment, Process, ProvisionError, exited, probe_until_served
 
 _LIVE: set[subprocess.Popen] = set()
 
@@ -151,6 +151,7 @@ def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_
         wait_healthy([router], deadline)
         dep.endpoint = router_url
         smoke_request(router_url, spec.model.name, deadline)
+        dep.health = lambda: exited(dep.processes)
         return dep
     except BaseException:
         stop(dep)

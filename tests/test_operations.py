@@ -1,5 +1,6 @@
 """Operations: resume an interrupted run without duplicate or missing cells; nothing lost when MLflow
 is down (`epdbench sync` publishes later)."""
+import json
 import os
 import signal
 import subprocess
@@ -83,8 +84,9 @@ def test_mlflow_down_loses_nothing_and_sync_publishes_later(tmp_path, tiny_spec_
     out, db = tmp_path / "results", tmp_path / "mlflow.db"
     down = epdbench("compare", "--spec", str(tmp_path / "one.yaml"), "--out", str(out),
                     "--tracking-uri", "http://127.0.0.1:9", cwd=tmp_path)          # nothing listens there
-    assert down.returncode == 0, down.stdout[-2000:] + down.stderr[-2000:]
+    assert down.returncode == 5, down.stdout[-2000:] + down.stderr[-2000:]     # kept, not published
     assert "epdbench sync" in down.stdout
+    assert json.loads((out / "outcome.json").read_text())["mlflow_pending"] == ["comparison", "pd-tcp"]
     assert (out / "records.parquet").exists() and (out / "report.md").exists()
     synced = epdbench("sync", str(out), "--tracking-uri", f"sqlite:///{db}", cwd=tmp_path)
     assert synced.returncode == 0, synced.stderr
@@ -96,8 +98,6 @@ def test_mlflow_down_loses_nothing_and_sync_publishes_later(tmp_path, tiny_spec_
 
 
 def test_a_cell_past_its_timeout_fails_that_configuration_only(tmp_path, tiny_spec_path):
-    import json
-
     import yaml
     spec = yaml.safe_load(tiny_spec_path.read_text())
     spec["configurations"] = [c for c in spec["configurations"] if c["name"] in ("aggregated", "pd-tcp")]
@@ -112,5 +112,8 @@ def test_a_cell_past_its_timeout_fails_that_configuration_only(tmp_path, tiny_sp
     for name in ("aggregated", "pd-tcp"):                       # the second still ran after the first failed
         assert not outcome["configs"][name]["ok"]
         assert "did not finish within 1 s" in outcome["configs"][name]["error"]
-    assert not (out / "records.parquet").exists()               # no partial cell recorded
+    kept = pd.read_parquet(out / "records.parquet")             # the requests that finished are kept ...
+    assert 0 < len(kept) < 2 * 9 and kept["request_id"].is_unique
+    ledger = json.loads((out / "evidence" / "aggregated" / "cells.json").read_text())
+    assert [v["status"] for v in ledger.values()] == ["failed"]  # ... and resume measures the cell again
     assert "timed out" in (out / "report.md").read_text()

@@ -1,18 +1,22 @@
 """epdbench command line. Bad input gets one line naming the field and the fix, and exit code 2.
 
 Exit codes of `compare`: 0 all configurations ran and their evidence holds (verified, or emulated
-on the simulator); 2 bad input; 3 completed with failures or unverified evidence; 4 (with
---fail-on-regression) a metric regressed beyond the noise of the previous runs.
+on the simulator) and everything reached MLflow; 2 bad input (also: the results folder is held by
+another run, or a state file is unreadable); 3 completed with failures, degraded cells or unverified
+evidence; 4 (with --fail-on-regression) a metric regressed beyond the noise of the previous runs;
+5 results kept but not published (MLflow unreachable: `epdbench sync RUN`); 6 results could not be
+written (disk full); 130 interrupted (Ctrl-C or SIGTERM).
 """
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
 from pathlib import Path
 
 from epdbench.cli import commands
-from epdbench.cli.common import EXIT_BAD_INPUT, CliError
+from epdbench.cli.common import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NO_SPACE, CliError
 from epdbench.cli.parser import build_parser
 
 COMMANDS = {"compare": commands.cmd_compare, "report": commands.cmd_report, "history": commands.cmd_history,
@@ -74,12 +78,24 @@ def main(argv: list[str] | None = None) -> int:
         from epdbench.tasks.sim_target import stop_all
         stop_all()
         terminate_children()
-        print("interrupted: every started process was stopped", file=sys.stderr, flush=True)
+        rdir = commands.INTERRUPTED_RUN.get("dir")
+        kept = f"; finished records kept in {rdir}, continue with: epdbench compare --resume {rdir}" if rdir else ""
+        print(f"interrupted: every started process was stopped{kept}", file=sys.stderr, flush=True)
         sys.stdout.flush()
-        os._exit(130)
+        os._exit(EXIT_INTERRUPTED)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS):
+            raise
+        rdir = commands.INTERRUPTED_RUN.get("dir")
+        then = f"; free space, then continue with: epdbench compare --resume {rdir}" if rdir else ""
+        print(f"error: cannot write results: {os.strerror(e.errno)} (in {e.filename or rdir or 'the results folder'})"
+              f"{then}", file=sys.stderr)
+        return EXIT_NO_SPACE
     except Exception as e:  # noqa: BLE001
         from epdbench.specs.models import SpecError
-        if isinstance(e, SpecError):
+        from epdbench.tasks.resume import StateError
+        from epdbench.tasks.runstate import FolderLocked
+        if isinstance(e, (SpecError, StateError, FolderLocked)):
             print(f"error: {e}", file=sys.stderr)
             return EXIT_BAD_INPUT
         raise

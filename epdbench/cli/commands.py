@@ -2,12 +2,13 @@
 flag answers at once, before Prefect, MLflow or Kubernetes load."""
 from __future__ import annotations
 
+import logging
 import re
 import signal
 import sys
 from pathlib import Path
 
-from epdbench.cli.common import (EXIT_FAILURES, EXIT_OK, EXIT_REGRESSION, CliError, kube_overrides,
+from epdbench.cli.common import (EXIT_FAILURES, EXIT_OK, EXIT_REGRESSION, EXIT_UNPUBLISHED, CliError, kube_overrides,
                                  load_compare_spec, quiet_defaults, regression_settings, results_dir_of,
                                  tracking_uri_of, with_target)
 
@@ -25,23 +26,60 @@ def cmd_compare(args) -> int:
         raise CliError(f"--out {out}: directory exists and is not empty; choose a new one or --resume it")
     settings = regression_settings(args)
     quiet_defaults()
-    from epdbench.flows.compare import INTERRUPTED, compare
+    from epdbench.flows import compare as compare_flow
     from epdbench.reports.terminal import print_summary
+    from epdbench.tasks.resume import StateError, validate_state_files
+    from epdbench.tasks.runstate import FolderLocked, RunFolder
 
-    def on_sigint(signum, frame):
-        INTERRUPTED.set()
-        signal.default_int_handler(signum, frame)
+    run_name = Path(out).name if args.resume else None
+    if out is None:
+        run_name = compare_flow.run_name_for(spec)
+        out = str(Path("results") / run_name)
+    try:   # hold the folder before anything else starts; the flow keeps this hold
+        hold = RunFolder(Path(out)).acquire()
+    except FolderLocked as e:
+        raise CliError(str(e)) from None
+    compare_flow.RUN_FOLDER = hold
+    INTERRUPTED_RUN["dir"] = out
+    if args.resume:
+        try:
+            validate_state_files(Path(out))
+        except StateError as e:
+            raise CliError(str(e)) from None
 
-    signal.signal(signal.SIGINT, on_sigint)
+    def on_signal(signum, frame):   # Ctrl-C and SIGTERM alike: stop, tear down, keep what finished
+        compare_flow.INTERRUPTED.set()
+        signal.default_int_handler(signal.SIGINT, frame)
 
-    outcome = compare(spec, out_dir=out, tracking_uri=args.tracking_uri, trigger="cli",
-                      run_name=Path(out).name if args.resume else None, resume=bool(args.resume),
-                      regression=settings)
+    for handler in logging.getLogger("prefect").handlers + logging.getLogger().handlers:
+        handler.addFilter(_console_filter)
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+    outcome = compare_flow.compare(spec, out_dir=out, tracking_uri=args.tracking_uri, trigger="cli",
+                                   run_name=run_name, resume=bool(args.resume), regression=settings)
     print_summary(outcome)
     if not outcome["all_verified"]:
         return EXIT_FAILURES
+    if outcome.get("mlflow_pending"):
+        return EXIT_UNPUBLISHED
     regressed = outcome["regression"].get("overall", {}).get("regressions", 0)
     return EXIT_REGRESSION if args.fail_on_regression and regressed else EXIT_OK
+
+
+def _console_filter(record: logging.LogRecord) -> bool:
+    """What Prefect prints on the terminal, less what the CLI says itself in one line: a flow or task run that
+    failed or crashed (the configuration's FAILED line, the interrupt or the disk-full line say it). The
+    same records still reach the Prefect API, so the UI keeps them."""
+    if record.name.startswith(("prefect.flow_runs", "prefect.task_runs")) and record.levelno >= logging.ERROR:
+        return False
+    msg = record.getMessage()
+    return not (msg.startswith("Crash detected! Execution was aborted by") and "signal" in msg)
+
+
+# The results folder of the comparison running in this process, for the line printed on interrupt.
+INTERRUPTED_RUN: dict[str, str] = {}
 
 
 def cmd_manifests(args) -> int:
@@ -71,9 +109,22 @@ def cmd_manifests(args) -> int:
 
 
 def cmd_cleanup(args) -> int:
+    """What a crashed run left: its processes on this machine (sim target, by the pids and start times
+    the run registered) and, with a namespace or kubeconfig, its objects in the cluster."""
     from pydantic import ValidationError
 
     from epdbench.specs.models import KubernetesTargetSpec, describe_validation_error
+    from epdbench.tasks.runstate import end_leftovers
+
+    local = Path(args.run) if Path(args.run).is_dir() else Path("results") / args.run
+    cluster = any(getattr(args, f) for f in ("kube_context", "namespace", "kubeconfig")) or not local.is_dir()
+    if local.is_dir():
+        ended = end_leftovers(local)
+        names = ", ".join(f"{e['what']} pid {e['pid']}" for e in ended)
+        print(f"run {args.run} on this machine: {len(ended)} leftover process(es) ended"
+              + (f" ({names})" if ended else ""))
+    if not cluster:
+        return EXIT_OK
     from epdbench.tasks.k8s_api import KubeApiError
     from epdbench.tasks.k8s_target import cleanup
 
@@ -82,7 +133,7 @@ def cmd_cleanup(args) -> int:
     except ValidationError as e:
         raise CliError(describe_validation_error(e, "cleanup")) from None
     try:
-        found, left = cleanup(target, args.run)
+        found, left = cleanup(target, Path(args.run).name)
     except KubeApiError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_FAILURES
@@ -174,10 +225,21 @@ def cmd_down(args) -> int:
 
 
 def cmd_sync(args) -> int:
+    """Publish what a run could not; 5 (results still only in the folder) while MLflow stays unreachable."""
     quiet_defaults()
     from epdbench.tasks.publish import sync_results
+    from epdbench.tasks.resume import StateError, validate_state_files
+    from epdbench.tasks.tracking import MlflowUnreachable
     rdir = results_dir_of(args.run)
-    print(sync_results(rdir, args.tracking_uri))
+    try:
+        validate_state_files(rdir)
+        print(sync_results(rdir, args.tracking_uri))
+    except StateError as e:
+        raise CliError(str(e)) from None
+    except MlflowUnreachable as e:
+        print(f"error: MLflow unreachable ({e}); results stay in {rdir}: run this again once it is up",
+              file=sys.stderr)
+        return EXIT_UNPUBLISHED
     return EXIT_OK
 
 

@@ -6,6 +6,9 @@ import os
 from pathlib import Path
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_FAILURES, EXIT_REGRESSION = 0, 2, 3, 4
+EXIT_UNPUBLISHED = 5    # every result is kept in the folder, but MLflow could not take it: `epdbench sync`
+EXIT_NO_SPACE = 6       # the results folder could not be written (disk full or I/O error)
+EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM: processes stopped, finished records kept; resume later
 
 
 def quiet_defaults() -> None:
@@ -16,6 +19,7 @@ def quiet_defaults() -> None:
         "MLFLOW_DISABLE_TELEMETRY": "true",
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
         "PREFECT_LOGGING_LEVEL": "WARNING",
+        "MLFLOW_LOGGING_LEVEL": "WARNING",             # no "Creating initial database tables" among our lines
         "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "false",
         "GIT_PYTHON_REFRESH": "quiet",
         "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",      # an unreachable server fails fast; `epdbench sync` later

@@ -1,0 +1,79 @@
+"""What a finished comparison shows: each configuration's verdicts for the report, the report's metadata
+and the Markdown artifact that ends a flow run in the Prefect UI."""
+from __future__ import annotations
+
+import datetime as dt
+from typing import TYPE_CHECKING
+
+from epdbench.analysis.prom import cache_by_role
+from epdbench.reports.findings import regression_line
+from epdbench.specs.models import ExperimentSpec
+from epdbench.tasks.publish import roles_text
+
+if TYPE_CHECKING:
+    from epdbench.flows.compare import ConfigOutcome
+
+
+def prefect_summary_artifact(outcome: dict, summary) -> None:
+    """The Markdown artifact that ends a flow run in the Prefect UI: headline table, verdicts, MLflow link."""
+    try:
+        from prefect.artifacts import create_markdown_artifact
+    except ImportError:
+        return
+    lines = [f"# epdbench {outcome['run']}", ""]
+    if outcome.get("mlflow_url"):
+        lines += [f"MLflow comparison run: [{outcome['mlflow_run_id']}]({outcome['mlflow_url']})", ""]
+    lines += ["| configuration | ok | transport | stages |", "|---|---|---|---|"]
+    lines += [f"| {n} | {'yes' if c['ok'] else 'FAILED: ' + (c['error'] or '')} | {c['transport']} | {c['stages']} |"
+              for n, c in outcome["configs"].items()]
+    if not summary.empty:
+        lines += ["", "| config | suite | workload | conc | stream | ok | TTFT p50 ms | ITL p99 ms | tok/s |",
+                  "|---|---|---|---:|---|---:|---:|---:|---:|"]
+        for _, r in summary.iterrows():
+            def f(v):
+                return "—" if v is None else f"{float(v):.1f}"
+            lines.append(f"| {r['config']} | {r['suite']} | {r['workload']} | {r['concurrency']} | {r['stream']} | "
+                         f"{r['requests_ok']}/{r['requests_total']} | {f(r['ttft_p50_ms'])} | {f(r['itl_p99_ms'])} | "
+                         f"{f(r['output_tok_s'])} |")
+    lines += ["", regression_line(outcome.get("regression")), "", f"Results: `{outcome['results_dir']}`"]
+    try:
+        create_markdown_artifact("\n".join(lines), key="epdbench-report", description=f"epdbench {outcome['run']}")
+    except Exception:  # noqa: BLE001 - outside a flow run context
+        pass
+
+
+def verdict_view(o: ConfigOutcome) -> dict:
+    """What the report shows of a configuration's evidence (JSON-able)."""
+    t, st = o.transport, o.stages
+    pods = t.get("pods", {})
+    return {
+        "transport": t.get("verdict", "not run"), "transport_reasons": t.get("reasons", [o.error or ""]),
+        "stages": st.get("verdict", "not run"), "stage_reasons": st.get("reasons", [o.error or ""]),
+        "fraction_seen": st.get("fraction_seen", {}),
+        "observed": {n: p.get("observed") for n, p in pods.items()},
+        "rdma_devices": sorted({f"{d['name']} (LID {d['lid']})" for p in pods.values() for d in p["rdma_devices"]}),
+        "throughput_mb_s_min": t.get("throughput_mb_s_min"), "throughput_mb_s_max": t.get("throughput_mb_s_max"),
+        "failed_transfers": t.get("failed_transfers"), "failed_recvs": t.get("failed_recvs"),
+        "per_role": st.get("per_role", {}),
+        "suites": {name: {"verdict": s["verdict"], "fraction_seen": s["fraction_seen"],
+                          "kv_bytes": sum(d.get("mooncake_bytes_transferred", 0) for r, d in s["metrics_delta"].items()
+                                          if r == "prefill"),
+                          "cache": cache_by_role(s["metrics_delta"])}
+                   for name, s in st.get("suites", {}).items()},
+    }
+
+
+def report_meta(spec: ExperimentSpec, run: str, outcomes: dict[str, ConfigOutcome]) -> dict:
+    target = "simulator (emulated hardware)" if spec.target.kind == "sim" else "Kubernetes"
+    return {
+        "title": f"epdbench: {spec.name} on {target}",
+        "run": run, "spec": spec.name, "target": spec.target.kind, "model": spec.model.name,
+        "hardware": f"{spec.hardware.gpu} figures", "seed": spec.seed, "trials": spec.trials,
+        "created": dt.datetime.now().isoformat(timespec="seconds"),
+        "configurations": [{"name": c.name, "topology": c.topology, "roles": roles_text(c), "gpus": c.gpus,
+                            "transport": c.kv_transport,
+                            "router": outcomes[c.name].router if c.name in outcomes else ""}
+                           for c in spec.configurations],
+        "failures": {n: o.error for n, o in outcomes.items() if o.error},
+        "reuse_suites": [s.name for s in spec.suites if getattr(s, "reuse_image", False)],
+    }

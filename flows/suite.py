@@ -1,0 +1,161 @@
+"""One suite of one configuration, measured: every cell and trial on one HTTP session, records appended
+as cells end, each cell attempt's end in the ledger (ok, degraded or failed)."""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from epdbench.analysis.metrics import summarize
+from epdbench.reports.live import LiveCell
+from epdbench.specs.models import ExperimentSpec
+from epdbench.specs.workload import Calibration, Cell, build_requests, plan_cells
+from epdbench.tasks.loadgen import LoadGenerator, records_as_dicts
+from epdbench.tasks.results import append_records
+from epdbench.tasks.resume import record_attempt
+
+
+def say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+class CellTimeout(RuntimeError):
+    pass
+
+
+class DeploymentDied(RuntimeError):
+    """A replica or the router of the configuration exited while it was being measured."""
+
+
+def cell_status(rows: list[dict], max_failed_fraction: float, dead: list[str]) -> tuple[str, str]:
+    """ok, degraded (measured requests failed above the spec's threshold) or failed (a process died)."""
+    if dead:
+        return "failed", "; ".join(dead)
+    measured = [r for r in rows if r["phase"] == "measured"]
+    failed = [r for r in measured if not r["ok"]]
+    if measured and len(failed) / len(measured) > max_failed_fraction:
+        first = next((r["error"] for r in failed if r.get("error")), "")
+        return "degraded", (f"{len(failed)} of {len(measured)} measured requests failed "
+                            f"(threshold {max_failed_fraction:.0%}): {str(first)[:120]}")
+    return "ok", ""
+
+
+def _cell_line(config: str, cell: Cell, trial: int, s: dict) -> str:
+    def f(v, unit=" ms"):
+        return "—" if v is None else f"{v:.1f}{unit}"
+    return (f"  [{config}] {cell.suite} {cell.workload} c={cell.concurrency} trial {trial}: "
+            f"{s['requests_ok']}/{s['requests_total']} ok, TTFT p50 {f(s['ttft_p50_ms'])}, "
+            f"ITL p99 {f(s['itl_p99_ms'])}, {f(s['output_tok_s'], ' tok/s')}")
+
+
+@task(name="run-suite", cache_policy=NO_CACHE, retries=0)
+def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run: str, records_path: str,
+              calibration: dict, skip: frozenset = frozenset(), progress=None,
+              deadline: float | None = None, health: "Callable[[], list[str]] | None" = None) -> list[dict]:
+    """Every cell of one suite, every trial, on one shared HTTP session; records appended after each
+    cell (after each mixed window), and each cell attempt's end written to the ledger (ok, degraded or
+    failed). Never retried: a measured cell is not repeated behind the user's back. A cell past
+    spec.cell_timeout_s (or the configuration's deadline, monotonic) keeps the requests that finished and
+    raises CellTimeout; a process of the deployment found dead after a cell raises DeploymentDied."""
+    import pandas as pd
+
+    cal = Calibration({k: tuple(v) for k, v in calibration.items()})
+    cells = [c for c in plan_cells(spec) if c.suite == suite]
+    done: list[dict] = []
+    rdir = Path(records_path).parent
+
+    def rows_of(cell: Cell, trial: int, recs) -> list[dict]:
+        return [{**r, "run": run, "trial": trial, "config": config, "suite": cell.suite, "cell": cell.cell_id,
+                 "workload": cell.workload, "stream": cell.stream, "concurrency": cell.concurrency}
+                for r in records_as_dicts(recs)]
+
+    def finish(batch: list[tuple[Cell, list[dict]]], trial: int) -> None:
+        rows = [r for _, rs in batch for r in rs]
+        append_records(Path(records_path), rows)
+        summaries = summarize(pd.DataFrame(rows)).set_index("stream", drop=False)
+        dead = health() if health else []
+        for cell, cell_rows in batch:
+            say(_cell_line(config, cell, trial, summaries.loc[cell.stream].to_dict()))
+            status, reason = cell_status(cell_rows, spec.max_failed_fraction, dead)
+            record_attempt(rdir, config, cell.cell_id, trial, status, reason)
+            if status != "ok":
+                say(f"  [{config}] {cell.suite} {cell.workload} c={cell.concurrency} trial {trial}: {status}: "
+                    f"{reason}")
+            if progress:
+                progress.cell_done()
+            done.append({"cell": cell, "trial": trial, "rows": cell_rows, "status": status, "reason": reason})
+        if dead:
+            raise DeploymentDied("; ".join(dead))
+
+    live = LiveCell()
+
+    async def bounded(label: str, n_requests: int, work, finished: list, on_timeout):
+        """Run `work`; past the limit, the requests that finished (collected in `finished`) are kept."""
+        limits = [x for x in (spec.cell_timeout_s, deadline and deadline - time.monotonic()) if x]
+        live.reset(f"[{config}] {label}", n_requests)
+        try:
+            return await asyncio.wait_for(work, timeout=min(limits) if limits else None)
+        except asyncio.TimeoutError:
+            on_timeout(list(finished))
+            raise CellTimeout(f"{label} did not finish within {min(limits):.0f} s "
+                              "(cell_timeout_s / configuration_timeout_s)") from None
+        finally:
+            live.stop()
+
+    def collector():
+        finished: list = []
+
+        def on_record(rec) -> None:
+            finished.append(rec)
+            live.on_record(rec)
+        return finished, on_record
+
+    def keep_partial(batch: list[tuple[Cell, list]], trial: int):
+        """What a timed-out cell (or mixed window) keeps: every request that finished, each under its
+        stream (told apart by prompt hash); the attempt is failed in the ledger, so resume re-runs it."""
+        def keep(recs) -> None:
+            stream_of = {r.prompt_hash: c.stream for c, requests in batch for r in requests}
+            rows = [row for c, _ in batch
+                    for row in rows_of(c, trial, [r for r in recs if stream_of.get(r.prompt_hash) == c.stream])]
+            if rows:
+                append_records(Path(records_path), rows)
+            for c, _ in batch:
+                n = sum(1 for row in rows if row["stream"] == c.stream)
+                record_attempt(rdir, config, c.cell_id, trial, "failed", f"timed out; {n} finished requests kept")
+        return keep
+
+    async def go():
+        async with LoadGenerator(endpoint, spec.model.name, spec.request_timeout_s, run_tag=run[-8:]) as lg:
+            for trial in range(spec.trials):
+                if all((c.cell_id, trial) in skip for c in cells):
+                    say(f"  [{config}] {suite} trial {trial}: already recorded, skipped (resume)")
+                    if progress:
+                        progress.cell_done(len(cells))
+                    continue
+                if cells[0].kind == "mixed":
+                    requests = [build_requests(spec, c, trial, calibration=cal) for c in cells]
+                    finished, on_record = collector()
+                    recs = await bounded(f"{suite} (mixed) trial {trial}", sum(map(len, requests)),
+                                         lg.run_streams([(r, c.concurrency) for r, c in zip(requests, cells)],
+                                                        on_record), finished,
+                                         keep_partial(list(zip(cells, requests)), trial))
+                    finish([(c, rows_of(c, trial, rs)) for c, rs in zip(cells, recs)], trial)
+                    continue
+                for cell in cells:
+                    if (cell.cell_id, trial) in skip:
+                        if progress:
+                            progress.cell_done()
+                        continue
+                    requests = build_requests(spec, cell, trial, calibration=cal)
+                    finished, on_record = collector()
+                    recs = await bounded(f"{suite} {cell.workload} c={cell.concurrency} trial {trial}", len(requests),
+                                         lg.run_cell(requests, cell.concurrency, on_record), finished,
+                                         keep_partial([(cell, requests)], trial))
+                    finish([(cell, rows_of(cell, trial, recs))], trial)
+
+    asyncio.run(go())
+    return done

@@ -1,0 +1,107 @@
+"""What a resumed run may keep: the ledger of cell attempts per configuration, and the check of every
+finished cell against its records (counts of successful measured requests, and their prompt hashes
+against the seeded plan). A cell is skipped only when both hold; anything else is run again, and its
+earlier rows are dropped first, so every request is recorded exactly once.
+
+Files a run cannot read give one line naming the file and the fix (StateError), never a traceback.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+
+from epdbench.specs.models import ExperimentSpec
+from epdbench.specs.workload import Calibration, build_requests, plan_cells
+from epdbench.tasks.results import read_records, write_json
+
+LEDGER = "cells.json"
+
+
+class StateError(RuntimeError):
+    """A results-folder file that cannot be read; the message names it and the fix."""
+
+
+def read_json_file(path: Path, default):
+    """A JSON file of the results folder, or `default` when absent; StateError when unreadable."""
+    if not path.exists():
+        return default
+    try:
+        return json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError, OSError) as e:
+        raise StateError(f"{path} is unreadable ({type(e).__name__}: {str(e)[:80]}); delete it to start that "
+                         "part again, or restore it") from None
+
+
+def read_records_checked(path: Path):
+    try:
+        return read_records(path)
+    except (pa.ArrowException, OSError) as e:
+        raise StateError(f"{path} is unreadable ({type(e).__name__}: {str(e)[:80]}); move it away to measure "
+                         "every cell again, or restore it") from None
+
+
+def ledger_path(rdir: Path, config: str) -> Path:
+    return rdir / "evidence" / config / LEDGER
+
+
+def read_ledger(rdir: Path, config: str) -> dict[str, dict]:
+    data = read_json_file(ledger_path(rdir, config), {})
+    return data if isinstance(data, dict) else {}
+
+
+def ledger_key(cell_id: str, trial: int) -> str:
+    return f"{cell_id}#t{trial}"
+
+
+def record_attempt(rdir: Path, config: str, cell_id: str, trial: int, status: str, reason: str = "") -> None:
+    """Remember how one cell attempt ended: ok, degraded (requests failed above the threshold) or failed."""
+    ledger = read_ledger(rdir, config)
+    ledger[ledger_key(cell_id, trial)] = {"status": status, "reason": reason}
+    write_json(ledger_path(rdir, config), ledger)
+
+
+def expected_hashes(spec: ExperimentSpec, calibration: dict | None) -> dict[tuple[str, int], list[str]]:
+    """(cell id, trial) → prompt hashes of its measured requests, in index order, as the plan makes them."""
+    cal = Calibration({k: tuple(v) for k, v in (calibration or {}).items()})
+    out = {}
+    for cell in plan_cells(spec):
+        for trial in range(spec.trials):
+            out[(cell.cell_id, trial)] = [r.prompt_hash for r in build_requests(spec, cell, trial, calibration=cal)
+                                          if r.phase == "measured"]
+    return out
+
+
+def cells_done(rdir: Path, spec: ExperimentSpec, config: str, records=None) -> set[tuple[str, int]]:
+    """(cell id, trial) whose last attempt ended ok (its failed requests within the spec's threshold) and
+    whose measured records are exactly the planned requests, each once (same count, same prompt hashes)."""
+    records = read_records_checked(rdir / "records.parquet") if records is None else records
+    ledger = read_ledger(rdir, config)
+    calibration = read_json_file(rdir / "calibration.json", None)
+    if records.empty or calibration is None:
+        return set()
+    want = expected_hashes(spec, calibration)
+    mine = records[(records["config"] == config) & (records["phase"] == "measured")]
+    done = set()
+    for (cell, trial), rows in mine.groupby(["cell", "trial"]):
+        key = (cell, int(trial))
+        if ledger.get(ledger_key(*key), {}).get("status") != "ok" or key not in want:
+            continue
+        if list(rows.sort_values("index")["prompt_hash"]) == want[key]:   # each planned request once
+            done.add(key)
+    return done
+
+
+def missing_cells(rdir: Path, spec: ExperimentSpec, config: str, records=None) -> list[tuple[str, int]]:
+    """Planned (cell id, trial) of a configuration that are not done; empty when all its data is there."""
+    done = cells_done(rdir, spec, config, records)
+    return [(c.cell_id, t) for c in plan_cells(spec) for t in range(spec.trials) if (c.cell_id, t) not in done]
+
+
+def validate_state_files(rdir: Path) -> None:
+    """Read every state file a resume relies on; StateError naming the first one that cannot be read."""
+    for path in [rdir / "state.json", rdir / "calibration.json", rdir / "outcome.json",
+                 *sorted((rdir / "evidence").glob("*/*.json"))]:
+        read_json_file(path, None)
+    read_records_checked(rdir / "records.parquet")
