@@ -35,6 +35,26 @@ class Sequence:
         return self.computed + self.generated
 
 
+LAG_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5)
+
+
+@dataclass
+class StepLag:
+    """How late steps ended against their modelled end (emulation lag): count, sum, max and a histogram."""
+    count: int = 0
+    sum_s: float = 0.0
+    max_s: float = 0.0
+    buckets: list[int] = field(default_factory=lambda: [0] * len(LAG_BUCKETS_S))
+
+    def observe(self, lag_s: float) -> None:
+        self.count += 1
+        self.sum_s += lag_s
+        self.max_s = max(self.max_s, lag_s)
+        for i, edge in enumerate(LAG_BUCKETS_S):
+            if lag_s <= edge:
+                self.buckets[i] += 1
+
+
 @dataclass
 class EngineStats:
     steps: int = 0
@@ -49,10 +69,11 @@ class Engine:
     """Runs steps while there is work; tokens are pushed to each sequence's queue as
     ("token", n) events and a final ("done", finish_reason)."""
 
-    def __init__(self, cost: CostModel, limits: EngineSpec, clock=time.perf_counter):
+    def __init__(self, cost: CostModel, limits: EngineSpec, clock=time.perf_counter, sleep=asyncio.sleep):
         self.cost = cost
         self.limits = limits
-        self.clock = clock
+        self.clock, self.sleep = clock, sleep
+        self.lag = StepLag()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.stats = EngineStats()
@@ -94,15 +115,23 @@ class Engine:
         return decodes, scheduled, encoder_tokens
 
     async def _run(self) -> None:
+        """Steps on the modelled timeline: while the engine stays busy, a step starts where the last one was
+        modelled to end, not when the host woke it, so a late step is made up by the next one and host
+        overheads never add up; after an idle wait the timeline restarts at the wake-up. How late each step
+        ended against its modelled end is measured (`lag`)."""
+        modelled_end: float | None = None
         while True:
             if not self.waiting and not self.running:
                 self._wake.clear()
                 await self._wake.wait()
-            t0 = self.clock()
+                modelled_end = None
+            start = self.clock() if modelled_end is None else modelled_end
             decodes, scheduled, encoder_tokens = self.plan_step()
             duration = self.cost.step_seconds([s.context for s in decodes],
                                               [c for _, c in scheduled], encoder_tokens)
-            await asyncio.sleep(max(0.0, t0 + duration - self.clock()))
+            modelled_end = start + duration
+            await self.sleep(max(0.0, modelled_end - self.clock()))
+            self.lag.observe(max(0.0, self.clock() - modelled_end))
             self.stats.steps += 1
             self.stats.busy_s += duration
             self.stats.encoder_tokens += encoder_tokens

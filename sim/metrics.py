@@ -6,6 +6,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from epdbench.sim.engine import LAG_BUCKETS_S, StepLag
+
 if TYPE_CHECKING:
     from epdbench.sim.replica import Replica
 
@@ -79,6 +81,7 @@ def prometheus_text(replica: Replica) -> str:
               f"vllm:num_requests_running{{{lbl}}} {replica.engine.num_running}",
               "# TYPE vllm:num_requests_waiting gauge",
               f"vllm:num_requests_waiting{{{lbl}}} {replica.engine.num_waiting}"]
+    lines += lag_histogram(replica.engine.lag, lbl)
     if replica.moves_kv:
         counter("mooncake_bytes_transferred", c.kv_bytes)
         counter("mooncake_num_failed_transfers", c.kv_failed_transfers)
@@ -87,6 +90,18 @@ def prometheus_text(replica: Replica) -> str:
         lines.append(f"vllm:mooncake_xfer_time_seconds_count{{{lbl}}} {c.kv_transfers}")
         lines.append(f"vllm:mooncake_xfer_time_seconds_sum{{{lbl}}} {c.kv_xfer_seconds:.6f}")
     return "\n".join(lines) + "\n"
+
+
+def lag_histogram(lag: StepLag, lbl: str) -> list[str]:
+    """Emulation lag: how late each engine step ended against its modelled end (the simulator's own noise)."""
+    name = "epdbench_sim_step_lag_seconds"
+    out = [f"# HELP {name} How late each simulated engine step ended against its modelled end (host load).",
+           f"# TYPE {name} histogram"]
+    out += [f'{name}_bucket{{{lbl},le="{edge:g}"}} {n}' for edge, n in zip(LAG_BUCKETS_S, lag.buckets)]
+    out += [f'{name}_bucket{{{lbl},le="+Inf"}} {lag.count}', f"{name}_count{{{lbl}}} {lag.count}",
+            f"{name}_sum{{{lbl}}} {lag.sum_s:.6f}",
+            "# TYPE epdbench_sim_step_lag_max_seconds gauge", f"epdbench_sim_step_lag_max_seconds{{{lbl}}} {lag.max_s:.6f}"]
+    return out
 
 
 # --- periodic transport metrics (MC_TE_METRIC=1 style) -------------------------------------------

@@ -116,7 +116,7 @@ def describe_validation_error(err: ValidationError, source: str) -> str:
 
 def resolve_spec_path(name_or_path: str) -> Path:
     p = Path(name_or_path)
-    if p.exists():
+    if p.is_file():          # a folder named like a preset (e.g. ./smoke) does not shadow it
         return p
     preset = PRESET_DIR / f"{name_or_path}.yaml"
     if preset.exists():

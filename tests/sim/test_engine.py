@@ -152,3 +152,61 @@ async def _abort_then_serve(abort_after_first_token: bool) -> tuple[str, int]:
 @pytest.mark.parametrize("after_first_token", [False, True], ids=["abort-during-prefill", "abort-during-decode"])
 def test_engine_keeps_serving_after_an_abort_mid_step(after_first_token):
     assert asyncio.run(_abort_then_serve(after_first_token)) == ("token", 1)
+
+
+class HostClock:
+    """A scripted host: sleep(d) lasts d plus the overshoot scripted for that call (0 when none)."""
+
+    def __init__(self, overshoots: list[float]):
+        self.now, self.overshoots = 0.0, list(overshoots)
+
+    def clock(self) -> float:
+        return self.now
+
+    async def sleep(self, d: float) -> None:
+        self.now += d + (self.overshoots.pop(0) if self.overshoots else 0.0)
+        await asyncio.sleep(0)
+
+
+async def token_times(e: Engine, seq: Sequence, host: HostClock) -> list[float]:
+    """Host times at which the engine emitted each token of `seq`."""
+    times: list[float] = []
+    emit = e._emit
+
+    def stamped(s: Sequence) -> None:
+        times.append(host.now)
+        emit(s)
+    e._emit = stamped
+    e.start()
+    e.submit(seq)
+    try:
+        while (await asyncio.wait_for(seq.out.get(), timeout=5))[0] != "done":
+            pass
+        return times
+    finally:
+        await e.stop()
+
+
+def test_a_late_step_is_made_up_by_the_next_one_on_the_modelled_timeline():
+    d = COST.step_seconds([16], [])                        # one decode step of the toy model
+    prefill = COST.step_seconds([], [PrefillChunk(0, 16)])
+    host = HostClock([0.0, 0.5 * d])                       # the first decode step wakes half a step late
+    e = Engine(COST, EngineSpec(), clock=host.clock, sleep=host.sleep)
+    times = asyncio.run(token_times(e, Sequence("s", 16, 5), host))
+    # step k (k ≥ 1) is modelled to end at prefill + k·d; only the late step's token comes late
+    # (a decode step grows by nanoseconds with the context: 1 µs of tolerance, against a 1.5 ms delay)
+    assert times[0] == pytest.approx(prefill, abs=1e-6)
+    assert times[1] == pytest.approx(prefill + 1.5 * d, abs=1e-6)
+    assert times[2:] == pytest.approx([prefill + k * d for k in range(2, 5)], abs=1e-6)
+    assert e.lag.count == 5 and e.lag.max_s == pytest.approx(0.5 * d) and e.lag.sum_s == pytest.approx(0.5 * d)
+
+
+def test_after_an_idle_wait_the_timeline_restarts_at_the_wake_up():
+    host = HostClock([])
+    e = Engine(COST, EngineSpec(), clock=host.clock, sleep=host.sleep)
+    first = asyncio.run(token_times(e, Sequence("a", 16, 2), host))
+    host.now += 1.0                                        # idle for a second
+    e2 = Engine(COST, EngineSpec(), clock=host.clock, sleep=host.sleep)
+    second = asyncio.run(token_times(e2, Sequence("b", 16, 2), host))
+    assert second[0] - (first[-1] + 1.0) == pytest.approx(first[0])   # same modelled durations from the wake-up
+    assert e.lag.max_s == 0.0 and e2.lag.max_s == 0.0
