@@ -62,14 +62,22 @@ def record_attempt(rdir: Path, config: str, cell_id: str, trial: int, status: st
     write_json(ledger_path(rdir, config), ledger)
 
 
+_PLANNED: dict[str, dict[tuple[str, int], list[str]]] = {}   # one plan per (spec, calibration) and process
+
+
 def expected_hashes(spec: ExperimentSpec, calibration: dict | None) -> dict[tuple[str, int], list[str]]:
-    """(cell id, trial) → prompt hashes of its measured requests, in index order, as the plan makes them."""
+    """(cell id, trial) → prompt hashes of its measured requests, in index order, as the plan makes them
+    (computed once per spec and calibration: multimodal plans encode their images, seconds of work)."""
+    key = spec.model_dump_json() + json.dumps(calibration, sort_keys=True)
+    if key in _PLANNED:
+        return _PLANNED[key]
     cal = Calibration({k: tuple(v) for k, v in (calibration or {}).items()})
     out = {}
     for cell in plan_cells(spec):
         for trial in range(spec.trials):
             out[(cell.cell_id, trial)] = [r.prompt_hash for r in build_requests(spec, cell, trial, calibration=cal)
                                           if r.phase == "measured"]
+    _PLANNED[key] = out
     return out
 
 

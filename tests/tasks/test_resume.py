@@ -1,0 +1,112 @@
+"""tasks/resume.py and tasks/runstate.py: what a resumed run keeps, the folder lock and the process registry."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from epdbench.specs.workload import build_requests, plan_cells
+from epdbench.tasks.results import append_records, drop_records, read_records
+from epdbench.tasks.resume import (StateError, cells_done, missing_cells, record_attempt, validate_state_files)
+from epdbench.tasks.runstate import FolderLocked, RunFolder, end_leftovers, leftovers, process_start_time
+
+
+def record_cell(rdir, spec, config: str, cell, trial: int = 0, status: str = "ok", drop_last: bool = False,
+                bad_hash: bool = False) -> None:
+    reqs = [r for r in build_requests(spec, cell, trial) if r.phase == "measured"]
+    if drop_last:
+        reqs = reqs[:-1]
+    rows = [{"run": "r", "trial": trial, "config": config, "suite": cell.suite, "cell": cell.cell_id,
+             "stream": cell.stream, "request_id": f"{config}-{cell.cell_id}-{trial}-{r.index}", "index": r.index,
+             "phase": "measured", "ok": True, "prompt_hash": "x" if bad_hash and r.index == 0 else r.prompt_hash,
+             "chunk_offsets_ns": [], "chunk_tokens": []} for r in reqs]
+    append_records(rdir / "records.parquet", rows)
+    record_attempt(rdir, config, cell.cell_id, trial, status)
+
+
+@pytest.fixture
+def folder(tmp_path, tiny_spec):
+    (tmp_path / "calibration.json").write_text("{}")
+    return tmp_path
+
+
+def test_a_cell_is_done_only_when_its_attempt_ended_ok_and_its_records_are_the_plan(folder, tiny_spec):
+    cells = plan_cells(tiny_spec)
+    record_cell(folder, tiny_spec, "pd-tcp", cells[0])                       # complete and ok
+    record_cell(folder, tiny_spec, "pd-tcp", cells[1], status="degraded")    # complete, but degraded
+    record_cell(folder, tiny_spec, "pd-tcp", cells[2], drop_last=True)       # one request missing
+    record_cell(folder, tiny_spec, "pd-tcp", cells[3], bad_hash=True)        # not the planned prompt
+    assert cells_done(folder, tiny_spec, "pd-tcp") == {(cells[0].cell_id, 0)}
+    assert (cells[1].cell_id, 0) in missing_cells(folder, tiny_spec, "pd-tcp")
+    assert cells_done(folder, tiny_spec, "epd") == set()
+
+
+def test_dropping_a_cell_removes_exactly_its_rows(folder, tiny_spec):
+    cells = plan_cells(tiny_spec)
+    for config in ("pd-tcp", "epd"):
+        record_cell(folder, tiny_spec, config, cells[0])
+        record_cell(folder, tiny_spec, config, cells[1])
+    before = read_records(folder / "records.parquet")
+    gone = drop_records(folder / "records.parquet", "pd-tcp", {(cells[1].cell_id, 0)})
+    after = read_records(folder / "records.parquet")
+    assert gone == cells[1].n_measured and len(after) == len(before) - gone
+    assert not ((after["config"] == "pd-tcp") & (after["cell"] == cells[1].cell_id)).any()
+
+
+@pytest.mark.parametrize("name", ["state.json", "calibration.json", "evidence/x/outcome.json", "records.parquet"])
+def test_an_unreadable_state_file_is_named(folder, tiny_spec, name):
+    record_cell(folder, tiny_spec, "pd-tcp", plan_cells(tiny_spec)[0])
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"{\"truncated" if name.endswith(".json") else path.read_bytes()[:100])
+    with pytest.raises(StateError) as e:
+        validate_state_files(folder)
+    assert str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_folder_lock_refuses_a_second_holder_and_is_taken_over_from_a_dead_one(tmp_path):
+    hold = RunFolder(tmp_path).acquire()
+    try:
+        code = (f"from epdbench.tasks.runstate import RunFolder, FolderLocked\nfrom pathlib import Path\n"
+                f"try:\n    RunFolder(Path({str(tmp_path)!r})).acquire()\nexcept FolderLocked as e:\n    print(e)")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
+        assert f"is in use by pid {os.getpid()}" in out
+    finally:
+        hold.release()
+    dead = subprocess.run([sys.executable, "-c", f"from epdbench.tasks.runstate import RunFolder\nfrom pathlib "
+                           f"import Path\nRunFolder(Path({str(tmp_path)!r})).acquire()\nimport os\nos._exit(9)"],
+                          timeout=60)
+    assert dead.returncode == 9                       # died holding it: the kernel released the lock
+    RunFolder(tmp_path).acquire().release()
+    with pytest.raises(FolderLocked):
+        a = RunFolder(tmp_path).acquire()
+        try:
+            RunFolder(tmp_path).acquire()
+        finally:
+            a.release()
+
+
+def test_leftovers_are_ended_by_pid_and_start_time_only(tmp_path):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        hold = RunFolder(tmp_path).acquire()
+        hold.register([child.pid], "pd-tcp/router")
+        hold.release()
+        registry = json.loads((tmp_path / "processes.json").read_text())
+        assert registry[0]["start"] == process_start_time(child.pid)
+        stale = [{**registry[0], "pid": os.getpid()}, {**registry[0], "start": registry[0]["start"] + 1}]
+        (tmp_path / "processes.json").write_text(json.dumps(registry + stale))
+        assert [e["pid"] for e in leftovers(tmp_path)] == [child.pid]   # ourselves and a reused pid are not
+        ended = end_leftovers(tmp_path, grace_s=5)
+        assert [e["what"] for e in ended] == ["pd-tcp/router"]
+        deadline = time.monotonic() + 10
+        while child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert child.poll() is not None
+    finally:
+        if child.poll() is None:
+            child.kill()
