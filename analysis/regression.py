@@ -7,9 +7,12 @@ History: one value per past run (the mean over its trials), newest last, the las
   over every configuration and cell (leave-one-out: each past value against the median of the others),
   so a cell with a few quiet nights cannot make a band narrower than the metric's real noise. With
   trials > 1 tonight, its whole 95% CI must lie outside the band.
-- ci (fewer past runs, trials > 1 on both sides): flagged when tonight's 95% CI and the history's 95%
-  CI (over its trial values) are disjoint and the change is at least `min_change`.
+- ci (fewer past runs, at least two, trials > 1 tonight): flagged when tonight's 95% CI and the 95% CI
+  of the past runs' values (one per run: the trials of one run are not independent samples of the
+  run-to-run noise) are disjoint and the change is at least `min_change`.
 - otherwise: insufficient history, never a flag.
+`itl_max_ms` is one extreme sample: the report shows it, the check never judges it. The history itself
+(tasks/history.py) holds only past runs of the same resolved spec whose evidence held.
 """
 from __future__ import annotations
 
@@ -25,8 +28,8 @@ from epdbench.analysis.trials import mean_ci
 
 MAD_TO_SIGMA = 1.4826
 CELL = ["config", "suite", "workload", "concurrency", "stream"]
-REGRESSION_METRICS = ["ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms", "itl_p99_ms", "itl_max_ms", "output_tok_s",
-                      "req_s"]
+# Judged metrics; itl_max_ms, a single extreme sample, is reported in the tables but never judged.
+REGRESSION_METRICS = ["ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms", "itl_p99_ms", "output_tok_s", "req_s"]
 FLAGGED = ("regression", "improvement")
 
 
@@ -130,11 +133,12 @@ def band_judgement(metric: str, tonight: list[float], nightly: list[float], sigm
     return status_of(metric, mean - ci, mean + ci, med - half, med + half), med, med - half, med + half, method
 
 
-def ci_judgement(metric: str, tonight: list[float], past_trials: list[float],
+def ci_judgement(metric: str, tonight: list[float], past_values: list[float],
                  s: RegressionSettings) -> tuple[str, float, float, float, str]:
-    """(status, history mean, its CI low, its CI high, "ci"): disjoint 95% CIs and a large enough change."""
+    """(status, history mean, its CI low, its CI high, "ci"): disjoint 95% CIs (tonight's trials; one value
+    per past run) and a large enough change."""
     mean, ci, _ = mean_ci(tonight)
-    base, base_ci, _ = mean_ci(past_trials)
+    base, base_ci, _ = mean_ci(past_values)
     low, high = base - base_ci, base + base_ci
     status = status_of(metric, mean - ci, mean + ci, low, high)
     if base == 0 or abs(mean / base - 1.0) < s.min_change:
@@ -160,9 +164,8 @@ def judge_cell(metric: str, tonight: list[float], past: list[PastRun], sigma_poo
     """(status, baseline, band low, band high, method) of one cell against its past runs."""
     if len(past) >= s.min_history:
         return band_judgement(metric, tonight, [r.mean for r in past], sigma_pooled, s)
-    past_trials = [v for r in past for v in r.values]
-    if len(tonight) > 1 and len(past_trials) > 1:
-        return ci_judgement(metric, tonight, past_trials, s)
+    if len(tonight) > 1 and len(past) > 1:   # one value per past run: its trials share that run's noise
+        return ci_judgement(metric, tonight, [r.mean for r in past], s)
     return "insufficient-history", None, None, None, "none"
 
 
@@ -234,7 +237,7 @@ def detect(tonight: pd.DataFrame, history: pd.DataFrame, settings: RegressionSet
 def flag_text(j: Judgement) -> str:
     """One flagged metric as a short line (MLflow tag, Prefect artifact)."""
     stream = "" if j.stream == "main" else f" {j.stream}"
-    against = f"median of {j.n_history} runs" if j.method.startswith("band") else f"{j.n_history} runs' trials"
+    against = f"median of {j.n_history} runs" if j.method.startswith("band") else f"{j.n_history} past runs"
     change = "from zero" if j.change_pct is None else f"{j.change_pct:+.1f}%"
     return f"{j.config} {j.suite} {j.workload}{stream} c={j.concurrency} {j.metric} {j.status} {change} vs {against}"
 

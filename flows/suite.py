@@ -78,10 +78,10 @@ def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run:
         append_records(Path(records_path), rows)
         summaries = summarize(pd.DataFrame(rows)).set_index("stream", drop=False)
         dead = health() if health else []
-        for cell, cell_rows in batch:
-            say(_cell_line(config, cell, trial, summaries.loc[cell.stream].to_dict()))
+        for cell, cell_rows in batch:   # on disk first (records, then the ledger), then announced
             status, reason = cell_status(cell_rows, spec.max_failed_fraction, dead)
             record_attempt(rdir, config, cell.cell_id, trial, status, reason)
+            say(_cell_line(config, cell, trial, summaries.loc[cell.stream].to_dict()))
             if status != "ok":
                 say(f"  [{config}] {cell.suite} {cell.workload} c={cell.concurrency} trial {trial}: {status}: "
                     f"{reason}")

@@ -6,6 +6,8 @@ drive the CLI, the YAML presets and the Prefect UI form.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import yaml
@@ -25,7 +27,7 @@ __all__ = ["CellCounts", "ConfigurationSpec", "EmptyDirModelCache", "EngineSpec"
            "KubernetesTargetSpec", "KvTransport", "MixedSuite", "ModelSpec", "MultimodalSuite", "PvcModelCache",
            "RoleName", "RoleSpec", "Shape", "SimFaults", "SimTargetSpec", "SpecError", "StreamSpec", "Strict", "Suite",
            "TargetSpec", "Topology", "TrackingSpec", "VisionSpec", "describe_validation_error", "load_spec",
-           "parse_spec", "resolve_spec_path", "select_configurations", "spec_to_yaml"]
+           "parse_spec", "resolve_spec_path", "select_configurations", "spec_fingerprint", "spec_to_yaml"]
 
 PRESET_DIR = Path(__file__).resolve().parent
 
@@ -153,6 +155,13 @@ def select_configurations(spec: ExperimentSpec, names: list[str] | None) -> Expe
                         f"this spec has {', '.join(known)}")
     chosen = [c for c in spec.configurations if c.name in names]
     return spec.model_copy(update={"configurations": chosen})
+
+
+def spec_fingerprint(spec: ExperimentSpec) -> str:
+    """What makes two runs comparable: the resolved spec less where results are logged and its prose
+    (tracking, description). Regression history matches on it, not only on the spec's name."""
+    data = spec.model_dump(mode="json", exclude={"tracking", "description"})
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def spec_to_yaml(spec: ExperimentSpec) -> str:

@@ -44,13 +44,26 @@ def search_all(client, exp_id: str, filter_string: str, order_by: list[str] | No
 
 
 def comparison_runs(client, exp_id: str, spec: str, target: str, last_n: int,
-                    before_ms: int | None = None) -> list:
-    """The last `last_n` comparison runs of `spec` on `target` started before `before_ms`, newest first."""
+                    before_ms: int | None = None, fingerprint: str | None = None,
+                    verified_only: bool = False) -> list:
+    """The last `last_n` comparison runs of `spec` on `target` started before `before_ms`, newest first;
+    with `fingerprint`, only runs of that very resolved spec; with `verified_only`, only runs whose
+    evidence held in every configuration."""
     where = (f"tags.`epdbench.kind` = 'comparison' and tags.`epdbench.spec` = '{spec}' "
              f"and tags.`epdbench.target` = '{target}'")
+    if fingerprint:
+        where += f" and tags.`epdbench.spec_fingerprint` = '{fingerprint}'"
+    if verified_only:
+        where += " and tags.`epdbench.all_verified` = 'True'"
     if before_ms is not None:
         where += f" and attributes.start_time < {int(before_ms)}"
     return search_all(client, exp_id, where, ["attributes.start_time DESC"], last_n)
+
+
+def latest_fingerprint(client, exp_id: str, spec: str, target: str) -> str | None:
+    """The resolved-spec fingerprint of the newest comparison of `spec` on `target` whose evidence held."""
+    newest = comparison_runs(client, exp_id, spec, target, 1, verified_only=True)
+    return newest[0].data.tags.get("epdbench.spec_fingerprint") if newest else None
 
 
 def started_iso(ms: int) -> str:
@@ -72,10 +85,11 @@ def cell_row(cell, comparison) -> dict:
             **{k: cell.data.metrics.get(k) for k in METRIC_KEYS}}
 
 
-def cell_history(client, exp_id: str, spec: str, target: str, last_n: int,
-                 before_ms: int | None = None) -> pd.DataFrame:
+def cell_history(client, exp_id: str, spec: str, target: str, last_n: int, before_ms: int | None = None,
+                 fingerprint: str | None = None, verified_only: bool = False) -> pd.DataFrame:
     """One row per cell run of the last `last_n` comparisons of `spec` on `target` (HISTORY_COLUMNS)."""
-    comparisons = {r.info.run_id: r for r in comparison_runs(client, exp_id, spec, target, last_n, before_ms)}
+    comparisons = {r.info.run_id: r for r in comparison_runs(client, exp_id, spec, target, last_n, before_ms,
+                                                             fingerprint, verified_only)}
     if not comparisons:
         return pd.DataFrame(columns=HISTORY_COLUMNS)
     since = min(r.info.start_time for r in comparisons.values())
@@ -88,11 +102,13 @@ def cell_history(client, exp_id: str, spec: str, target: str, last_n: int,
 
 def history_before(tracking_uri: str, experiment: str, spec: str, target: str, last_n: int,
                    comparison_run_id: str) -> pd.DataFrame:
-    """The cell history of the comparisons that started before `comparison_run_id`."""
+    """The cell history of the comparisons that started before `comparison_run_id`, of the same resolved
+    spec (its fingerprint tag, when it has one) and whose evidence held."""
     client = mlflow_client(tracking_uri)
-    started = client.get_run(comparison_run_id).info.start_time
+    this = client.get_run(comparison_run_id)
     exp_id = experiment_id(client, experiment)
-    return cell_history(client, exp_id, spec, target, last_n, before_ms=started)
+    return cell_history(client, exp_id, spec, target, last_n, before_ms=this.info.start_time,
+                        fingerprint=this.data.tags.get("epdbench.spec_fingerprint"), verified_only=True)
 
 
 def configuration_runs(client, comparison_run_id: str) -> dict[str, str]:

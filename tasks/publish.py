@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 
 from epdbench.analysis.metrics import summarize
-from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, load_spec
+from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, load_spec, spec_fingerprint
 from epdbench.specs.workload import hash_prompt_hashes, plan_cells
 from epdbench.tasks.results import read_records, write_json
 from epdbench.tasks.publish_state import (PARENT_ARTIFACTS, cell_key, comparison_fingerprint,  # noqa: F401
@@ -96,7 +96,7 @@ def start_comparison(tracker: Tracker, spec: ExperimentSpec, run: str, rdir: Pat
         return r if ok else None
 
     tags = {"epdbench.target": spec.target.kind, "epdbench.spec": spec.name, "epdbench.trigger": trigger,
-            "epdbench.results_dir": str(Path(rdir).resolve())}
+            "epdbench.spec_fingerprint": spec_fingerprint(spec), "epdbench.results_dir": str(Path(rdir).resolve())}
     if flow_run_id:
         tags["epdbench.prefect_flow_run_id"] = flow_run_id
     return tracker.start_comparison(

@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from epdbench.specs.models import load_spec, spec_fingerprint
 from epdbench.tasks.tracking import Tracker
 from tests.reports.report_checks import (SECTIONS, check_bold_winners, check_headline_matches_summary,
                                          parse_html)
@@ -28,12 +29,15 @@ def epdbench(*args, cwd):
                           timeout=400, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
-def seed_history(uri: str) -> None:
-    """Six earlier comparisons of the spec on the simulator; only pd-tcp's ITL p99 has history."""
+def seed_history(uri: str, spec_path: Path) -> None:
+    """Six earlier comparisons of the same resolved spec on the simulator, their evidence held; only pd-tcp's
+    ITL p99 has history. A seventh with a much higher value failed its evidence: it must not count."""
     tracker = Tracker(uri, "epdbench")
-    for value in PAST_ITL_P99_MS:
-        parent = tracker.start_comparison(f"{SPEC}-sim-past", tags={"epdbench.spec": SPEC, "epdbench.target": "sim"},
-                                          params={})
+    fingerprint = spec_fingerprint(load_spec(str(spec_path)))
+    for value, verified in [(v, True) for v in PAST_ITL_P99_MS] + [(400.0, False)]:
+        parent = tracker.start_comparison(f"{SPEC}-sim-past", tags={
+            "epdbench.spec": SPEC, "epdbench.target": "sim", "epdbench.spec_fingerprint": fingerprint,
+            "epdbench.all_verified": verified}, params={})
         run = tracker.log_configuration(parent, "pd-tcp", tags={}, params={}, metrics={})
         tracker.log_cell(run, "pd-tcp:fixed:4096/32:c4", tags={"epdbench.config": "pd-tcp"},
                          params={"suite": "fixed", "cell": "4096/32", "concurrency": 4, "stream": "main", "trial": 0},
@@ -50,7 +54,7 @@ def nightly(tmp_path_factory, tiny_spec_path):
     spec["suites"] = [s for s in spec["suites"] if s["kind"] == "fixed"]
     (work / "spec.yaml").write_text(yaml.safe_dump(spec))
     uri = f"sqlite:///{work / 'mlflow.db'}"
-    seed_history(uri)
+    seed_history(uri, work / "spec.yaml")
     out = work / "results"
     proc = epdbench("compare", "--spec", str(work / "spec.yaml"), "--out", str(out), "--tracking-uri", uri,
                     "--fail-on-regression", cwd=work)

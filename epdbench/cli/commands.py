@@ -190,7 +190,7 @@ def cmd_history(args) -> int:
     """Print one metric over the past runs of a spec (oldest first) and where the newest stands."""
     from epdbench.analysis.metrics import METRIC_KEYS
     from epdbench.reports.trend import select, trend_lines
-    from epdbench.tasks.history import cell_history, experiment_id, mlflow_client
+    from epdbench.tasks.history import cell_history, experiment_id, latest_fingerprint, mlflow_client
 
     if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,60}", args.spec):
         raise CliError(f"--spec {args.spec}: not a spec name (lowercase letters, digits and dashes, e.g. pd-text)")
@@ -203,7 +203,9 @@ def cmd_history(args) -> int:
     if exp_id is None:
         raise CliError(f"--experiment {args.experiment}: not in {tracking_uri_of(args)}; give --tracking-uri "
                        "or --experiment of your runs")
-    history = cell_history(client, exp_id, args.spec, args.target, settings.last_n + 1)
+    # the newest good run's resolved spec, and only runs whose evidence held, as the nightly check judges them
+    history = cell_history(client, exp_id, args.spec, args.target, settings.last_n + 1,
+                           fingerprint=latest_fingerprint(client, exp_id, args.spec, args.target), verified_only=True)
     if history.empty:
         raise CliError(f"--spec {args.spec}: no comparison runs on target {args.target} in experiment "
                        f"{args.experiment}")

@@ -36,9 +36,11 @@ def night_summary(rng, planted: bool = False) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def log_night(tracker: Tracker, spec: str, target: str, summary: pd.DataFrame) -> str:
-    parent = tracker.start_comparison(f"{spec}-{target}-night", tags={"epdbench.spec": spec, "epdbench.target": target},
-                                      params={})
+def log_night(tracker: Tracker, spec: str, target: str, summary: pd.DataFrame, verified: bool = True,
+              fingerprint: str = "fp-tiny") -> str:
+    parent = tracker.start_comparison(f"{spec}-{target}-night", tags={
+        "epdbench.spec": spec, "epdbench.target": target, "epdbench.spec_fingerprint": fingerprint,
+        "epdbench.all_verified": verified}, params={})
     for config, rows in summary.groupby("config", sort=False):
         run = tracker.log_configuration(parent, config, tags={}, params={}, metrics={})
         for _, r in rows.iterrows():
@@ -58,6 +60,8 @@ def store(tmp_path_factory, tiny_spec):
         log_night(tracker, "tiny", "sim", night_summary(rng))
     log_night(tracker, "other", "sim", night_summary(rng))                 # another spec
     log_night(tracker, "tiny", "kubernetes", night_summary(rng))           # another target
+    log_night(tracker, "tiny", "sim", night_summary(rng, planted=True), verified=False)   # its evidence failed
+    log_night(tracker, "tiny", "sim", night_summary(rng, planted=True), fingerprint="fp-x")   # another spec body
     tonight = night_summary(rng, planted=True)
     parent = log_night(tracker, "tiny", "sim", tonight)
     rdir = work / "tonight"                                               # what compare logs on the parent
@@ -73,8 +77,11 @@ def store(tmp_path_factory, tiny_spec):
 def test_history_is_the_spec_on_the_target_only(store):
     uri, tracker, parent, _, _ = store
     client = mlflow_client(uri)
-    history = cell_history(client, experiment_id(client, "epdbench"), "tiny", "sim", last_n=10,
-                           before_ms=client.get_run(parent).info.start_time)
+    before = client.get_run(parent).info.start_time
+    everything = cell_history(client, experiment_id(client, "epdbench"), "tiny", "sim", last_n=10, before_ms=before)
+    assert everything["run_id"].nunique() == 8                 # by name and target alone
+    history = cell_history(client, experiment_id(client, "epdbench"), "tiny", "sim", last_n=10, before_ms=before,
+                           fingerprint="fp-tiny", verified_only=True)
     assert history["run_id"].nunique() == 6 and len(history) == 6 * 4
     assert set(history["concurrency"]) == {4, 2} and set(history["stream"]) == {"main", "steady"}
     assert history["itl_p99_ms"].between(10, 14).all()
