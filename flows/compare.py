@@ -23,7 +23,7 @@ from epdbench.analysis.trials import aggregate_trials
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, spec_to_yaml
 from epdbench.specs.workload import build_requests, plan_cells
 from epdbench.flows.outputs import prefect_summary_artifact, report_meta, verdict_view
-from epdbench.flows.suite import CellTimeout, DeploymentDied, run_suite
+from epdbench.flows.suite import CellTimeout, DeploymentDied, run_suite, say
 from epdbench.tasks import evidence, publish
 from epdbench.tasks.publish import roles_text
 from epdbench.tasks.deployment import ProvisionError
@@ -41,10 +41,6 @@ from epdbench.tasks.tracking import Tracker
 INTERRUPTED = threading.Event()
 # The results folder this process holds while a comparison runs (its lock and process registry).
 RUN_FOLDER: RunFolder | None = None
-
-
-def say(msg: str) -> None:
-    print(msg, flush=True)
 
 
 @dataclass
@@ -249,7 +245,8 @@ def _compare(spec: ExperimentSpec, run: str, rdir: Path, tracking_uri: str | Non
         if INTERRUPTED.is_set():
             raise KeyboardInterrupt
         finished = publish.config_outcome(rdir, config.name) if resume else {}
-        missing = missing_cells(rdir, spec, config.name) if resume else []
+        done = cells_done(rdir, spec, config.name) if resume else set()
+        missing = missing_cells(spec, done) if resume else []
         if finished.get("ok") and not missing:
             say(f"[{config.name}] already finished in this run, skipped (resume)")
             outcomes[config.name] = ConfigOutcome(config.name, True, None, finished["transport"],
@@ -259,7 +256,7 @@ def _compare(spec: ExperimentSpec, run: str, rdir: Path, tracking_uri: str | Non
             if finished.get("ok"):
                 say(f"[{config.name}] finished earlier, but {len(missing)} cell(s) are missing from "
                     f"records.parquet or differ from the plan: measuring them again")
-            skip = frozenset(cells_done(rdir, spec, config.name)) if resume else frozenset()
+            skip = frozenset(done)
             if resume:
                 drop_records(rdir / "records.parquet", config.name, set(missing))
             outcomes[config.name] = run_configuration(spec, config, run, str(rdir), skip, progress)

@@ -101,9 +101,8 @@ def cells_done(rdir: Path, spec: ExperimentSpec, config: str, records=None) -> s
     return done
 
 
-def missing_cells(rdir: Path, spec: ExperimentSpec, config: str, records=None) -> list[tuple[str, int]]:
-    """Planned (cell id, trial) of a configuration that are not done; empty when all its data is there."""
-    done = cells_done(rdir, spec, config, records)
+def missing_cells(spec: ExperimentSpec, done: set[tuple[str, int]]) -> list[tuple[str, int]]:
+    """Planned (cell id, trial) not in `done` (cells_done); empty when all of a configuration's data is there."""
     return [(c.cell_id, t) for c in plan_cells(spec) for t in range(spec.trials) if (c.cell_id, t) not in done]
 
 

@@ -175,16 +175,7 @@ GPU_NODE_SLOT = "epdbench-gpu-node"   # Prefect global concurrency limit held by
 
 def _alive(pid) -> bool:
     """Whether `pid` runs; a zombie (exited, not yet reaped by its parent) does not."""
-    if not pid:
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    try:
-        return Path(f"/proc/{int(pid)}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
+    return bool(pid) and process_start_time(int(pid)) is not None
 
 
 def down(data_dir: Path, timeout_s: float = 60) -> int:

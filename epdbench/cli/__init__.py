@@ -13,7 +13,6 @@ import errno
 import os
 import signal
 import sys
-from pathlib import Path
 
 from epdbench.cli import commands
 from epdbench.cli.common import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NO_SPACE, CliError
@@ -29,16 +28,10 @@ def terminate_children(grace_s: float = 5.0) -> None:
     """SIGTERM every direct child process still running, then SIGKILL what remains after grace_s."""
     import time
 
-    def children() -> list[int]:
-        out = []
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == os.getpid() and fields[0] != "Z":
-                out.append(int(stat.parent.name))
-        return out
+    from epdbench.tasks.runstate import children_of, process_start_time
+
+    def children() -> list[int]:   # running ones: a zombie has no start time
+        return [pid for pid in children_of(os.getpid()) if process_start_time(pid) is not None]
 
     for sig in (signal.SIGTERM, signal.SIGKILL):
         pids = children()

@@ -9,13 +9,15 @@ from epdbench.tasks.loadgen import LoadGenerator, consume_stream, derive_timing
 
 
 class ScriptedClock:
-    """Each read advances one tick of `step` ns (vLLM benchmarks' timing test)."""
+    """Each read advances one tick of `step` ns (vLLM benchmarks' timing test) and is counted."""
 
     def __init__(self, start=1_000, step=7):
         self.t = start
         self.step = step
+        self.reads = 0
 
     def __call__(self):
+        self.reads += 1
         self.t += self.step
         return self.t
 

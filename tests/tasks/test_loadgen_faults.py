@@ -10,25 +10,7 @@ from aiohttp import web
 from epdbench.specs.workload import RequestSpec
 from epdbench.tasks.loadgen import (LoadGenerator, MalformedEvent, Record, _fill, consume_stream,
                                     content_of, derive_timing)
-
-
-class ScriptedClock:
-    """Each read advances one tick of `step` ns and is counted."""
-
-    def __init__(self, start=1_000, step=7):
-        self.t = start
-        self.step = step
-        self.reads = 0
-
-    def __call__(self):
-        self.reads += 1
-        self.t += self.step
-        return self.t
-
-
-async def lines(items):
-    for x in items:
-        yield x
+from tests.tasks.test_loadgen import ScriptedClock, lines
 
 
 def chunk(text, completion_tokens=None):

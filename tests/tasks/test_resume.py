@@ -41,7 +41,7 @@ def test_a_cell_is_done_only_when_its_attempt_ended_ok_and_its_records_are_the_p
     record_cell(folder, tiny_spec, "pd-tcp", cells[2], drop_last=True)       # one request missing
     record_cell(folder, tiny_spec, "pd-tcp", cells[3], bad_hash=True)        # not the planned prompt
     assert cells_done(folder, tiny_spec, "pd-tcp") == {(cells[0].cell_id, 0)}
-    assert (cells[1].cell_id, 0) in missing_cells(folder, tiny_spec, "pd-tcp")
+    assert (cells[1].cell_id, 0) in missing_cells(tiny_spec, cells_done(folder, tiny_spec, "pd-tcp"))
     assert cells_done(folder, tiny_spec, "epd") == set()
 
 
