@@ -95,6 +95,7 @@ def run_configuration(spec: ExperimentSpec, config: ConfigurationSpec, run: str,
     dep = None
     target = target_module(spec.target.kind)
     try:
+        evidence.archive_attempt_logs(ev_dir)   # a resumed attempt's verdicts read its own processes only
         dep = target.start(spec, config, rdir / "spec.yaml", log_dir)
         if RUN_FOLDER is not None:
             for proc in dep.processes:

@@ -30,6 +30,20 @@ def iter_lines(path: Path, start: int = 0, end: int | None = None) -> Iterator[s
             yield raw.decode("utf-8", errors="replace")
 
 
+def archive_attempt_logs(ev_dir: Path) -> Path | None:
+    """Move the process logs an earlier attempt of this configuration left (a resumed run) into
+    `attempt-N/`, so this attempt's verdicts read only its own processes; returns where they went."""
+    logs = sorted(ev_dir.glob("*.log")) if ev_dir.is_dir() else []
+    if not logs:
+        return None
+    n = 1 + sum(1 for d in ev_dir.glob("attempt-*") if d.is_dir())
+    dest = ev_dir / f"attempt-{n}"
+    dest.mkdir()
+    for log in logs:
+        log.rename(dest / log.name)
+    return dest
+
+
 def scrape_metrics(dep: Deployment) -> dict[str, str]:
     out: dict[str, str] = {}
     for p in dep.processes:
