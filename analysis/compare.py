@@ -1,4 +1,5 @@
-"""Matched comparison of configurations: per cell and metric, the best configuration and ratios."""
+"""Matched comparison of configurations: per cell and metric, the winner when the difference is outside the
+noise (analysis.noise), else a tie; contaminated cells name no winner."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,10 +7,15 @@ from dataclasses import dataclass
 import pandas as pd
 
 from epdbench.analysis.metrics import HIGHER_IS_BETTER, LOWER_IS_BETTER
+from epdbench.analysis.noise import distinct
+from epdbench.analysis.trials import MATCH_KEYS, aggregate_trials
 
-MATCH_KEYS = ["suite", "workload", "concurrency", "stream"]
+__all__ = ["MATCH_KEYS", "REPORT_METRICS", "VERDICT_METRICS", "Comparison", "compare", "ratio_phrase", "verdict_table", "wins"]
+
 REPORT_METRICS = ["ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms", "itl_p99_ms", "itl_max_ms", "output_tok_s", "req_s",
                   "output_tok_s_per_gpu"]
+VERDICT_METRICS = ["ttft_p50_ms", "itl_p99_ms", "output_tok_s_per_gpu"]   # "which one should I deploy?"
+TIE, CONTAMINATED = "tie", "contaminated"
 
 
 @dataclass(frozen=True)
@@ -20,9 +26,21 @@ class Comparison:
     stream: str
     metric: str
     values: dict            # config -> value (None when no data)
-    best: str | None        # the one config with the best value (None on a tie for first place)
+    best: str | None        # the winner: best value, outside the noise of the runner-up (else None)
     worst: str | None       # a config with the worst value (None when all are equal)
     ratio: float | None     # worst/best for lower-is-better, best/worst for higher-is-better (>= 1)
+    verdict: str | None = None   # the winner's name, "tie", "contaminated", or None (fewer than two values)
+    margin: float | None = None  # the winner against the runner-up, as a ratio >= 1
+    leaders: tuple = ()          # best value first, then every configuration within its noise (not contaminated)
+
+    @property
+    def leader(self) -> str | None:
+        return self.leaders[0] if self.leaders else None
+
+    @property
+    def separated(self) -> bool:
+        """Some configuration is worse than the leaders beyond the noise."""
+        return bool(self.leaders) and self.worst is not None and self.worst not in self.leaders
 
 
 def ratio_phrase(metric: str, ratio: float | None) -> str:
@@ -31,37 +49,54 @@ def ratio_phrase(metric: str, ratio: float | None) -> str:
     return f"{ratio:.1f}× {'lower' if metric in LOWER_IS_BETTER else 'higher'}"
 
 
+def _value(row, metric: str) -> float | None:
+    v = row.get(metric)
+    return None if v is None or pd.isna(v) else float(v)
+
+
 def compare(summary: pd.DataFrame, metrics: list[str] = REPORT_METRICS) -> list[Comparison]:
-    """Compare every matched cell (same suite, workload, concurrency, stream) across configurations.
-    Trials are averaged first."""
+    """Compare every matched cell (same suite, workload, concurrency, stream) across configurations on the
+    trial means. The best value wins only when it lies outside the noise of the runner-up (disjoint 95%
+    CIs with trials > 1, else the run-to-run spread and the cells' lag: analysis.noise.distinct); a cell
+    where host load contaminated any configuration has no winner."""
     if summary.empty:
         return []
-    agg = (summary.groupby(MATCH_KEYS + ["config"], sort=False)[metrics]
-           .agg(lambda s: s.dropna().astype(float).mean() if s.notna().any() else None).reset_index())
+    agg = aggregate_trials(summary)
     out: list[Comparison] = []
     for key, cell in agg.groupby(MATCH_KEYS, sort=False):
+        rows = {r["config"]: r for _, r in cell.iterrows()}
+        contaminated = any(bool(r.get("contaminated")) for r in rows.values())
         for metric in metrics:
-            values = {r["config"]: (None if pd.isna(r[metric]) else float(r[metric])) for _, r in cell.iterrows()}
+            values = {c: _value(r, metric) for c, r in rows.items()}
             present = {c: v for c, v in values.items() if v is not None}
-            best = worst = None
-            ratio = None
+            best = worst = ratio = verdict = margin = None
+            leaders: tuple = ()
             if len(present) >= 2:
                 ordered = sorted(present, key=lambda c: present[c], reverse=metric in HIGHER_IS_BETTER)
                 b, w = present[ordered[0]], present[ordered[-1]]
-                if b != present[ordered[1]]:          # a tie for first place is no one's win
-                    best = ordered[0]
+                if contaminated:
+                    verdict = CONTAMINATED
+                else:
+                    leaders = tuple(c for c in ordered if c == ordered[0] or not distinct(rows[ordered[0]], rows[c], metric))
+                    if len(leaders) == 1:
+                        best = verdict = ordered[0]
+                        lo, hi = sorted((b, present[ordered[1]]))
+                        margin = hi / lo if lo > 0 else None
+                    else:
+                        verdict = TIE
                 if b != w:
                     worst = ordered[-1]
                     if metric in LOWER_IS_BETTER:
                         ratio = (w / b) if b > 0 else None
                     else:
                         ratio = (b / w) if w > 0 else None
-            out.append(Comparison(*key, metric=metric, values=values, best=best, worst=worst, ratio=ratio))
+            out.append(Comparison(*key, metric=metric, values=values, best=best, worst=worst, ratio=ratio,
+                                  verdict=verdict, margin=margin, leaders=leaders))
     return out
 
 
 def wins(comparisons: list[Comparison]) -> dict[str, dict[str, int]]:
-    """metric -> config -> number of matched cells it wins."""
+    """metric -> config -> number of matched cells it wins (outside the noise)."""
     table: dict[str, dict[str, int]] = {}
     for c in comparisons:
         if c.best is None or c.worst is None:
@@ -69,3 +104,18 @@ def wins(comparisons: list[Comparison]) -> dict[str, dict[str, int]]:
         table.setdefault(c.metric, {})
         table[c.metric][c.best] = table[c.metric].get(c.best, 0) + 1
     return table
+
+
+def verdict_table(comparisons: list[Comparison], metrics: list[str] = VERDICT_METRICS) -> list[dict]:
+    """Per matched cell, in order: its keys and, per metric, the winner, "tie", "contaminated" or None."""
+    rows: dict[tuple, dict] = {}
+    for c in comparisons:
+        if c.metric not in metrics:
+            continue
+        row = rows.setdefault((c.suite, c.workload, c.concurrency, c.stream),
+                              {"suite": c.suite, "workload": c.workload, "concurrency": c.concurrency,
+                               "stream": c.stream, "verdicts": {}})
+        row["verdicts"][c.metric] = c.verdict
+        row.setdefault("margins", {})[c.metric] = c.margin
+        row.setdefault("leaders", {})[c.metric] = c.leaders if c.separated else ()
+    return list(rows.values())

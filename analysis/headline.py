@@ -14,6 +14,7 @@ import pandas as pd
 
 from epdbench.analysis.compare import MATCH_KEYS
 from epdbench.analysis.metrics import LOWER_IS_BETTER
+from epdbench.analysis.noise import distinct
 from epdbench.analysis.trials import low_support
 
 HEADLINE_METRICS = ["ttft_p50_ms", "tpot_p50_ms", "itl_p99_ms", "output_tok_s", "output_tok_s_per_gpu"]
@@ -71,7 +72,8 @@ def _usable(row, metric: str) -> float | None:
 
 
 def changes_vs_baseline(agg: pd.DataFrame, baseline: str, metrics: list[str] = HEADLINE_METRICS) -> list[Change]:
-    """Every (cell, configuration, metric) whose value differs from the baseline's in that cell."""
+    """Every (cell, configuration, metric) whose value differs from the baseline's in that cell by more than
+    their noise (analysis.noise.distinct); cells contaminated by host load on either side are left out."""
     out: list[Change] = []
     if agg.empty or baseline not in set(agg["config"]):
         return out
@@ -80,10 +82,14 @@ def changes_vs_baseline(agg: pd.DataFrame, baseline: str, metrics: list[str] = H
         if base.empty:
             continue
         base = base.iloc[0]
+        if base.get("contaminated"):
+            continue
         for _, row in cell[cell["config"] != baseline].iterrows():
+            if row.get("contaminated"):
+                continue
             for metric in metrics:
                 b, v = _usable(base, metric), _usable(row, metric)
-                if b is not None and v is not None and b != v:
+                if b is not None and v is not None and b != v and distinct(base, row, metric):
                     out.append(Change(key[0], key[1], int(key[2]), key[3], metric, row["config"], baseline, b, v))
     return out
 

@@ -11,14 +11,19 @@ import math
 import numpy as np
 import pandas as pd
 
+from epdbench.analysis.noise import (SAMPLE_CI_METRICS, cell_noise, delivery_lag_p99_ms, is_contaminated,
+                                     percentile_ci_half, timing_of)
+
 CELL_KEYS = ["config", "suite", "workload", "concurrency", "stream", "trial"]
 METRIC_KEYS = ["ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "tpot_p50_ms", "itl_p99_ms", "itl_max_ms",
-               "output_tok_s", "req_s", "requests_ok", "requests_failed"]
+               "output_tok_s", "req_s", "requests_ok", "requests_failed", "emulation_lag_p99_ms", "loop_lag_p99_ms",
+               "delivery_lag_p99_ms", "contaminated"]
 SUMMARY_COLUMNS = CELL_KEYS + ["requests_ok", "requests_total", "requests_failed", "ttft_p50_ms", "ttft_p95_ms",
                                "ttft_p99_ms", "tpot_p50_ms", "itl_p99_ms", "itl_max_ms", "output_tok_s", "req_s",
                                "window_s", "output_tokens", "chunks_multi_token", "client_lag_p99_ms",
                                "prompt_tokens_mean", "target_prompt_tokens", "n_ttft_samples", "n_itl_samples",
-                               "gpus", "output_tok_s_per_gpu"]
+                               "gpus", "output_tok_s_per_gpu", "timing", "emulation_lag_p99_ms", "loop_lag_p99_ms",
+                               "delivery_lag_p99_ms", "contaminated"] + [f"{m}_sample_ci95" for m in SAMPLE_CI_METRICS]
 # Direction of "better" for the comparison.
 LOWER_IS_BETTER = {"ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "tpot_p50_ms", "itl_p99_ms", "itl_max_ms",
                    "requests_failed"}
@@ -102,13 +107,21 @@ def summarize_cell(df: pd.DataFrame, window_ns: tuple[int, int] | None = None) -
         "client_lag_p99_ms": percentile(lag, 99),
         "prompt_tokens_mean": float(prompt.mean()) if len(prompt) else None,
         "target_prompt_tokens": float(m["target_prompt_tokens"].mean()) if total else None,
+        "timing": timing_of(ok["timing"]) if "timing" in ok else None,
+        **{f"{m}_sample_ci95": percentile_ci_half(ok["ttft_ms"] if m.startswith("ttft") else
+                                                  tpots if m.startswith("tpot") else itls, q)
+           for m, q in SAMPLE_CI_METRICS.items()},
+        "delivery_lag_p99_ms": (delivery_lag_p99_ms(ok["chunk_offsets_ns"], ok["chunk_arrival_ns"])
+                                if "chunk_arrival_ns" in ok and n_ok else None),
     }
 
 
-def summarize(records: pd.DataFrame, gpus: dict[str, int] | None = None) -> pd.DataFrame:
+def summarize(records: pd.DataFrame, gpus: dict[str, int] | None = None, noise: dict | None = None) -> pd.DataFrame:
     """One row per config × suite × workload × concurrency × stream × trial. Streams of a mixed suite
     (stream != "main") share the suite's whole window as throughput denominator. With `gpus`
-    (config → GPUs), output tok/s per GPU is added for the equal-budget view."""
+    (config → GPUs), output tok/s per GPU is added for the equal-budget view. `noise` ((config, cell id,
+    trial) → lag p99s, from the ledger) adds each cell's emulation and client lag and whether host load
+    contaminated it (analysis.noise)."""
     if records.empty:
         return pd.DataFrame(columns=SUMMARY_COLUMNS)
     mixed = records[records["stream"] != "main"]
@@ -117,10 +130,12 @@ def summarize(records: pd.DataFrame, gpus: dict[str, int] | None = None) -> pd.D
     for key, group in records.groupby(CELL_KEYS, sort=False):
         k = dict(zip(CELL_KEYS, key))
         window = shared.get((k["config"], k["suite"], k["trial"])) if k["stream"] != "main" else None
-        rows.append({**k, **summarize_cell(group, window)})
+        cell_id = group["cell"].iloc[0] if "cell" in group.columns else None
+        rows.append({**k, **summarize_cell(group, window), **cell_noise(noise, k["config"], cell_id, k["trial"])})
     out = pd.DataFrame(rows)
     out["gpus"] = out["config"].map(gpus) if gpus else None
     out["output_tok_s_per_gpu"] = [(t / g) if (t is not None and g and not pd.isna(t)) else None
                                    for t, g in zip(out["output_tok_s"], out["gpus"])]
+    out["contaminated"] = [is_contaminated(r) for _, r in out.iterrows()]
     out = out[SUMMARY_COLUMNS]
     return out.astype(object).where(out.notna(), None)

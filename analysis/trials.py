@@ -5,7 +5,9 @@ import math
 
 import pandas as pd
 
-from epdbench.analysis.compare import MATCH_KEYS
+from epdbench.analysis.noise import SAMPLE_CI_METRICS, timing_of
+
+MATCH_KEYS = ["suite", "workload", "concurrency", "stream"]   # what makes two configurations' cells comparable
 
 # Two-sided 95% Student-t critical values by degrees of freedom (1..30); 1.96 beyond.
 T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
@@ -32,8 +34,8 @@ def mean_ci(values) -> tuple[float | None, float | None, int]:
 
 
 def aggregate_trials(summary: pd.DataFrame) -> pd.DataFrame:
-    """One row per config × matched cell: `<metric>` (mean over trials), `<metric>_ci95` (half-width)
-    and `trials`."""
+    """One row per config × matched cell: `<metric>` (mean over trials), `<metric>_ci95` (half-width),
+    `trials`, the largest lag p99s of its trials and whether any trial was contaminated (analysis.noise)."""
     if summary.empty:
         return pd.DataFrame()
     rows = []
@@ -47,6 +49,15 @@ def aggregate_trials(summary: pd.DataFrame) -> pd.DataFrame:
         row["requests_total"] = int(g["requests_total"].sum())
         row["n_ttft_samples"] = int(pd.to_numeric(g["n_ttft_samples"]).sum())
         row["n_itl_samples"] = int(pd.to_numeric(g["n_itl_samples"]).sum())
+        for col in ("emulation_lag_p99_ms", "loop_lag_p99_ms"):
+            lags = pd.to_numeric(g[col], errors="coerce").dropna() if col in g else pd.Series(dtype=float)
+            row[col] = float(lags.max()) if len(lags) else None
+        row["timing"] = timing_of(g["timing"]) if "timing" in g else None
+        if row["trials"] == 1:   # one trial: the percentiles' CIs from the cell's own samples
+            for m in SAMPLE_CI_METRICS:
+                col = f"{m}_sample_ci95"
+                row[col] = float(g[col].iloc[0]) if col in g and g[col].notna().any() else None
+        row["contaminated"] = bool(g["contaminated"].fillna(False).astype(bool).any()) if "contaminated" in g else False
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -3,12 +3,15 @@
 Starts one simulated replica (the smoke preset's aggregated server) on loopback, streams requests one at a
 time, and prints the measured inter-token gaps against the cost model's decode step, with the replica's own
 emulation lag (epdbench_sim_step_lag_seconds from /metrics). `--hog N` runs N busy-loop processes meanwhile.
+`--timer` instead measures how late a sleep of one decode step ends: asyncio.sleep against the engine's
+timerfd sleeper (epdbench/timer.py).
 
-    python benchmarks/sim_timing.py [--requests 8] [--tokens 256] [--hog 2]
+    python benchmarks/sim_timing.py [--requests 8] [--tokens 256] [--hog 2] [--timer]
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import multiprocessing
 import socket
@@ -20,6 +23,7 @@ import urllib.request
 
 from epdbench.analysis.prom import parse_prometheus
 from epdbench.physics.costmodel import CostModel
+from epdbench.timer import precise_sleep
 from epdbench.specs.models import load_spec
 
 
@@ -53,12 +57,31 @@ def lag_figures(url: str) -> tuple[float, float, float]:
         samples.get("epdbench_sim_step_lag_max_seconds", 0)
 
 
+def timer_overshoot(n: int = 500, step_s: float = 0.00677) -> int:
+    """How late a sleep of one decode step ends: asyncio.sleep vs the timerfd sleeper the engine uses."""
+    async def measure(sleep) -> list[float]:
+        out = []
+        for _ in range(n):
+            t = time.perf_counter()
+            await sleep(step_s)
+            out.append((time.perf_counter() - t - step_s) * 1e3)
+        return sorted(out)
+    for name, sleep in (("asyncio.sleep", asyncio.sleep), ("timerfd (epdbench/timer.py)", precise_sleep())):
+        xs = asyncio.run(measure(sleep))
+        print(f"{name:<24} overshoot of a {step_s * 1e3:.2f} ms sleep over {n}: mean {statistics.fmean(xs):.3f} ms, "
+              f"p50 {xs[n // 2]:.3f} ms, p99 {xs[int(0.99 * n)]:.3f} ms")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--hog", type=int, default=0, help="busy-loop processes run meanwhile")
+    ap.add_argument("--timer", action="store_true", help="compare the overshoot of asyncio.sleep and the timerfd")
     a = ap.parse_args()
+    if a.timer:
+        return timer_overshoot()
     spec = load_spec("smoke")
     config = spec.configuration("aggregated")
     modelled = CostModel(spec.model, spec.hardware, config.role("server").tp).step_seconds([64], [])

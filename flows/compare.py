@@ -30,7 +30,7 @@ from epdbench.tasks.deployment import ProvisionError
 from epdbench.tasks.targets import target_module
 from epdbench.tasks.calibrate import calibrate, needed_keys
 from epdbench.tasks.results import drop_records, read_records, write_json, write_summary
-from epdbench.tasks.resume import cells_done, missing_cells, validate_state_files
+from epdbench.tasks.resume import cells_done, missing_cells, noise_of, validate_state_files
 from epdbench.tasks.runstate import RunFolder, end_leftovers
 from epdbench.tasks.history import check_history, log_regression_check
 from epdbench.tasks.report_files import write_report
@@ -105,14 +105,16 @@ def run_configuration(spec: ExperimentSpec, config: ConfigurationSpec, run: str,
         outcome.router = dep.router
         say(f"[{config.name}] serving at {dep.endpoint} via {dep.router}")
         emulated = spec.target.kind == "sim"
-        deadline = time.monotonic() + spec.configuration_timeout_s if spec.configuration_timeout_s else None
+        scale = spec.target.sim.time_scale if emulated else 1.0
+        deadline = (time.monotonic() + spec.configuration_timeout_s * scale) if spec.configuration_timeout_s else None
         engine = next(p for p in dep.engines if p.role in ("server", "prefill"))
         calibration = calibrate_prompts(engine.url, spec, str(rdir / "calibration.json"))
         first = snap = evidence.snapshot(dep)
         suites: dict[str, dict] = {}
         for suite in spec.suites:
             items = run_suite(dep.endpoint, spec, suite.name, config.name, run, str(rdir / "records.parquet"),
-                              calibration, skip, progress, deadline, dep.health)
+                              calibration, skip, progress, deadline, dep.health,
+                              (lambda: evidence.scrape_metrics(dep)) if emulated else None)
             after = evidence.snapshot(dep)
             rows = [r for item in items for r in item["rows"]]
             suites[suite.name] = evidence.suite_evidence(dep, config, snap, after, rows, emulated)
@@ -268,7 +270,8 @@ def _compare(spec: ExperimentSpec, run: str, rdir: Path, tracking_uri: str | Non
                 state["published"][config.name] = fingerprint
                 publish.save_state(rdir, state)
 
-    summary = summarize(read_records(rdir / "records.parquet"), {c.name: c.gpus for c in spec.configurations})
+    summary = summarize(read_records(rdir / "records.parquet"), {c.name: c.gpus for c in spec.configurations},
+                        noise_of(rdir, [c.name for c in spec.configurations]))
     write_summary(rdir, summary)
     aggregate_trials(summary).to_csv(rdir / "summary_trials.csv", index=False)
     verdicts = {name: verdict_view(o) for name, o in outcomes.items()}
@@ -283,6 +286,7 @@ def _compare(spec: ExperimentSpec, run: str, rdir: Path, tracking_uri: str | Non
                                "transport": o.transport.get("verdict"), "stages": o.stages.get("verdict")}
                            for n, o in outcomes.items()}}
     outcome["all_verified"] = all(c["verified"] for c in outcome["configs"].values())
+    outcome["contaminated_cells"] = int(summary["contaminated"].fillna(False).astype(bool).sum()) if len(summary) else 0
     outcome["meta"], outcome["verdicts"], outcome["regression"] = meta, verdicts, check
     write_json(rdir / "outcome.json", outcome)
     fingerprint = publish.comparison_fingerprint(rdir)

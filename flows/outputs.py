@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from epdbench.analysis.prom import cache_by_role
 from epdbench.reports.findings import regression_line
+from epdbench.reports.verdict import contamination_line
 from epdbench.specs.models import ExperimentSpec
 from epdbench.tasks.publish import roles_text
 
@@ -35,7 +36,9 @@ def prefect_summary_artifact(outcome: dict, summary) -> None:
             lines.append(f"| {r['config']} | {r['suite']} | {r['workload']} | {r['concurrency']} | {r['stream']} | "
                          f"{r['requests_ok']}/{r['requests_total']} | {f(r['ttft_p50_ms'])} | {f(r['itl_p99_ms'])} | "
                          f"{f(r['output_tok_s'])} |")
-    lines += ["", regression_line(outcome.get("regression")), "", f"Results: `{outcome['results_dir']}`"]
+    spoilt = contamination_line(summary, outcome.get("meta") or {})
+    lines += [""] + ([spoilt, ""] if spoilt else []) + [regression_line(outcome.get("regression")), "",
+                                                         f"Results: `{outcome['results_dir']}`"]
     try:
         create_markdown_artifact("\n".join(lines), key="epdbench-report", description=f"epdbench {outcome['run']}")
     except Exception:  # noqa: BLE001 - outside a flow run context
@@ -69,6 +72,7 @@ def report_meta(spec: ExperimentSpec, run: str, outcomes: dict[str, ConfigOutcom
         "title": f"epdbench: {spec.name} on {target}",
         "run": run, "spec": spec.name, "target": spec.target.kind, "model": spec.model.name,
         "hardware": f"{spec.hardware.gpu} figures", "seed": spec.seed, "trials": spec.trials,
+        "time_scale": spec.target.sim.time_scale if spec.target.kind == "sim" else 1.0,
         "created": dt.datetime.now().isoformat(timespec="seconds"),
         "configurations": [{"name": c.name, "topology": c.topology, "roles": roles_text(c), "gpus": c.gpus,
                             "transport": c.kv_transport,

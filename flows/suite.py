@@ -11,10 +11,12 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from epdbench.analysis.metrics import summarize
+from epdbench.analysis.noise import EMIT_LAG, emulation_lag_p99_ms, samples_p99_ms
 from epdbench.reports.live import LiveCell
 from epdbench.specs.models import ExperimentSpec
 from epdbench.specs.workload import Calibration, Cell, build_requests, plan_cells
 from epdbench.tasks.loadgen import LoadGenerator, records_as_dicts
+from epdbench.tasks.looplag import LoopLag
 from epdbench.tasks.results import append_records
 from epdbench.tasks.resume import record_attempt
 
@@ -47,20 +49,27 @@ def cell_status(rows: list[dict], max_failed_fraction: float, dead: list[str]) -
 def _cell_line(config: str, cell: Cell, trial: int, s: dict) -> str:
     def f(v, unit=" ms"):
         return "—" if v is None else f"{v:.1f}{unit}"
-    return (f"  [{config}] {cell.suite} {cell.workload} c={cell.concurrency} trial {trial}: "
+    line = (f"  [{config}] {cell.suite} {cell.workload} c={cell.concurrency} trial {trial}: "
             f"{s['requests_ok']}/{s['requests_total']} ok, TTFT p50 {f(s['ttft_p50_ms'])}, "
             f"ITL p99 {f(s['itl_p99_ms'])}, {f(s['output_tok_s'], ' tok/s')}")
+    if s.get("contaminated"):
+        line += (f" — contaminated by host load (lag p99: emulation {f(s['emulation_lag_p99_ms'])}, "
+                 f"client {f(s['loop_lag_p99_ms'])})")
+    return line
 
 
 @task(name="run-suite", cache_policy=NO_CACHE, retries=0)
 def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run: str, records_path: str,
               calibration: dict, skip: frozenset = frozenset(), progress=None,
-              deadline: float | None = None, health: "Callable[[], list[str]] | None" = None) -> list[dict]:
+              deadline: float | None = None, health: "Callable[[], list[str]] | None" = None,
+              lag_probe: "Callable[[], dict[str, str]] | None" = None) -> list[dict]:
     """Every cell of one suite, every trial, on one shared HTTP session; records appended after each
     cell (after each mixed window), and each cell attempt's end written to the ledger (ok, degraded or
     failed). Never retried: a measured cell is not repeated behind the user's back. A cell past
     spec.cell_timeout_s (or the configuration's deadline, monotonic) keeps the requests that finished and
-    raises CellTimeout; a process of the deployment found dead after a cell raises DeploymentDied."""
+    raises CellTimeout; a process of the deployment found dead after a cell raises DeploymentDied.
+    Each cell's noise goes to its ledger entry: the load generator's event-loop lag and, with `lag_probe`
+    (every simulator process's /metrics), the emulation lag over the cell (analysis.noise)."""
     import pandas as pd
 
     cal = Calibration({k: tuple(v) for k, v in calibration.items()})
@@ -73,14 +82,15 @@ def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run:
                  "workload": cell.workload, "stream": cell.stream, "concurrency": cell.concurrency}
                 for r in records_as_dicts(recs)]
 
-    def finish(batch: list[tuple[Cell, list[dict]]], trial: int) -> None:
+    def finish(batch: list[tuple[Cell, list[dict]]], trial: int, noise: dict) -> None:
         rows = [r for _, rs in batch for r in rs]
         append_records(Path(records_path), rows)
-        summaries = summarize(pd.DataFrame(rows)).set_index("stream", drop=False)
+        by_cell = {(config, c.cell_id, trial): noise for c, _ in batch}
+        summaries = summarize(pd.DataFrame(rows), noise=by_cell).set_index("stream", drop=False)
         dead = health() if health else []
         for cell, cell_rows in batch:   # on disk first (records, then the ledger), then announced
             status, reason = cell_status(cell_rows, spec.max_failed_fraction, dead)
-            record_attempt(rdir, config, cell.cell_id, trial, status, reason)
+            record_attempt(rdir, config, cell.cell_id, trial, status, reason, noise)
             say(_cell_line(config, cell, trial, summaries.loc[cell.stream].to_dict()))
             if status != "ok":
                 say(f"  [{config}] {cell.suite} {cell.workload} c={cell.concurrency} trial {trial}: {status}: "
@@ -92,10 +102,22 @@ def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run:
             raise DeploymentDied("; ".join(dead))
 
     live = LiveCell()
+    scale = spec.target.sim.time_scale if spec.target.kind == "sim" else 1.0
+
+    async def measured(work):
+        """Run one cell's (or mixed window's) work; returns (its result, its noise figures)."""
+        before = await asyncio.to_thread(lag_probe) if lag_probe else None
+        async with LoopLag(scale) as loop_lag:
+            result = await work
+        after = await asyncio.to_thread(lag_probe) if lag_probe else None
+        return result, {"loop_lag_p99_ms": samples_p99_ms(loop_lag.samples_s),
+                        "emulation_lag_p99_ms": emulation_lag_p99_ms(before, after) if lag_probe else None,
+                        "emit_lag_p99_ms": (emulation_lag_p99_ms(before, after, EMIT_LAG) if lag_probe else None)}
 
     async def bounded(label: str, n_requests: int, work, finished: list, on_timeout):
         """Run `work`; past the limit, the requests that finished (collected in `finished`) are kept."""
-        limits = [x for x in (spec.cell_timeout_s, deadline and deadline - time.monotonic()) if x]
+        cell_limit = spec.cell_timeout_s and spec.cell_timeout_s * scale
+        limits = [x for x in (cell_limit, deadline and deadline - time.monotonic()) if x]
         live.reset(f"[{config}] {label}", n_requests)
         try:
             return await asyncio.wait_for(work, timeout=min(limits) if limits else None)
@@ -129,7 +151,8 @@ def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run:
         return keep
 
     async def go():
-        async with LoadGenerator(endpoint, spec.model.name, spec.request_timeout_s, run_tag=run[-8:]) as lg:
+        async with LoadGenerator(endpoint, spec.model.name, spec.request_timeout_s, run_tag=run[-8:],
+                                 time_scale=scale) as lg:
             for trial in range(spec.trials):
                 if all((c.cell_id, trial) in skip for c in cells):
                     say(f"  [{config}] {suite} trial {trial}: already recorded, skipped (resume)")
@@ -139,11 +162,11 @@ def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run:
                 if cells[0].kind == "mixed":
                     requests = [build_requests(spec, c, trial, calibration=cal) for c in cells]
                     finished, on_record = collector()
-                    recs = await bounded(f"{suite} (mixed) trial {trial}", sum(map(len, requests)),
-                                         lg.run_streams([(r, c.concurrency) for r, c in zip(requests, cells)],
-                                                        on_record), finished,
-                                         keep_partial(list(zip(cells, requests)), trial))
-                    finish([(c, rows_of(c, trial, rs)) for c, rs in zip(cells, recs)], trial)
+                    recs, noise = await measured(bounded(
+                        f"{suite} (mixed) trial {trial}", sum(map(len, requests)),
+                        lg.run_streams([(r, c.concurrency) for r, c in zip(requests, cells)], on_record), finished,
+                        keep_partial(list(zip(cells, requests)), trial)))
+                    finish([(c, rows_of(c, trial, rs)) for c, rs in zip(cells, recs)], trial, noise)
                     continue
                 for cell in cells:
                     if (cell.cell_id, trial) in skip:
@@ -152,10 +175,11 @@ def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run:
                         continue
                     requests = build_requests(spec, cell, trial, calibration=cal)
                     finished, on_record = collector()
-                    recs = await bounded(f"{suite} {cell.workload} c={cell.concurrency} trial {trial}", len(requests),
-                                         lg.run_cell(requests, cell.concurrency, on_record), finished,
-                                         keep_partial([(cell, requests)], trial))
-                    finish([(cell, rows_of(cell, trial, recs))], trial)
+                    recs, noise = await measured(bounded(
+                        f"{suite} {cell.workload} c={cell.concurrency} trial {trial}", len(requests),
+                        lg.run_cell(requests, cell.concurrency, on_record), finished,
+                        keep_partial([(cell, requests)], trial)))
+                    finish([(cell, rows_of(cell, trial, recs))], trial, noise)
 
     asyncio.run(go())
     return done

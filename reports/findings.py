@@ -6,29 +6,20 @@ from __future__ import annotations
 
 import pandas as pd
 
-from epdbench.analysis.compare import REPORT_METRICS, Comparison, wins
+from epdbench.analysis.compare import CONTAMINATED, REPORT_METRICS, TIE, Comparison, wins
 from epdbench.analysis.headline import Change, Finding, Tally
 from epdbench.analysis.metrics import LOWER_IS_BETTER
 from epdbench.analysis.regression import FLAGGED
 from epdbench.analysis.samples import EarlyStops, PromptFit
 from epdbench.analysis.trials import low_support
-from epdbench.reports.fmt import fmt
+from epdbench.reports.fmt import METRIC_NAMES, cell_text, fmt  # noqa: F401 - METRIC_NAMES re-exported
+from epdbench.reports.verdict import contamination_line
 
-METRIC_NAMES = {
-    "ttft_p50_ms": ("TTFT p50", "ms"), "ttft_p95_ms": ("TTFT p95", "ms"), "ttft_p99_ms": ("TTFT p99", "ms"),
-    "tpot_p50_ms": ("TPOT p50", "ms"), "itl_p99_ms": ("ITL p99", "ms"), "itl_max_ms": ("ITL max", "ms"),
-    "output_tok_s": ("output throughput", "tok/s"), "req_s": ("request throughput", "req/s"),
-    "output_tok_s_per_gpu": ("output throughput per GPU", "tok/s"),
-}
 GOOD_VERDICTS = {"verified", "emulated", "not-applicable"}
 
 
 def value_text(metric: str, value: float | None) -> str:
     return f"{fmt(value, metric)} {METRIC_NAMES[metric][1]}"
-
-
-def cell_text(workload: str, concurrency: int, stream: str) -> str:
-    return f"{workload}{'' if stream == 'main' else f' ({stream})'}, concurrency {concurrency}"
 
 
 def factor_text(factor: float) -> str:
@@ -76,13 +67,21 @@ def suite_prose(comparisons: list[Comparison]) -> list[str]:
         per = sorted(table.get(metric, {}).items(), key=lambda kv: -kv[1])
         best = "lowest" if metric in LOWER_IS_BETTER else "highest"
         name = METRIC_NAMES[metric][0]
-        if not per:
-            lines.append(f"{name}: no single best configuration in any of {len(decided)} matched cells.")
+        if not per and not any(c.verdict == TIE and c.separated for c in decided):
+            lines.append(f"{name}: no winner outside the noise in any of {len(decided)} matched cells.")
             continue
+        for c in decided:   # a group tied ahead of the others counts as one entry
+            if c.verdict == TIE and c.separated:
+                label = " ≈ ".join(c.leaders) + " (tied ahead)"
+                per_d = dict(per)
+                per_d[label] = per_d.get(label, 0) + 1
+                per = sorted(per_d.items(), key=lambda kv: -kv[1])
         counts = ", ".join(f"{cfg} in {n}" for cfg, n in per)
-        ties = len(decided) - sum(n for _, n in per)
+        ties = sum(c.verdict == TIE and not c.separated for c in decided)
+        spoilt = sum(c.verdict == CONTAMINATED for c in decided)
         lines.append(f"{name} ({best} wins): {counts} of {len(decided)} matched cells"
-                     + (f"; no single best in {ties}" if ties else "") + ".")
+                     + (f"; tie within noise in {ties}" if ties else "")
+                     + (f"; contaminated by host load in {spoilt}" if spoilt else "") + ".")
     return lines
 
 
@@ -118,9 +117,12 @@ def gpu_budget_line(configurations: list[dict]) -> str:
 
 def trials_line(trials: int) -> str:
     if trials > 1:
-        return f"{trials} trials per cell: tables show the mean ± the 95% confidence interval (Student t)."
-    return ("A single trial per cell: no confidence intervals, so run-to-run noise is not measured; "
-            "repeat with trials > 1 before trusting small differences.")
+        return (f"{trials} trials per cell: tables show the mean ± the 95% confidence interval (Student t); a "
+                "configuration wins a cell only when its interval and the runner-up's do not overlap.")
+    return ("A single trial per cell: run-to-run noise is not measured, so a configuration wins a cell only when its "
+            "value and the runner-up's lie apart by more than their bands — each percentile's 95% CI from the cell's "
+            "own samples, at least the metric's documented run-to-run spread (and the cell's lag); repeat with "
+            "trials > 1 to measure it.")
 
 
 def low_support_line(agg: pd.DataFrame) -> str | None:
@@ -186,7 +188,8 @@ def failed_requests_line(summary: pd.DataFrame) -> str | None:
 
 def limitations(meta: dict, summary: pd.DataFrame, agg: pd.DataFrame, verdicts: dict, fit: PromptFit | None,
                 stops: EarlyStops | None) -> list[str]:
-    lines = [gpu_budget_line(meta["configurations"]), trials_line(meta["trials"]), low_support_line(agg),
+    lines = [gpu_budget_line(meta["configurations"]), trials_line(meta["trials"]), contamination_line(summary, meta),
+             low_support_line(agg),
              *prompt_line(fit), early_stop_line(stops), failed_requests_line(summary), target_line(meta),
              *evidence_lines(meta, verdicts)]
     return [line for line in lines if line]

@@ -16,7 +16,8 @@ from epdbench.analysis.regression import REGRESSION_METRICS
 from epdbench.analysis.samples import early_stops, prompt_fit
 from epdbench.analysis.trials import aggregate_trials, low_support
 from epdbench.reports.findings import (benefits, cache_text, headline_sentence, history_view, limitations, reuse_view,
-                              suite_prose)
+                                       suite_prose)
+from epdbench.reports.verdict import contamination_line, verdict_view
 from epdbench.reports.fmt import fmt
 from epdbench.templating import make_env
 
@@ -36,26 +37,28 @@ def report_env(html: bool = False) -> jinja2.Environment:
 
 
 def _cell(row, metric: str, best: Comparison | None) -> dict:
-    """One table cell: text (mean, ± CI, † on low support) and whether it is the matched cell's best."""
+    """One table cell: text (mean, ± CI, † on low support) and whether it leads the matched cell: the winner, or
+    one of the configurations tied within noise ahead of another."""
     text = fmt(row[metric], metric)
     ci = row.get(f"{metric}_ci95")
     if ci is not None and not pd.isna(ci) and text != "—":
         text += f" ± {fmt(ci, metric)}"
     if row["trials"] == 1 and low_support(metric, row["n_ttft_samples"], row["n_itl_samples"]) and text != "—":
         text += " †"
-    return {"text": text, "best": bool(best and best.best == row["config"])}
+    return {"text": text, "best": bool(best and best.separated and row["config"] in best.leaders)}
 
 
 def ratio_line(c: Comparison) -> str:
     stream = "" if c.stream == "main" else f" {c.stream}"
-    return (f"{c.workload} @ c={c.concurrency}{stream}: {COLUMN_TITLES[c.metric]} {c.best} "
-            f"{fmt(c.values[c.best], c.metric)} vs {c.worst} {fmt(c.values[c.worst], c.metric)} — "
+    return (f"{c.workload} @ c={c.concurrency}{stream}: {COLUMN_TITLES[c.metric]} {c.leader} "
+            f"{fmt(c.values[c.leader], c.metric)} vs {c.worst} {fmt(c.values[c.worst], c.metric)} — "
             f"{ratio_phrase(c.metric, c.ratio)}")
 
 
 def suite_tables(summary: pd.DataFrame, comparisons: list[Comparison]) -> list[dict]:
-    """Per suite: rows (one per cell × config; means ± 95% CI over trials), the better value per
-    matched cell flagged `best`, low-support tails marked †, ratio lines and generated prose."""
+    """Per suite: rows (one per cell × config; means ± 95% CI over trials), the leading values per matched cell
+    (outside the noise of another) flagged `best`, low-support tails marked †, contaminated rows, ratio lines
+    (best vs worst, when apart beyond the noise) and generated prose."""
     best = {(c.suite, c.workload, c.concurrency, c.stream, c.metric): c for c in comparisons}
     agg = aggregate_trials(summary)
     out = []
@@ -63,12 +66,12 @@ def suite_tables(summary: pd.DataFrame, comparisons: list[Comparison]) -> list[d
         rows = []
         for _, r in sdf.iterrows():
             key = (suite, r["workload"], r["concurrency"], r["stream"])
-            rows.append({"config": r["config"], "workload": r["workload"], "concurrency": int(r["concurrency"]),
+            rows.append({"config": r["config"], "contaminated": bool(r.get("contaminated")),
+                         "workload": r["workload"], "concurrency": int(r["concurrency"]),
                          "stream": r["stream"], "requests": f"{int(r['requests_ok'])}/{int(r['requests_total'])}",
                          "cells": [_cell(r, m, best.get((*key, m))) for m in REPORT_METRICS]})
         mine = [c for c in comparisons if c.suite == suite]
-        ratios = [ratio_line(c) for c in mine
-                  if c.ratio is not None and c.best is not None and c.metric in RATIO_METRICS]
+        ratios = [ratio_line(c) for c in mine if c.ratio is not None and c.separated and c.metric in RATIO_METRICS]
         out.append({"name": suite, "rows": rows, "ratios": ratios, "prose": suite_prose(mine)})
     return out
 
@@ -121,6 +124,8 @@ def report_context(meta: dict, summary: pd.DataFrame, verdicts: dict[str, dict],
         "environment": environment,
         "columns": [COLUMN_TITLES[m] for m in REPORT_METRICS],
         "suites": suite_tables(summary, comparisons),
+        "verdict": verdict_view(comparisons),
+        "contamination": contamination_line(summary, meta),
         "headline": [headline_sentence(f) for f in headline(changes)],
         "headline_min_factor": f"{MIN_HEADLINE_FACTOR:g}×",
         "n_compared": int(summary["config"].nunique()) if not summary.empty else 0,

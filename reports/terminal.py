@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from epdbench.reports.findings import regression_line
+from epdbench.reports.verdict import contamination_line
 from epdbench.reports.fmt import fmt
 
 TERMINAL_METRICS = [("ttft_p50_ms", "TTFT p50"), ("tpot_p50_ms", "TPOT p50"), ("itl_p99_ms", "ITL p99"),
@@ -32,6 +33,9 @@ def print_summary(outcome: dict, console: Console | None = None) -> None:
     for name, c in outcome["configs"].items():
         state = "ok" if c["ok"] else f"{c.get('status', 'failed').upper()}: {c['error']}"
         console.print(f"{name}: {state}; transport {c['transport']}, stages {c['stages']}")
+    spoilt = contamination_line(summary, outcome.get("meta") or {})
+    if spoilt:
+        console.print(spoilt)
     console.print(regression_line(outcome.get("regression")))
     console.print(f"results: {rdir}/ (report.md, report.html, summary.csv, records.parquet, evidence/)")
     pending = outcome.get("mlflow_pending")

@@ -70,7 +70,7 @@ class Encoder:
         try:
             async with self.lock:
                 seconds = r.cost.encode_seconds(todo) + (r.spec.hardware.step_overhead_ms / 1e3 if todo else 0)
-                await asyncio.sleep(seconds)
+                await asyncio.sleep(seconds * r.time_scale)
             self.cache.update(mine)
         finally:
             for h in mine:
@@ -111,5 +111,5 @@ class Encoder:
                          file="ec_connector.py")
             return web.json_response({"error": f"missing {missing}"}, status=404)
         async with r.link_lock:
-            await asyncio.sleep(transfer_seconds(r.spec.hardware, "tcp", int(body.get("bytes", 0))))
+            await asyncio.sleep(transfer_seconds(r.spec.hardware, "tcp", int(body.get("bytes", 0))) * r.time_scale)
         return web.json_response({"ok": True})

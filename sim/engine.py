@@ -29,18 +29,24 @@ class Sequence:
     finish_reason: str | None = None
     aborted: bool = False
     on_prefilled: object = None    # callable run once the prompt's KV is complete (prefix-cache insert)
+    arrived: float | None = None   # host clock at submit: no step that serves it can start earlier
+    scheduled: bool = False        # served by a step already
 
     @property
     def context(self) -> int:
         return self.computed + self.generated
 
 
-LAG_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5)
+# Upper edges of the emulation-lag histograms (seconds of modelled time): fine below 10 ms, where a lag
+# starts to matter against decode steps of a few ms.
+LAG_BUCKETS_S = (0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25,
+                 0.5, 1.0)
 
 
 @dataclass
-class StepLag:
-    """How late steps ended against their modelled end (emulation lag): count, sum, max and a histogram."""
+class Lag:
+    """How late events happened against their modelled time (emulation lag): count, sum, max and a
+    cumulative histogram over LAG_BUCKETS_S, in modelled seconds."""
     count: int = 0
     sum_s: float = 0.0
     max_s: float = 0.0
@@ -69,11 +75,13 @@ class Engine:
     """Runs steps while there is work; tokens are pushed to each sequence's queue as
     ("token", n) events and a final ("done", finish_reason)."""
 
-    def __init__(self, cost: CostModel, limits: EngineSpec, clock=time.perf_counter, sleep=asyncio.sleep):
+    def __init__(self, cost: CostModel, limits: EngineSpec, clock=time.perf_counter, sleep=asyncio.sleep,
+                 time_scale: float = 1.0):
         self.cost = cost
         self.limits = limits
         self.clock, self.sleep = clock, sleep
-        self.lag = StepLag()
+        self.time_scale = time_scale   # modelled durations are stretched by this factor on the host clock
+        self.lag = Lag()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.stats = EngineStats()
@@ -92,6 +100,7 @@ class Engine:
                 pass
 
     def submit(self, seq: Sequence) -> None:
+        seq.arrived = self.clock()
         self.waiting.append(seq)
         self._wake.set()
 
@@ -117,8 +126,12 @@ class Engine:
     async def _run(self) -> None:
         """Steps on the modelled timeline: while the engine stays busy, a step starts where the last one was
         modelled to end, not when the host woke it, so a late step is made up by the next one and host
-        overheads never add up; after an idle wait the timeline restarts at the wake-up. How late each step
-        ended against its modelled end is measured (`lag`)."""
+        overheads never add up; after an idle wait the timeline restarts at the wake-up, and a step that
+        serves a sequence for the first time starts no earlier than its arrival (a host that fell behind
+        cannot let a new request into a step modelled to start before it came). Each step lasts
+        its modelled duration × time_scale on the host clock. How late each step ended against its
+        modelled end is measured (`lag`, in modelled seconds); the tokens it emits carry that end, so the
+        response writer can measure how late each reached the client's socket."""
         modelled_end: float | None = None
         while True:
             if not self.waiting and not self.running:
@@ -127,20 +140,24 @@ class Engine:
                 modelled_end = None
             start = self.clock() if modelled_end is None else modelled_end
             decodes, scheduled, encoder_tokens = self.plan_step()
+            newcomers = [s.arrived for s, _ in scheduled if not s.scheduled and s.arrived is not None]
+            start = max([start, *newcomers])
+            for s, _ in scheduled:
+                s.scheduled = True
             duration = self.cost.step_seconds([s.context for s in decodes],
                                               [c for _, c in scheduled], encoder_tokens)
-            modelled_end = start + duration
+            modelled_end = start + duration * self.time_scale
             await self.sleep(max(0.0, modelled_end - self.clock()))
-            self.lag.observe(max(0.0, self.clock() - modelled_end))
+            self.lag.observe(max(0.0, self.clock() - modelled_end) / self.time_scale)
             self.stats.steps += 1
             self.stats.busy_s += duration
             self.stats.encoder_tokens += encoder_tokens
-            self._finish_step(decodes, scheduled)
+            self._finish_step(decodes, scheduled, modelled_end)
 
-    def _finish_step(self, decodes, scheduled) -> None:
+    def _finish_step(self, decodes, scheduled, modelled_end: float = 0.0) -> None:
         for seq in decodes:
             if not seq.aborted:
-                self._emit(seq)
+                self._emit(seq, modelled_end)
         for seq, chunk in scheduled:
             if seq.aborted:
                 continue
@@ -152,12 +169,13 @@ class Engine:
                     seq.on_prefilled()
                 self.waiting.remove(seq)
                 self.running.append(seq)
-                self._emit(seq)  # the step that completes a prefill also samples the first token
+                self._emit(seq, modelled_end)  # the step that completes a prefill also samples the first token
 
-    def _emit(self, seq: Sequence) -> None:
+    def _emit(self, seq: Sequence, modelled_end: float) -> None:
+        """One token; its event carries the host-clock time the step was modelled to end."""
         seq.generated += 1
         self.stats.generation_tokens += 1
-        seq.out.put_nowait(("token", 1))
+        seq.out.put_nowait(("token", modelled_end))
         if seq.generated >= seq.max_tokens:
             seq.finish_reason = "length"
             self.running.remove(seq)

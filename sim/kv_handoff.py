@@ -99,9 +99,10 @@ class KVHandoff:
             return False
         c.kv_transfers += 1
         c.kv_bytes += detail["bytes"]
-        c.kv_xfer_seconds += time.perf_counter() - t0
+        took_s = (time.perf_counter() - t0) / r.time_scale   # modelled time
+        c.kv_xfer_seconds += took_s
         r.engine_log(f"Received KV for {rid} (transfer {xfer}): {detail['bytes']} bytes over "
-                     f"{r.transport} in {(time.perf_counter() - t0) * 1e3:.1f} ms{self.mark}",
+                     f"{r.transport} in {took_s * 1e3:.1f} ms{self.mark}",
                      file="mooncake_connector.py")
         return True
 
@@ -128,14 +129,14 @@ class KVHandoff:
                 n_real = int(n_bytes * r.spec.target.sim.kv_scale)
                 real = asyncio.create_task(asyncio.to_thread(
                     self.mooncake.write, body["mooncake_session"], int(body["mooncake_addr"]), n_real))
-            await asyncio.sleep(seconds)
+            await asyncio.sleep(seconds * r.time_scale)
             if real is not None and await real != 0:
                 c.kv_failed_transfers += 1
                 r.engine_log(f"Sending to {body.get('engine_id')} failed (ret=-1) after "
-                             f"{(time.perf_counter() - t0) * 1e3:.1f} ms: Mooncake write of {rid} failed",
+                             f"{(time.perf_counter() - t0) / r.time_scale * 1e3:.1f} ms: Mooncake write of {rid} failed",
                              level="ERROR", file="mooncake_connector.py")
                 return web.json_response({"error": "mooncake transfer failed"}, status=500)
-        latency_ms = (time.perf_counter() - t0) * 1e3
+        latency_ms = (time.perf_counter() - t0) / r.time_scale * 1e3   # modelled time
         c.kv_transfers += 1
         c.kv_bytes += n_bytes
         c.kv_xfer_seconds += seconds

@@ -6,7 +6,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from epdbench.sim.engine import LAG_BUCKETS_S, StepLag
+from epdbench.sim import logfmt
+from epdbench.sim.engine import LAG_BUCKETS_S, Lag
 
 if TYPE_CHECKING:
     from epdbench.sim.replica import Replica
@@ -81,7 +82,10 @@ def prometheus_text(replica: Replica) -> str:
               f"vllm:num_requests_running{{{lbl}}} {replica.engine.num_running}",
               "# TYPE vllm:num_requests_waiting gauge",
               f"vllm:num_requests_waiting{{{lbl}}} {replica.engine.num_waiting}"]
-    lines += lag_histogram(replica.engine.lag, lbl)
+    lines += lag_histogram("epdbench_sim_step_lag_seconds", replica.engine.lag, lbl,
+                           "How late each simulated engine step ended against its modelled end (host load).")
+    lines += lag_histogram("epdbench_sim_emit_lag_seconds", replica.emit_lag, lbl,
+                           "How late each streamed token was written against its step's modelled end (host load).")
     if replica.moves_kv:
         counter("mooncake_bytes_transferred", c.kv_bytes)
         counter("mooncake_num_failed_transfers", c.kv_failed_transfers)
@@ -92,16 +96,33 @@ def prometheus_text(replica: Replica) -> str:
     return "\n".join(lines) + "\n"
 
 
-def lag_histogram(lag: StepLag, lbl: str) -> list[str]:
-    """Emulation lag: how late each engine step ended against its modelled end (the simulator's own noise)."""
-    name = "epdbench_sim_step_lag_seconds"
-    out = [f"# HELP {name} How late each simulated engine step ended against its modelled end (host load).",
-           f"# TYPE {name} histogram"]
+def lag_histogram(name: str, lag: Lag, lbl: str, help_text: str) -> list[str]:
+    """Emulation lag (the simulator's own noise, modelled seconds) as a Prometheus histogram and a max gauge."""
+    out = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
     out += [f'{name}_bucket{{{lbl},le="{edge:g}"}} {n}' for edge, n in zip(LAG_BUCKETS_S, lag.buckets)]
     out += [f'{name}_bucket{{{lbl},le="+Inf"}} {lag.count}', f"{name}_count{{{lbl}}} {lag.count}",
-            f"{name}_sum{{{lbl}}} {lag.sum_s:.6f}",
-            "# TYPE epdbench_sim_step_lag_max_seconds gauge", f"epdbench_sim_step_lag_max_seconds{{{lbl}}} {lag.max_s:.6f}"]
-    return out
+            f"{name}_sum{{{lbl}}} {lag.sum_s:.6f}"]
+    gauge = name.replace("_seconds", "_max_seconds")
+    return out + [f"# TYPE {gauge} gauge", f"{gauge}{{{lbl}}} {lag.max_s:.6f}"]
+
+
+async def lag_log(replica: Replica, interval_s: float) -> None:
+    """Every interval in which tokens were streamed, one engine log line with the window's emulation lag
+    (steps and streamed tokens: count and mean, and the max since start), so a log reader sees it too."""
+    last = (0, 0.0, 0, 0.0)
+    while True:
+        await asyncio.sleep(interval_s)
+        s, t = replica.engine.lag, replica.emit_lag
+        now = (s.count, s.sum_s, t.count, t.sum_s)
+        if now[2] == last[2]:
+            continue
+        ds, dt = now[0] - last[0], now[2] - last[2]
+        replica.engine_log(
+            f"Emulation lag (last {interval_s:g}s, modelled time, time_scale={replica.time_scale:g}): "
+            f"steps={ds} mean={1e3 * (now[1] - last[1]) / max(ds, 1):.3f} ms max={1e3 * s.max_s:.3f} ms; "
+            f"tokens={dt} mean={1e3 * (now[3] - last[3]) / dt:.3f} ms max={1e3 * t.max_s:.3f} ms {logfmt.EMULATED_MARK}",
+            file="epdbench_sim.py")
+        last = now
 
 
 # --- periodic transport metrics (MC_TE_METRIC=1 style) -------------------------------------------
@@ -112,7 +133,7 @@ async def metrics_windows(replica: Replica, interval_s: float) -> None:
         await asyncio.sleep(interval_s)
         w = kv.window
         if w.count and not kv.genuine:
-            mb_s = w.n_bytes / 1e6 / interval_s
+            mb_s = w.n_bytes / 1e6 / (interval_s / replica.time_scale)   # over the modelled window
             lat = sorted(w.lat_ms)
             under_1ms = sum(1 for x in lat if x < 1) / len(lat) * 100
             replica.mc_log(f"[Metrics] Transfer Engine Stats (over last {interval_s:g}s): Throughput: "

@@ -14,8 +14,9 @@ from aiohttp import web
 from epdbench.physics.costmodel import CostModel
 from epdbench.sim import logfmt, responses
 from epdbench.sim.encoder import Encoder, PullError
-from epdbench.sim.engine import Engine, Sequence
+from epdbench.sim.engine import Engine, Lag, Sequence
 from epdbench.sim.kv_handoff import KVHandoff
+from epdbench.timer import precise_sleep
 from epdbench.sim.metrics import Counters, prometheus_text
 from epdbench.sim.prefix_cache import PrefixCache
 from epdbench.sim.tokenizer import chat_parts, image_end_positions, image_hash, prompt_ids
@@ -35,7 +36,9 @@ class Replica:
         assert role_spec is not None, f"configuration {config.name} has no role {role}"
         self.role_spec = role_spec
         self.cost = CostModel(spec.model, spec.hardware, role_spec.tp)
-        self.engine = Engine(self.cost, spec.engine)
+        self.time_scale = spec.target.sim.time_scale
+        self.engine = Engine(self.cost, spec.engine, sleep=precise_sleep(), time_scale=self.time_scale)
+        self.emit_lag = Lag()   # how late each streamed token was written against its step's modelled end
         self.pid = os.getpid()
         self.engine_id = f"{config.name}-{role}-{replica}-{uuid.uuid4().hex[:8]}"
         self.counters = Counters()

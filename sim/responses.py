@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from epdbench.analysis.logformats import MODELLED_FIELD
 from epdbench.sim.engine import Sequence
 
 if TYPE_CHECKING:
@@ -83,10 +84,12 @@ async def stream(replica: Replica, request: web.Request, body: dict, rid: str, s
     created = int(time.time())
     obj = "chat.completion.chunk" if chat else "text_completion"
 
-    def chunk(choices, usage_=None) -> bytes:
+    def chunk(choices, usage_=None, modelled_end: float | None = None) -> bytes:
         d = {"id": rid, "object": obj, "created": created, "model": model, "choices": choices}
         if usage_ is not None:
             d["usage"] = usage_
+        if modelled_end is not None:   # when the token was emitted on the modelled timeline (host clock, ns)
+            d[MODELLED_FIELD] = int(modelled_end * 1e9)
         return b"data: " + json.dumps(d, separators=(",", ":")).encode() + b"\n\n"
 
     n = 0
@@ -96,7 +99,7 @@ async def stream(replica: Replica, request: web.Request, body: dict, rid: str, s
             await resp.write(chunk([{"index": 0, "delta": {"role": "assistant", "content": ""},
                                      "finish_reason": None}]))
         while True:
-            kind, _ = await seq.out.get()
+            kind, modelled_end = await seq.out.get()
             if kind == "done":
                 break
             text = word(n)
@@ -105,7 +108,8 @@ async def stream(replica: Replica, request: web.Request, body: dict, rid: str, s
             reason = "length" if last else None
             piece = ({"index": 0, "delta": {"content": text}, "finish_reason": reason} if chat
                      else {"index": 0, "text": text, "finish_reason": reason})
-            await resp.write(chunk([piece], usage(seq, n) if continuous else None))
+            await resp.write(chunk([piece], usage(seq, n) if continuous else None, modelled_end))
+            replica.emit_lag.observe(max(0.0, time.perf_counter() - modelled_end) / replica.time_scale)
         replica.counters.finish(seq.finish_reason or "length", seq.generated)
         if (body.get("stream_options") or {}).get("include_usage"):
             await resp.write(chunk([], usage(seq)))

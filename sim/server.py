@@ -12,10 +12,11 @@ import aiohttp
 from aiohttp import web
 
 from epdbench.sim import logfmt
-from epdbench.sim.metrics import metrics_windows
+from epdbench.sim.metrics import lag_log, metrics_windows
 from epdbench.sim.replica import Replica, log
 from epdbench.specs.models import load_spec
 
+LAG_LOG_INTERVAL_S = 10.0   # vLLM logs its engine stats every 10 s; the emulation-lag line keeps that pace
 REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 500: "Internal Server Error", 502: "Bad Gateway"}
 
 
@@ -80,7 +81,7 @@ async def serve(replica: Replica) -> None:
         await runner.setup()
         await web.TCPSite(runner, replica.host, port).start()
         runners.append(runner)
-    tasks = []
+    tasks = [asyncio.get_running_loop().create_task(lag_log(replica, LAG_LOG_INTERVAL_S))]
     if replica.moves_kv:
         interval = float(os.environ.get("MC_TE_METRIC_INTERVAL_SECONDS", "5"))
         tasks.append(asyncio.get_running_loop().create_task(metrics_windows(replica, interval)))

@@ -36,6 +36,12 @@ class SimTargetSpec(Strict):
         "emulated", title="KV transfer engine",
         description="emulated: KV handoff timed by the cost model; mooncake: real byte buffers also move "
                     "through the real Mooncake transfer engine (needs the mooncake extra and libibverbs1).")
+    time_scale: float = Field(1.0, ge=1, le=100, title="Time dilation",
+                              description="Modelled durations are stretched by this factor on the simulator and "
+                                          "every measured duration is divided by it before any metric is "
+                                          "computed, so host overheads (scheduling, Python, loopback) shrink "
+                                          "against modelled work; runs take this factor longer. Raise it when "
+                                          "cells are marked contaminated.")
     kv_scale: float = Field(1 / 16, gt=0, le=1, title="Genuine KV scale",
                             description="Fraction of the modelled KV bytes really moved when kv_engine is mooncake.")
     kv_buffer_mb: int = Field(64, ge=1, le=4096, title="Genuine KV buffer (MB)",

@@ -3,6 +3,12 @@
 The clock is injected (perf_counter_ns by default) and read once per SSE event; each request
 keeps its raw chunk offsets and tokens per chunk, server usage and any error, so every metric is
 derived later from records.
+
+On the simulator each chunk also carries when its token was emitted on the modelled timeline (CLOCK_MONOTONIC
+ns, analysis.logformats.MODELLED_FIELD). When every content chunk of a response has one, lying after the send
+and no later than the chunk's arrival, the request is timed by them (`timing` "modelled": host load between
+the engine and this process cannot bend its token times) and the arrivals are kept beside them
+(`chunk_arrival_ns`), so the delivery lag of every token is on record; otherwise it is timed by arrival.
 """
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ from typing import AsyncIterator, Callable
 
 import aiohttp
 
+from epdbench.analysis.logformats import MODELLED_FIELD
 from epdbench.specs.workload import RequestSpec
 
 Clock = Callable[[], int]
@@ -31,6 +38,8 @@ class StreamTiming:
     usage: dict | None = None
     saw_done: bool = False
     error: str | None = None
+    chunk_modelled_ns: list[int] = field(default_factory=list)   # modelled emission of each content chunk
+    modelled_missing: bool = False                               # a content chunk came without one
 
 
 class MalformedEvent(ValueError):
@@ -114,14 +123,16 @@ def _fail(t: StreamTiming, error: str) -> None:
 
 
 async def consume_stream(lines: AsyncIterator[bytes], send_ns: int, clock: Clock,
-                         t: StreamTiming | None = None) -> StreamTiming:
+                         t: StreamTiming | None = None, modelled_scale: float | None = None) -> StreamTiming:
     """Read SSE lines; stamp the clock once per event. Fills `t` as it goes, so a stream cut by an
     exception leaves its partial timings behind.
 
     A malformed event (bad UTF-8, not JSON, not an object, ill-shaped choices/usage) or a server
     error event sets `t.error` and contributes nothing itself; chunks before it are kept and the
     stream is read on to [DONE] or its end (so done_ns is still the stream's end). Exceptions raised
-    by `lines` itself (connection errors, timeouts, cancellation) propagate to the caller."""
+    by `lines` itself (connection errors, timeouts, cancellation) propagate to the caller. With
+    `modelled_scale` (the clock is CLOCK_MONOTONIC ns divided by it), each content chunk's modelled
+    emission stamp is kept as an offset from the send on the same clock."""
     t = t if t is not None else StreamTiming()
     prev_completion = 0
     async for raw in lines:
@@ -161,6 +172,12 @@ async def consume_stream(lines: AsyncIterator[bytes], send_ns: int, clock: Clock
             t.usage = usage
         if content:
             t.chunk_offsets_ns.append(now - send_ns)
+            if modelled_scale is not None:
+                stamp = event.get(MODELLED_FIELD)
+                if _is_int(stamp):
+                    t.chunk_modelled_ns.append(int(stamp / modelled_scale) - send_ns)
+                else:
+                    t.modelled_missing = True
             completion = (usage or {}).get("completion_tokens")
             if completion is not None and completion > prev_completion:
                 t.chunk_tokens.append(completion - prev_completion)
@@ -206,6 +223,19 @@ class Record:
     cached_tokens: int | None = None
     chunk_offsets_ns: list[int] = field(default_factory=list)
     chunk_tokens: list[int] = field(default_factory=list)
+    timing: str = "arrival"              # what chunk_offsets_ns are: "arrival" or "modelled" (simulator stamps)
+    chunk_arrival_ns: list[int] = field(default_factory=list)   # with modelled timing: when each chunk arrived
+
+
+def modelled_offsets(t: StreamTiming) -> list[int] | None:
+    """The chunks' modelled offsets when they can time the request: one per content chunk, after the send,
+    in order, and none later than its chunk's arrival (1 µs of rounding); else None."""
+    m, a = t.chunk_modelled_ns, t.chunk_offsets_ns
+    if t.modelled_missing or not m or len(m) != len(a):
+        return None
+    if m[0] <= 0 or any(y < x for x, y in zip(m, m[1:])) or any(x > arr + 1000 for x, arr in zip(m, a)):
+        return None
+    return [min(x, arr) for x, arr in zip(m, a)]
 
 
 def _int_or_none(v) -> int | None:
@@ -213,6 +243,10 @@ def _int_or_none(v) -> int | None:
 
 
 def _fill(rec: Record, t: StreamTiming) -> None:
+    modelled = modelled_offsets(t)
+    if modelled is not None:
+        rec.timing, rec.chunk_arrival_ns = "modelled", t.chunk_offsets_ns
+        t = StreamTiming(**{**t.__dict__, "chunk_offsets_ns": modelled})
     timing = derive_timing(t)
     rec.chunk_offsets_ns, rec.chunk_tokens = t.chunk_offsets_ns, t.chunk_tokens
     rec.ttft_ms = timing["ttft_ns"] / 1e6 if timing["ttft_ns"] is not None else None
@@ -234,11 +268,16 @@ def _fill(rec: Record, t: StreamTiming) -> None:
 
 class LoadGenerator:
     def __init__(self, base_url: str, model: str, timeout_s: float, clock: Clock = time.perf_counter_ns,
-                 run_tag: str = ""):
+                 run_tag: str = "", time_scale: float = 1.0):
+        """`time_scale` > 1 (a dilated simulator): every stamp is taken on a clock running that many times
+        slower, so records hold modelled durations; arrival offsets and the timeout stretch by it."""
         self.base_url = base_url.rstrip("/")
         self.model = model
-        self.timeout_s = timeout_s
-        self.clock = clock
+        self.time_scale = time_scale
+        self.timeout_s = timeout_s * time_scale
+        self.clock = clock if time_scale == 1 else (lambda: int(clock() / time_scale))
+        # the simulator's modelled stamps are CLOCK_MONOTONIC ns: usable only on that clock
+        self.modelled_scale = time_scale if clock is time.perf_counter_ns else None
         self.run_tag = run_tag or uuid.uuid4().hex[:8]
         self.on_record_errors = 0   # exceptions raised by on_record callbacks (logged once, then counted)
 
@@ -264,7 +303,7 @@ class LoadGenerator:
                     timing.error = f"HTTP {resp.status}: {text[:300]}"
                     timing.done_ns = self.clock() - send_ns
                 else:
-                    await consume_stream(resp.content, send_ns, self.clock, timing)
+                    await consume_stream(resp.content, send_ns, self.clock, timing, self.modelled_scale)
         except asyncio.TimeoutError:
             _fail(timing, f"timeout after {self.timeout_s:g}s")
         except aiohttp.ClientError as e:
@@ -324,7 +363,7 @@ class LoadGenerator:
                         scheduled_ns = start_ns + int(req.offset_s * 1e9)
                         delay_s = (scheduled_ns - self.clock()) / 1e9
                         if delay_s > 0:
-                            await asyncio.sleep(delay_s)
+                            await asyncio.sleep(delay_s * self.time_scale)
                     rec = await self.send(session, req, scheduled_ns)
                 except Exception as e:  # send() records its own failures; this is the last resort
                     rec = self._broken_record(req, scheduled_ns, e)

@@ -10,6 +10,7 @@ from epdbench.specs.models import load_spec
 from epdbench.tasks.publish import cells_of, config_outcome
 from epdbench.tasks.publish_state import config_key, folder_configs, load_state, read_json
 from epdbench.tasks.results import read_records
+from epdbench.tasks.resume import noise_of
 from epdbench.tasks.tracking import KEY_TAG, PARENT_TAG, Tracker
 
 
@@ -74,7 +75,7 @@ def mlflow_matches_results(tracker_or_uri, rdir: Path) -> list[str]:
                          f"expected {'ok' if ok else 'failed'!r}")
         if cr.data.tags.get(PARENT_TAG) != pid:
             diffs.append(f"configuration {name}: parent {cr.data.tags.get(PARENT_TAG)}, expected {pid}")
-        cells = cells_of(records, run, name)
+        cells = cells_of(records, run, name, noise=noise_of(rdir, [name]))
         found: dict[str, list] = {}
         for c in tracker.children(cr.info.run_id, "cell"):
             found.setdefault(c.data.tags.get(KEY_TAG) or f"(no key) {c.info.run_id}", []).append(c)

@@ -26,6 +26,7 @@ from epdbench.analysis.metrics import summarize
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, load_spec, spec_fingerprint
 from epdbench.specs.workload import hash_prompt_hashes, plan_cells
 from epdbench.tasks.results import read_records, write_json
+from epdbench.tasks.resume import noise_of
 from epdbench.tasks.publish_state import (PARENT_ARTIFACTS, cell_key, comparison_fingerprint,  # noqa: F401
                                           config_fingerprint, config_key, folder_configs, load_state, pending,
                                           read_json, resolve_tracking_uri, save_state, store_id)
@@ -55,11 +56,12 @@ def evidence_ok(outcome: dict, target: str) -> bool:
             and outcome["stages"].get("verdict") in good)
 
 
-def cells_of(records, run: str, config: str, gpus: int | None = None) -> dict:
-    """cell key → (summary row, that cell's records) of one configuration's records."""
+def cells_of(records, run: str, config: str, gpus: int | None = None, noise: dict | None = None) -> dict:
+    """cell key → (summary row, that cell's records) of one configuration's records (`noise`: the ledger's
+    lag figures, tasks.resume.noise_of)."""
     records = records[records["config"] == config]
     out = {}
-    for _, row in summarize(records, {config: gpus} if gpus else None).iterrows():
+    for _, row in summarize(records, {config: gpus} if gpus else None, noise).iterrows():
         mine = records[(records["suite"] == row["suite"]) & (records["workload"] == row["workload"])
                        & (records["concurrency"] == row["concurrency"]) & (records["stream"] == row["stream"])
                        & (records["trial"] == row["trial"])]
@@ -151,7 +153,8 @@ def publish_configuration(tracker: Tracker, parent: str, spec: ExperimentSpec, c
             legacy.setdefault(_legacy_cell_id(r), []).append(r)
     planned = {(c.suite, c.workload, c.concurrency, c.stream): c for c in plan_cells(spec)}
     records = read_records(rdir / "records.parquet")
-    for key, (row, mine) in cells_of(records, run, config.name, config.gpus).items():
+    noise = noise_of(rdir, [config.name])
+    for key, (row, mine) in cells_of(records, run, config.name, config.gpus, noise).items():
         cell = planned.get((row["suite"], row["workload"], row["concurrency"], row["stream"]))
         params = {"suite": row["suite"], "cell": row["workload"], "concurrency": row["concurrency"],
                   "stream": row["stream"], "n_measured": cell.n_measured if cell else "",
@@ -189,7 +192,9 @@ def publish_comparison(tracker: Tracker, parent: str, rdir: Path, all_verified: 
         tracker.log_artifacts(parent, rdir / name)
     if (rdir / "plots").exists():
         tracker.log_artifacts(parent, rdir / "plots", "plots")
-    tracker.set_tags(parent, {"epdbench.all_verified": all_verified, "epdbench.all_ok": all_ok})
+    outcome = read_json(rdir / "outcome.json")
+    tracker.set_tags(parent, {"epdbench.all_verified": all_verified, "epdbench.all_ok": all_ok,
+                              "epdbench.contaminated_cells": (outcome or {}).get("contaminated_cells", 0)})
     run = _run_key(tracker, parent, rdir)
     wanted = {config_key(run, name) for name in folder_configs(rdir)}
     for r in tracker.children(parent, "configuration"):

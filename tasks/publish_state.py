@@ -15,8 +15,8 @@ a configuration run under it with the same `epdbench.config`, a cell run under t
 
 Pending is computed. `state.json` holds, for the MLflow store it refers to ("store": tracking URI and
 experiment; another store starts from nothing), a fingerprint of what was published:
-    published[config]    sha256 of evidence/<config>/outcome.json, transport.json and stages.json (verdicts and
-                         the figures logged from them) and of that configuration's rows in records.parquet (their
+    published[config]    sha256 of evidence/<config>/outcome.json, transport.json, stages.json and cells.json
+                         (verdicts, cell noise and the figures logged from them) and of that configuration's rows in records.parquet (their
                          count and, sorted by request id: cell, trial, phase, ok, status, prompt hash, send time,
                          TTFT, E2E, output tokens)
     parent_published     sha256 of outcome.json without its mlflow_* / tracking_uri fields, and of the other
@@ -128,7 +128,7 @@ def config_fingerprint(rdir: Path, name: str, records=None) -> str:
     mine = rec[rec["config"] == name][RECORD_FINGERPRINT_COLUMNS].sort_values("request_id", kind="stable")
     rows = mine.astype(object).where(mine.notna(), None).values.tolist()
     return _digest(read_json(ev / "outcome.json"), read_json(ev / "transport.json"),
-                   read_json(ev / "stages.json"), len(rows), rows)
+                   read_json(ev / "stages.json"), read_json(ev / "cells.json"), len(rows), rows)
 
 
 def comparison_fingerprint(rdir: Path) -> str:

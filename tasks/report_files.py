@@ -14,6 +14,7 @@ from epdbench.reports.plots import suite_plots
 from epdbench.reports.render import render_html, render_markdown, report_context
 from epdbench.specs.models import SpecError, load_spec
 from epdbench.tasks.results import read_records
+from epdbench.tasks.resume import noise_of
 
 REPORT_FILES = ("report.md", "report.html")
 NEEDED = ("outcome.json", "records.parquet", "spec.yaml")
@@ -46,7 +47,8 @@ def write_report(rdir: Path, meta: dict, verdicts: dict, regression: dict | None
     """report.md, report.html and plots/ from the directory's records; returns the report paths."""
     records = read_records(rdir / "records.parquet")
     if summary is None:
-        summary = summarize(records, {c["name"]: c["gpus"] for c in meta["configurations"]})
+        summary = summarize(records, {c["name"]: c["gpus"] for c in meta["configurations"]},
+                            noise_of(rdir, [c["name"] for c in meta["configurations"]]))
     plots = suite_plots(summary, records, [c["name"] for c in meta["configurations"]])
     write_plots(rdir, plots)
     context = report_context(meta, summary, verdicts, load_environment(rdir), records, regression, plots)

@@ -19,6 +19,7 @@ RECORD_SCHEMA = pa.schema([
     ("send_wall_s", pa.float64()), ("ttft_ms", pa.float64()), ("e2e_ms", pa.float64()), ("done_ms", pa.float64()),
     ("chunk_offsets_ns", pa.list_(pa.int64())), ("chunk_tokens", pa.list_(pa.int32())),
     ("status", pa.int32()), ("ok", pa.bool_()), ("error", pa.string()),
+    ("timing", pa.string()), ("chunk_arrival_ns", pa.list_(pa.int64())),
 ])
 
 

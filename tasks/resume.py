@@ -55,11 +55,24 @@ def ledger_key(cell_id: str, trial: int) -> str:
     return f"{cell_id}#t{trial}"
 
 
-def record_attempt(rdir: Path, config: str, cell_id: str, trial: int, status: str, reason: str = "") -> None:
-    """Remember how one cell attempt ended: ok, degraded (requests failed above the threshold) or failed."""
+def record_attempt(rdir: Path, config: str, cell_id: str, trial: int, status: str, reason: str = "",
+                   noise: dict | None = None) -> None:
+    """Remember how one cell attempt ended: ok, degraded (requests failed above the threshold) or failed,
+    and the noise measured over it (lag p99s, analysis.noise)."""
     ledger = read_ledger(rdir, config)
-    ledger[ledger_key(cell_id, trial)] = {"status": status, "reason": reason}
+    ledger[ledger_key(cell_id, trial)] = {"status": status, "reason": reason, **({"noise": noise} if noise else {})}
     write_json(ledger_path(rdir, config), ledger)
+
+
+def noise_of(rdir: Path, configs) -> dict[tuple[str, str, int], dict]:
+    """(config, cell id, trial) → the lag figures the ledger holds for that cell attempt."""
+    out: dict[tuple[str, str, int], dict] = {}
+    for config in configs:
+        for key, entry in read_ledger(rdir, config).items():
+            cell_id, _, trial = key.rpartition("#t")
+            if isinstance(entry, dict) and isinstance(entry.get("noise"), dict) and trial.isdigit():
+                out[(config, cell_id, int(trial))] = entry["noise"]
+    return out
 
 
 _PLANNED: dict[str, dict[tuple[str, int], list[str]]] = {}   # one plan per (spec, calibration) and process

@@ -1,14 +1,16 @@
-"""analysis/compare.py: matched comparison, best/worst/ratio, wins."""
+"""analysis/compare.py: matched comparison, best/worst/ratio, wins, and winners only outside the noise."""
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
-from epdbench.analysis.compare import compare, ratio_phrase, wins
+from epdbench.analysis.compare import compare, ratio_phrase, verdict_table, wins
+from epdbench.analysis.noise import RUN_TO_RUN_SPREAD, is_contaminated
 
 
 def summary(rows: list[dict]) -> pd.DataFrame:
-    base = {"suite": "fixed", "workload": "4096/64", "concurrency": 8, "stream": "main", "trial": 0}
+    base = {"suite": "fixed", "workload": "4096/64", "concurrency": 8, "stream": "main", "trial": 0,
+            "requests_ok": 100, "requests_total": 100, "n_ttft_samples": 100, "n_itl_samples": 6300}
     return pd.DataFrame([{**base, **r} for r in rows])
 
 
@@ -96,3 +98,53 @@ def test_empty_summary_gives_no_comparisons():
 def test_exact_tie_is_not_a_win():
     s = summary([{"config": "aggregated", "tpot_p50_ms": 5.0}, {"config": "pd-rdma", "tpot_p50_ms": 5.0}])
     assert wins(compare(s, ["tpot_p50_ms"])) == {}
+
+
+def test_a_single_trial_difference_inside_the_run_to_run_spread_is_a_tie():
+    spread = RUN_TO_RUN_SPREAD["ttft_p50_ms"]
+    inside = 100.0 * (1 + spread)            # |a − b| = spread·100 < spread·(100 + 100(1+spread))
+    s = summary([{"config": "pd-tcp", "ttft_p50_ms": inside}, {"config": "pd-rdma", "ttft_p50_ms": 100.0}])
+    c = one(compare(s, ["ttft_p50_ms"]), "ttft_p50_ms")
+    assert (c.best, c.verdict) == (None, "tie") and c.worst == "pd-tcp"
+    assert wins([c]) == {}
+    outside = 100.0 * (1 + 3 * spread)
+    s = summary([{"config": "pd-tcp", "ttft_p50_ms": outside}, {"config": "pd-rdma", "ttft_p50_ms": 100.0}])
+    assert one(compare(s, ["ttft_p50_ms"]), "ttft_p50_ms").verdict == "pd-rdma"
+
+
+def test_the_lag_of_a_cell_is_a_floor_of_its_latency_noise():
+    rows = [{"config": "pd-tcp", "tpot_p50_ms": 10.8}, {"config": "pd-rdma", "tpot_p50_ms": 10.0}]
+    # 0.8 ms apart, spread bands 0.324 + 0.3: a win; with 0.45 ms of lag in both cells (4.5% of TPOT, not
+    # contaminated) the bands are 0.45 + 0.45: a tie.
+    assert one(compare(summary(rows), ["tpot_p50_ms"]), "tpot_p50_ms").verdict == "pd-rdma"
+    for r in rows:
+        r.update(loop_lag_p99_ms=0.1, emulation_lag_p99_ms=0.45)
+        assert not is_contaminated(r)
+    assert one(compare(summary(rows), ["tpot_p50_ms"]), "tpot_p50_ms").verdict == "tie"
+
+
+def test_with_repeated_trials_a_winner_needs_disjoint_confidence_intervals():
+    def trials(config, values):
+        return [{"config": config, "trial": t, "output_tok_s": v} for t, v in enumerate(values)]
+    overlapping = summary(trials("pd-tcp", [100.0, 120.0, 80.0]) + trials("pd-rdma", [110.0, 125.0, 95.0]))
+    assert one(compare(overlapping, ["output_tok_s"]), "output_tok_s").verdict == "tie"
+    apart = summary(trials("pd-tcp", [100.0, 101.0, 99.0]) + trials("pd-rdma", [110.0, 111.0, 109.0]))
+    assert one(compare(apart, ["output_tok_s"]), "output_tok_s").verdict == "pd-rdma"
+
+
+def test_a_contaminated_cell_names_no_winner():
+    s = summary([{"config": "aggregated", "ttft_p50_ms": 154.0, "contaminated": True},
+                 {"config": "pd-rdma", "ttft_p50_ms": 10.0, "contaminated": False}])
+    c = one(compare(s, ["ttft_p50_ms"]), "ttft_p50_ms")
+    assert (c.best, c.verdict) == (None, "contaminated")
+    assert wins([c]) == {}
+
+
+def test_verdict_table_has_one_row_per_matched_cell_with_the_three_deployment_metrics():
+    s = pd.concat([THREE.assign(output_tok_s_per_gpu=[100.0, 100.0, 102.0]),
+                   THREE.assign(concurrency=1, output_tok_s_per_gpu=[50.0, 80.0, 60.0])], ignore_index=True)
+    table = verdict_table(compare(s))
+    assert [(r["concurrency"], r["verdicts"]) for r in table] == [
+        (8, {"ttft_p50_ms": "pd-rdma", "itl_p99_ms": None, "output_tok_s_per_gpu": "tie"}),
+        (1, {"ttft_p50_ms": "pd-rdma", "itl_p99_ms": None, "output_tok_s_per_gpu": "pd-rdma"}),
+    ]

@@ -38,9 +38,10 @@ def test_baseline_is_the_aggregated_configuration_else_the_first():
     assert baseline_config([]) is None
 
 
-def test_changes_keep_only_values_that_differ():
+def test_changes_keep_only_values_that_differ_by_more_than_the_noise():
     found = {(c.config, c.concurrency, c.metric) for c in changes()}
     assert ("pd-tcp", 1, "tpot_p50_ms") not in found          # equal to the baseline
+    assert ("pd-tcp", 1, "ttft_p50_ms") not in found          # 4% apart: inside the run-to-run spread of one trial
     assert ("pd-tcp", 16, "itl_p99_ms") in found and ("epd", 1, "tpot_p50_ms") in found
 
 
@@ -79,6 +80,25 @@ def test_low_support_tails_are_never_headlines():
 def test_tallies_count_cells_and_median_factors():
     t = {(x.config, x.metric): x for x in tallies(changes())}
     ttft = t[("pd-tcp", "ttft_p50_ms")]
-    assert (ttft.better, ttft.worse, ttft.cells) == (0, 2, 2)
-    assert ttft.median_worse == pytest.approx((1.04 + 1.5) / 2)
+    assert (ttft.better, ttft.worse, ttft.cells) == (0, 1, 1)     # 1.04× at c=1 lies inside the noise
+    assert ttft.median_worse == pytest.approx(1.5)
     assert t[("epd", "itl_p99_ms")].median_better == pytest.approx(509.2 / 25.0)
+
+
+def test_contaminated_cells_make_no_change():
+    spoilt = SUMMARY.assign(contaminated=[False, False, False, False, True, False])   # pd-tcp at c=16
+    found = {(c.config, c.concurrency) for c in changes_vs_baseline(aggregate_trials(spoilt), "aggregated")}
+    assert ("pd-tcp", 16) not in found and ("epd", 16) in found
+    base_spoilt = SUMMARY.assign(contaminated=[False, False, False, True, False, False])
+    assert not [c for c in changes_vs_baseline(aggregate_trials(base_spoilt), "aggregated") if c.concurrency == 16]
+
+
+def test_a_pd_rdma_vs_pd_tcp_difference_inside_the_noise_is_a_tie_and_never_a_headline():
+    from epdbench.analysis.compare import compare
+    pd_only = pd.DataFrame([row("pd-tcp", 8, ttft_p50_ms=69.0, ttft_p50_ms_sample_ci95=12.0),
+                            row("pd-rdma", 8, ttft_p50_ms=75.0, ttft_p50_ms_sample_ci95=14.0)])
+    assert baseline_config(CONFIGS[1:2] + [{"name": "pd-rdma", "topology": "pd"}]) == "pd-tcp"
+    assert not changes_vs_baseline(aggregate_trials(pd_only), "pd-tcp")
+    assert not headline(changes_vs_baseline(aggregate_trials(pd_only), "pd-tcp"))
+    ttft = next(c for c in compare(pd_only) if c.metric == "ttft_p50_ms")
+    assert ttft.verdict == "tie" and ttft.best is None

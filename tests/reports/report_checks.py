@@ -90,7 +90,9 @@ def number(text: str) -> float | None:
 
 
 def check_bold_winners(report: str, suite: str) -> int:
-    """In every matched cell, the bold value is the best of the column; the others are not bold."""
+    """In every matched cell and column, the bold values are the leading group: the best value and those within
+    its noise, bold only when some other value is worse beyond it (analysis.compare) — so never every value,
+    and when any is bold, the best is, and every bold value beats every plain one; the Verdict table agrees."""
     rows = table_rows(report, suite)
     groups: dict[tuple, list[list[str]]] = {}
     for r in rows:
@@ -103,13 +105,43 @@ def check_bold_winners(report: str, suite: str) -> int:
             if len(values) < 2:
                 continue
             best = min(values) if metric in LOWER_IS_BETTER else max(values)
-            for t in texts:
-                if t.startswith("**"):
-                    assert number(t) == best, (metric, texts)
-                    bold += 1
-            if sum(number(t) == best for t in texts) == 1:
-                assert sum(t.startswith("**") for t in texts) == 1, (metric, texts)
+            strong = [number(t) for t in texts if t.startswith("**") and number(t) is not None]
+            plain = [number(t) for t in texts if not t.startswith("**") and number(t) is not None]
+            if strong:
+                assert best in strong and plain, (metric, texts)
+                worst_strong = max(strong) if metric in LOWER_IS_BETTER else min(strong)
+                assert all((worst_strong <= p) if metric in LOWER_IS_BETTER else (worst_strong >= p) for p in plain), \
+                    (metric, texts)
+            bold += len(strong)
+    check_verdict_agrees(report, suite, groups)
     return bold
+
+
+def verdict_rows(report: str) -> list[list[str]]:
+    block = report.split("## Verdict", 1)[1].split("\n## ", 1)[0]
+    lines = [l for l in block.splitlines() if l.startswith("| ") and not l.startswith("| Suite")]
+    return [[c.strip() for c in l.strip("|").split("|")] for l in lines]
+
+
+def check_verdict_agrees(report: str, suite: str, groups: dict) -> None:
+    """Each Verdict row of the suite names as winner the configuration bold in the suite's table (tie and
+    contaminated: no bold), for TTFT p50, ITL p99 and throughput per GPU."""
+    columns = {"ttft_p50_ms": 1, "itl_p99_ms": 2, "output_tok_s_per_gpu": 3}
+    for row in verdict_rows(report):
+        if row[0] != suite:
+            continue
+        workload, conc = row[1].rsplit(", concurrency ", 1)
+        group = groups[(workload, conc)]
+        for metric, col in columns.items():
+            j = 4 + REPORT_METRICS.index(metric)
+            bold = [r[0].rstrip(" ‡") for r in group if r[j].startswith("**")]
+            verdict = row[1 + col].strip("*")
+            if verdict in ("tie", "contaminated", "—"):
+                assert not bold, (suite, row, metric, bold)
+            elif verdict.startswith("tie: "):
+                assert sorted(bold) == sorted(verdict[5:].split(", ")), (suite, row, metric, bold)
+            else:
+                assert bold == [verdict.split(" (")[0]], (suite, row, metric, bold)
 
 
 class Images(HTMLParser):

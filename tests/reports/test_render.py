@@ -165,5 +165,6 @@ def test_headline_says_why_it_is_empty():
     assert "Fewer than two configurations produced data" in render_report(meta("sim"), only_one, VERDICTS)
     close = SUMMARY.assign(ttft_p50_ms=[10.0, 10.2], ttft_p95_ms=12.0, itl_p99_ms=[12.0, 12.1], itl_max_ms=24.0,
                            output_tok_s=[300.0, 299.0], req_s=4.7, n_itl_samples=500)
-    assert "No matched difference against `aggregated` reaches 1.1× on a headline metric." in \
+    assert ("No matched difference against `aggregated` is both outside the noise and at least 1.1× on a headline "
+            "metric.") in \
         render_report(meta("sim"), close, VERDICTS)

@@ -130,7 +130,7 @@ def test_long_prompt_stretches_a_co_scheduled_decode():
     assert max(mixed) > 4 * max(alone)
 
 
-async def _abort_then_serve(abort_after_first_token: bool) -> tuple[str, int]:
+async def _abort_then_serve(abort_after_first_token: bool) -> str:
     e = engine(max_num_batched_tokens=1024, max_num_seqs=8)
     e.start()
     victim = Sequence("victim", prompt_tokens=16 if abort_after_first_token else 512,
@@ -144,14 +144,15 @@ async def _abort_then_serve(abort_after_first_token: bool) -> tuple[str, int]:
     other = Sequence("other", prompt_tokens=16, max_tokens=1)
     e.submit(other)
     try:
-        return await asyncio.wait_for(other.out.get(), timeout=0.3)
+        kind, _ = await asyncio.wait_for(other.out.get(), timeout=0.3)
+        return kind
     finally:
         await e.stop()
 
 
 @pytest.mark.parametrize("after_first_token", [False, True], ids=["abort-during-prefill", "abort-during-decode"])
 def test_engine_keeps_serving_after_an_abort_mid_step(after_first_token):
-    assert asyncio.run(_abort_then_serve(after_first_token)) == ("token", 1)
+    assert asyncio.run(_abort_then_serve(after_first_token)) == "token"
 
 
 class HostClock:
@@ -173,9 +174,9 @@ async def token_times(e: Engine, seq: Sequence, host: HostClock) -> list[float]:
     times: list[float] = []
     emit = e._emit
 
-    def stamped(s: Sequence) -> None:
+    def stamped(s: Sequence, modelled_end: float) -> None:
         times.append(host.now)
-        emit(s)
+        emit(s, modelled_end)
     e._emit = stamped
     e.start()
     e.submit(seq)
@@ -210,3 +211,52 @@ def test_after_an_idle_wait_the_timeline_restarts_at_the_wake_up():
     second = asyncio.run(token_times(e2, Sequence("b", 16, 2), host))
     assert second[0] - (first[-1] + 1.0) == pytest.approx(first[0])   # same modelled durations from the wake-up
     assert e.lag.max_s == 0.0 and e2.lag.max_s == 0.0
+
+
+def test_time_scale_stretches_steps_on_the_host_clock_and_reports_lag_in_modelled_time():
+    d = COST.step_seconds([16], [])
+    prefill = COST.step_seconds([], [PrefillChunk(0, 16)])
+    host = HostClock([0.0, 0.5 * d])                       # the first decode step wakes 0.5·d host seconds late
+    e = Engine(COST, EngineSpec(), clock=host.clock, sleep=host.sleep, time_scale=4.0)
+    times = asyncio.run(token_times(e, Sequence("s", 16, 3), host))
+    assert times[0] == pytest.approx(4 * prefill, abs=1e-6)
+    assert times[2] == pytest.approx(4 * (prefill + 2 * d), abs=1e-6)   # made up on the stretched timeline
+    assert e.lag.max_s == pytest.approx(0.5 * d / 4)                    # host lateness over the scale
+    assert e.stats.busy_s == pytest.approx(prefill + 2 * d, rel=1e-3)   # busy time stays modelled
+
+
+def test_emitted_tokens_carry_their_steps_modelled_end():
+    host = HostClock([])
+    e = Engine(COST, EngineSpec(), clock=host.clock, sleep=host.sleep)
+    seq = Sequence("s", 16, 2)
+
+    async def events():
+        e.start()
+        e.submit(seq)
+        out = [await asyncio.wait_for(seq.out.get(), timeout=5) for _ in range(3)]
+        await e.stop()
+        return out
+    (k1, t1), (k2, t2), (k3, _) = asyncio.run(events())
+    assert (k1, k2, k3) == ("token", "token", "done")
+    assert t1 == pytest.approx(COST.step_seconds([], [PrefillChunk(0, 16)]))
+    assert t2 - t1 == pytest.approx(COST.step_seconds([16], []), rel=1e-3)
+
+
+def test_a_request_joining_a_late_engine_is_not_served_before_it_arrived():
+    d = COST.step_seconds([16], [])
+    host = HostClock([0.0, 50 * d])                        # the first decode step wakes 50 steps late
+    e = Engine(COST, EngineSpec(), clock=host.clock, sleep=host.sleep)
+    a, b = Sequence("a", 16, 200), Sequence("b", 16, 1)
+
+    async def go():
+        e.start()
+        e.submit(a)
+        for _ in range(2):
+            await asyncio.wait_for(a.out.get(), timeout=5)
+        arrived = host.now                                   # b comes while the timeline lags the host
+        e.submit(b)
+        kind, end = await asyncio.wait_for(b.out.get(), timeout=5)
+        await e.stop()
+        return arrived, end
+    arrived, first_token = asyncio.run(go())
+    assert first_token >= arrived + COST.step_seconds([17], [PrefillChunk(0, 16)]) - 1e-9

@@ -23,6 +23,17 @@ def get(url):
         return r.read().decode()
 
 
+def sim_target_step(spec, context: int) -> float:
+    """Modelled seconds of one decode step of a lone sequence (context tokens) on the spec's hardware."""
+    from epdbench.physics.costmodel import CostModel
+    return CostModel(spec.model, spec.hardware).step_seconds([context], [])
+
+
+def emulation_counts(metrics: str) -> dict[str, float]:
+    return {line.split("{")[0]: float(line.split()[-1]) for line in metrics.splitlines()
+            if line.startswith(("epdbench_sim_emit_lag_seconds_count", "epdbench_sim_step_lag_seconds_count"))}
+
+
 def run(endpoint, model, requests, concurrency):
     async def go():
         async with LoadGenerator(endpoint, model, timeout_s=60) as lg:
@@ -56,6 +67,12 @@ def test_pd_tcp_through_vllm_router(deploy, tiny_spec):
     assert len(ok) == 3
     for r in ok:
         assert r.prompt_tokens == 4096 and r.output_tokens == 32 and len(r.chunk_offsets_ns) == 32
+        # the decode's modelled stamps crossed the real vllm-router: tokens timed by them, arrivals kept
+        assert r.timing == "modelled" and len(r.chunk_arrival_ns) == 32
+        assert all(0 < m <= a for m, a in zip(r.chunk_offsets_ns, r.chunk_arrival_ns))
+        gaps = [b - a for a, b in zip(r.chunk_offsets_ns[1:], r.chunk_offsets_ns[2:])]
+        step = 1e9 * sim_target_step(tiny_spec, 4096)
+        assert max(abs(g - step) for g in gaps) < 0.05 * step     # alone: every decode gap is the modelled step
     bad = recs[-1]
     assert not bad.ok and bad.status and bad.status >= 400      # error kept as a record
     prefill = dep.by_role("prefill")[0]
@@ -72,6 +89,12 @@ def test_pd_tcp_through_vllm_router(deploy, tiny_spec):
                     if line.startswith("vllm:mooncake_bytes_transferred_total"))
     probe_tokens = 3  # the readiness probe through the router ("epdbench readiness probe")
     assert kv_bytes == (3 * 4096 + probe_tokens) * tiny_spec.model.kv_bytes_per_token
+    # Emulation lag: one observation per token the decode streamed (3 × 32; the probe does not stream), none on
+    # the prefill (it streams nothing).
+    emitted = emulation_counts(get(decode.metrics_url))
+    assert emitted["epdbench_sim_emit_lag_seconds_count"] == 3 * 32
+    assert emitted["epdbench_sim_step_lag_seconds_count"] >= 2 * 31     # two at a time: steps are shared
+    assert emulation_counts(metrics)["epdbench_sim_emit_lag_seconds_count"] == 0
     tok = post(prefill.url + "/tokenize", {"prompt": "one two three"})
     assert tok["count"] == 3 and len(tok["tokens"]) == 3
     models = json.loads(get(dep.endpoint + "/v1/models"))
@@ -86,6 +109,7 @@ def test_epd_encodes_images_on_the_encode_role(deploy, tiny_spec):
     recs = run(dep.endpoint, tiny_spec.model.name, reqs, 2)
     assert all(r.ok for r in recs)
     assert all(r.prompt_tokens == r.target_prompt_tokens for r in recs)   # 200 text + 23 template + 400 image
+    assert all(r.timing == "modelled" for r in recs)                      # stamps crossed the EPD proxy too
     enc = dep.by_role("encode")[0].log_path.read_text()
     pre = dep.by_role("prefill")[0].log_path.read_text()
     for r in recs:

@@ -138,3 +138,77 @@ def test_closed_loop_against_loopback_server(fake_server):
         assert 0 < r.ttft_ms <= r.e2e_ms <= r.done_ms
         assert r.send_ns >= r.scheduled_ns
     assert all(body_id == header_id for body_id, header_id in state["ids"])  # one id, body and header
+
+
+def test_time_scale_divides_every_stamp_and_stretches_arrivals_and_the_timeout():
+    """A dilated simulator runs `scale` times slower: the records hold modelled durations."""
+    async def go():
+        async def handler(request):
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            await asyncio.sleep(0.12)                       # 120 ms of host time before the first token
+            await resp.write(completion_chunk(" a", {"prompt_tokens": 1, "completion_tokens": 1}))
+            await resp.write(b"data: [DONE]\n\n")
+            return resp
+        app = web.Application()
+        app.router.add_post("/v1/completions", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        try:
+            late = RequestSpec(1, "measured", "completions", {"prompt": "x", "max_tokens": 1}, 1, 1, "h1",
+                               offset_s=0.05)                     # a modelled 50 ms after the cell starts
+            async with LoadGenerator(f"http://127.0.0.1:{port}", "m", timeout_s=10, time_scale=4.0) as lg:
+                assert lg.timeout_s == 40.0
+                return await lg.run_phase(lg.session, [late], concurrency=1)
+        finally:
+            await runner.cleanup()
+
+    (rec,) = asyncio.run(go())
+    assert rec.ok
+    assert 120 / 4 <= rec.ttft_ms < 120 / 4 + 15               # 120 ms of host time are 30 ms modelled
+    assert 0 <= (rec.send_ns - rec.scheduled_ns) / 1e6 < 10  # sent at its modelled offset (200 ms of host time)
+
+
+def stamped_chunk(text, modelled_ns):
+    import json
+    d = {"choices": [{"index": 0, "text": text, "finish_reason": None}], "epdbench_modelled_ns": modelled_ns}
+    return b"data: " + json.dumps(d).encode() + b"\n"
+
+
+def _filled(stream, send_ns, clock, scale=1.0):
+    from epdbench.tasks.loadgen import Record, StreamTiming, _fill
+    t = asyncio.run(consume_stream(lines(stream), send_ns, clock, StreamTiming(), modelled_scale=scale))
+    rec = Record("r", 0, "measured", "completions", 1, 3, "h", None, None, send_ns, send_ns, 0.0)
+    _fill(rec, t)
+    return rec
+
+
+def test_modelled_stamps_time_the_tokens_and_arrivals_are_kept():
+    clock = ScriptedClock(start=1_000, step=500)            # arrivals at 1500, 2000, 2500, [DONE] 3000
+    send = 1_000
+    rec = _filled([stamped_chunk(" a", 1_200), stamped_chunk(" b", 1_700), stamped_chunk(" c", 2_100),
+                   b"data: [DONE]\n"], send, clock)
+    assert rec.ok and rec.timing == "modelled"
+    assert rec.chunk_offsets_ns == [200, 700, 1100] and rec.chunk_arrival_ns == [500, 1000, 1500]
+    assert rec.ttft_ms == 200 / 1e6 and rec.e2e_ms == 1100 / 1e6
+
+
+def test_dilated_stamps_are_divided_like_the_clock():
+    clock = ScriptedClock(start=1_000, step=500)
+    rec = _filled([stamped_chunk(" a", 2 * 1_200), b"data: [DONE]\n"], 1_000, clock, scale=2.0)
+    assert rec.timing == "modelled" and rec.chunk_offsets_ns == [200]
+
+
+@pytest.mark.parametrize("stream", [
+    [stamped_chunk(" a", 1_200), completion_chunk(" b"), b"data: [DONE]\n"],               # one chunk without
+    [stamped_chunk(" a", 1_200), stamped_chunk(" b", 9_999), b"data: [DONE]\n"],            # after its arrival
+    [stamped_chunk(" a", 900), stamped_chunk(" b", 1_700), b"data: [DONE]\n"],              # before the send
+    [stamped_chunk(" a", 1_400), stamped_chunk(" b", 1_300), b"data: [DONE]\n"],            # out of order
+], ids=["missing", "after-arrival", "before-send", "out-of-order"])
+def test_stamps_that_cannot_be_checked_against_arrival_fall_back_to_arrival(stream):
+    clock = ScriptedClock(start=1_000, step=500)
+    rec = _filled(stream, 1_000, clock)
+    assert rec.timing == "arrival" and rec.chunk_offsets_ns == [500, 1000] and rec.chunk_arrival_ns == []

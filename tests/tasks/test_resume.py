@@ -11,7 +11,8 @@ import pytest
 
 from epdbench.specs.workload import build_requests, plan_cells
 from epdbench.tasks.results import append_records, drop_records, read_records
-from epdbench.tasks.resume import (StateError, cells_done, missing_cells, record_attempt, validate_state_files)
+from epdbench.tasks.resume import (StateError, cells_done, missing_cells, noise_of, record_attempt,
+                                    validate_state_files)
 from epdbench.tasks.runstate import FolderLocked, RunFolder, end_leftovers, leftovers, process_start_time
 
 
@@ -110,3 +111,14 @@ def test_leftovers_are_ended_by_pid_and_start_time_only(tmp_path):
     finally:
         if child.poll() is None:
             child.kill()
+
+
+def test_the_ledger_keeps_each_attempts_noise_and_a_new_attempt_replaces_it(tmp_path):
+    record_attempt(tmp_path, "pd-tcp", "fixed/4096/32/c4", 0, "ok", noise={"loop_lag_p99_ms": 3.0})
+    record_attempt(tmp_path, "pd-tcp", "fixed/4096/32/c4", 1, "ok", noise={"loop_lag_p99_ms": 0.2})
+    record_attempt(tmp_path, "pd-tcp", "fixed/4096/32/c4", 0, "ok",
+                   noise={"loop_lag_p99_ms": 0.1, "emulation_lag_p99_ms": 0.3})   # the cell measured again
+    record_attempt(tmp_path, "epd", "fixed/4096/32/c4", 0, "failed", "timed out")   # no noise figures
+    assert noise_of(tmp_path, ["pd-tcp", "epd", "absent"]) == {
+        ("pd-tcp", "fixed/4096/32/c4", 0): {"loop_lag_p99_ms": 0.1, "emulation_lag_p99_ms": 0.3},
+        ("pd-tcp", "fixed/4096/32/c4", 1): {"loop_lag_p99_ms": 0.2}}

@@ -1,0 +1,181 @@
+"""How much of a cell's figures is noise (pure): the emulation lag of the simulator and the load generator's
+event-loop lag per cell, the contamination rule, and the noise band every comparison must clear.
+
+- Emulation lag: how late the simulator's engine steps ended against their modelled ends (Prometheus
+  histogram `epdbench_sim_step_lag_seconds`, summed over the configuration's replicas, delta over the cell,
+  p99 interpolated as Prometheus' histogram_quantile): how far host load set the simulated GPUs back.
+- Client lag: how late the load generator's event loop woke against its timer (p99 of the cell's ticks).
+- Delivery lag (diagnostic): how long after its modelled emission each token reached the load generator.
+- A cell is contaminated when the larger of emulation and client lag p99 exceeds CONTAMINATION_FRACTION of
+  the smallest latency figure host load can move: on the simulator, whose tokens are timed by their modelled
+  emission (tasks/loadgen.py), only TTFT p50 (the request's way in runs in host time); timed by arrival,
+  also TPOT p50 and ITL p99.
+- Noise band of a value: with trials > 1, its 95% CI half-width over trials; with one trial, the larger of
+  the distribution-free 95% CI of the percentile from the cell's own samples (order statistics: wide when a
+  closed loop makes TTFT bimodal) and the run-to-run spread of that metric (RUN_TO_RUN_SPREAD); for latency
+  figures host load can move never less than the cell's lag p99. Two values differ only when their bands do
+  not overlap.
+"""
+from __future__ import annotations
+
+import math
+
+from epdbench.analysis.prom import parse_prometheus
+
+STEP_LAG = "epdbench_sim_step_lag_seconds"
+EMIT_LAG = "epdbench_sim_emit_lag_seconds"      # kept in the ledger as a diagnostic
+LATENCY_METRICS = ("ttft_p50_ms", "tpot_p50_ms", "itl_p99_ms")
+ARRIVAL_ONLY = ("tpot_p50_ms", "itl_p99_ms")     # immune to host load when tokens carry modelled stamps
+CONTAMINATION_FRACTION = 0.05
+NOISE_COLUMNS = ["emulation_lag_p99_ms", "loop_lag_p99_ms"]
+
+# Relative run-to-run spread of a single trial's value, per metric, as a floor under the cell's own sample CI:
+# the p90 of |b/a − 1| over the cells of two identical smoke runs on the idle 2-core development machine
+# (`python benchmarks/noise.py --idle-twice`, 2026-12-01: TTFT p50 0.141, p95 0.107, p99 0.086, TPOT p50
+# 0.001, ITL p99 0.003, ITL max 0.062, throughput 0.012), rounded up; a floor of 1% where the runs agreed
+# closer. Used only when a cell has one trial; repeated trials measure their own spread.
+RUN_TO_RUN_SPREAD = {
+    "ttft_p50_ms": 0.15, "ttft_p95_ms": 0.11, "ttft_p99_ms": 0.09, "tpot_p50_ms": 0.01, "itl_p99_ms": 0.01,
+    "itl_max_ms": 0.07, "output_tok_s": 0.02, "req_s": 0.02, "output_tok_s_per_gpu": 0.02,
+}
+SAMPLE_CI_METRICS = {"ttft_p50_ms": 50, "ttft_p95_ms": 95, "ttft_p99_ms": 99, "tpot_p50_ms": 50, "itl_p99_ms": 99}
+Z95 = 1.959964
+
+
+def _finite(v) -> float | None:
+    if v is None:
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else f
+
+
+def histogram_buckets(text: str, name: str) -> dict[float, float]:
+    """Cumulative bucket counts (upper edge → count, +Inf as inf) of histogram `name`, summed over label sets."""
+    out: dict[float, float] = {}
+    for metric, labels, value in parse_prometheus(text):
+        if metric != f"{name}_bucket" or "le" not in labels:
+            continue
+        try:
+            edge = float(labels["le"])
+        except ValueError:
+            continue
+        out[edge] = out.get(edge, 0.0) + value
+    return out
+
+
+def bucket_quantile(q: float, buckets: dict[float, float]) -> float | None:
+    """Quantile q (0..1) of a cumulative histogram, linearly interpolated inside its bucket (as Prometheus'
+    histogram_quantile); None without observations; the last finite edge when it falls in +Inf."""
+    edges = sorted(buckets)
+    if not edges or buckets[edges[-1]] <= 0:
+        return None
+    total = buckets[edges[-1]]
+    rank = q * total
+    prev_edge, prev_count = 0.0, 0.0
+    for edge in edges:
+        count = buckets[edge]
+        if count >= rank:
+            if math.isinf(edge):
+                return prev_edge
+            if count == prev_count:
+                return edge
+            return prev_edge + (edge - prev_edge) * (rank - prev_count) / (count - prev_count)
+        prev_edge, prev_count = edge, count
+    return prev_edge
+
+
+def emulation_lag_p99_ms(before: dict[str, str], after: dict[str, str], name: str = STEP_LAG) -> float | None:
+    """p99 (ms) over a window of a lag histogram summed over every process, from /metrics scrapes before and
+    after it; None when nothing was observed."""
+    b: dict[float, float] = {}
+    a: dict[float, float] = {}
+    for texts, into in ((before, b), (after, a)):
+        for text in texts.values():
+            for edge, n in histogram_buckets(text, name).items():
+                into[edge] = into.get(edge, 0.0) + n
+    p99 = bucket_quantile(0.99, {edge: max(0.0, n - b.get(edge, 0.0)) for edge, n in a.items()})
+    return None if p99 is None else p99 * 1e3
+
+
+def samples_p99_ms(samples_s) -> float | None:
+    xs = sorted(float(x) for x in samples_s)
+    if not xs:
+        return None
+    k = (len(xs) - 1) * 0.99
+    lo = math.floor(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return 1e3 * (xs[lo] + (xs[hi] - xs[lo]) * (k - lo))
+
+
+def percentile_ci_half(values, q: float) -> float | None:
+    """Half-width (the larger side) of the distribution-free 95% CI of the q-th percentile of `values`: the
+    order statistics at n·p ∓ z·√(n·p·(1−p)) (normal approximation of the binomial); None below 2 values."""
+    xs = sorted(float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v)))
+    n = len(xs)
+    if n < 2:
+        return None
+    p = q / 100
+    spread = Z95 * math.sqrt(n * p * (1 - p))
+    lo = xs[max(0, math.floor(n * p - spread) - 1)]
+    hi = xs[min(n - 1, math.ceil(n * p + spread))]
+    k = (n - 1) * p
+    mid = xs[math.floor(k)] + (xs[min(n - 1, math.floor(k) + 1)] - xs[math.floor(k)]) * (k - math.floor(k))
+    return max(hi - mid, mid - lo)
+
+
+def lag_ms(row) -> float:
+    """The cell's noise from lag: the larger p99 of emulation lag and client lag (0 when unmeasured)."""
+    return max([x for x in (_finite(row.get(c)) for c in NOISE_COLUMNS) if x is not None], default=0.0)
+
+
+def is_contaminated(row) -> bool:
+    """Lag p99 above CONTAMINATION_FRACTION of the smallest latency figure of the cell host load can move."""
+    lag = lag_ms(row)
+    movable = [m for m in LATENCY_METRICS if not (row.get("timing") == "modelled" and m in ARRIVAL_ONLY)]
+    figures = [x for x in (_finite(row.get(m)) for m in movable) if x is not None and x > 0]
+    return bool(lag and figures and lag > CONTAMINATION_FRACTION * min(figures))
+
+
+def cell_noise(noise: dict | None, config: str, cell_id, trial) -> dict:
+    """The lag figures of one cell attempt from `noise` ((config, cell id, trial) → {column: value})."""
+    found = (noise or {}).get((config, cell_id, int(trial))) or {}
+    return {col: _finite(found.get(col)) for col in NOISE_COLUMNS}
+
+
+def timing_of(values) -> str | None:
+    """A cell's timing from its requests': "modelled", "arrival", "mixed", or None without any."""
+    kinds = {v for v in values if v}
+    return None if not kinds else kinds.pop() if len(kinds) == 1 else "mixed"
+
+
+def delivery_lag_p99_ms(modelled_offsets, arrival_offsets) -> float | None:
+    """p99 over every token of (arrival − modelled emission), ms, from requests timed by modelled stamps."""
+    lags = [a - m for mo, ar in zip(modelled_offsets, arrival_offsets) if mo is not None and ar is not None
+            and len(mo) == len(ar) for m, a in zip(mo, ar)]
+    return samples_p99_ms([x / 1e9 for x in lags]) if lags else None
+
+
+def band(row, metric: str) -> float:
+    """Half-width of the noise band around `row[metric]` (row from analysis.trials.aggregate_trials)."""
+    value = _finite(row.get(metric))
+    if value is None:
+        return 0.0
+    ci = _finite(row.get(f"{metric}_ci95"))
+    if int(row.get("trials") or 1) > 1 and ci is not None:
+        half = ci
+    else:
+        half = max(RUN_TO_RUN_SPREAD.get(metric, 0.05) * abs(value), _finite(row.get(f"{metric}_sample_ci95")) or 0.0)
+    if metric.endswith("_ms") and not (row.get("timing") == "modelled" and metric in ARRIVAL_ONLY):
+        half = max(half, lag_ms(row))
+    return half
+
+
+def distinct(a, b, metric: str) -> bool:
+    """True when the values of `metric` in rows a and b differ by more than their noise bands together."""
+    va, vb = _finite(a.get(metric)), _finite(b.get(metric))
+    if va is None or vb is None:
+        return False
+    return abs(va - vb) > band(a, metric) + band(b, metric)

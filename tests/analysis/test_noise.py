@@ -1,0 +1,131 @@
+"""analysis/noise.py: lag figures from /metrics histograms and client ticks, the contamination rule, noise bands."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from epdbench.analysis.metrics import summarize
+from epdbench.analysis.noise import (CONTAMINATION_FRACTION, EMIT_LAG, RUN_TO_RUN_SPREAD, band, bucket_quantile,
+                                     delivery_lag_p99_ms, distinct, emulation_lag_p99_ms, histogram_buckets,
+                                     is_contaminated, percentile_ci_half, samples_p99_ms, timing_of)
+from epdbench.sim.engine import LAG_BUCKETS_S, Lag
+from epdbench.sim.metrics import lag_histogram
+
+LBL = 'engine="0",model_name="m"'
+
+
+def scrape(step: Lag, emit: Lag) -> str:
+    return "\n".join(lag_histogram("epdbench_sim_step_lag_seconds", step, LBL, "h")
+                     + lag_histogram("epdbench_sim_emit_lag_seconds", emit, LBL, "h")) + "\n"
+
+
+def lags(values_s) -> Lag:
+    lag = Lag()
+    for v in values_s:
+        lag.observe(v)
+    return lag
+
+
+def test_bucket_quantile_interpolates_inside_the_bucket_as_prometheus_does():
+    buckets = {0.001: 50.0, 0.002: 90.0, 0.005: 100.0, math.inf: 100.0}
+    assert bucket_quantile(0.5, buckets) == pytest.approx(0.001)
+    assert bucket_quantile(0.7, buckets) == pytest.approx(0.001 + 0.001 * (70 - 50) / 40)
+    assert bucket_quantile(0.99, buckets) == pytest.approx(0.002 + 0.003 * 9 / 10)
+    assert bucket_quantile(0.99, {0.001: 0.0, math.inf: 0.0}) is None
+    assert bucket_quantile(0.99, {0.001: 1.0, math.inf: 100.0}) == 0.001   # beyond the last edge: its bound
+
+
+def test_histogram_of_the_simulator_reads_back_summed_over_replicas():
+    text = scrape(lags([0.0001] * 99 + [0.004]), Lag())
+    two = histogram_buckets(text + text, "epdbench_sim_step_lag_seconds")
+    assert two[math.inf] == 200 and two[LAG_BUCKETS_S[0]] == 198
+
+
+def test_emulation_lag_is_the_p99_over_the_window_only():
+    before = {"server-0": scrape(lags([0.2] * 1000), Lag())}          # a bad start-up, before the cell
+    step = lags([0.2] * 1000 + [0.0001] * 980 + [0.003] * 20)         # in the cell: 2% of steps 3 ms late
+    emit = lags([0.0001] * 2000)
+    after = {"server-0": scrape(step, emit), "decode-0": scrape(Lag(), Lag())}
+    assert 2.0 < emulation_lag_p99_ms(before, after) <= 3.0            # old lag excluded
+    assert emulation_lag_p99_ms(before, after, EMIT_LAG) <= 0.25
+    assert emulation_lag_p99_ms({}, {"x": "# no lag metrics here\n"}) is None
+
+
+def test_delivery_lag_pools_every_token_of_modelled_requests():
+    modelled = [[10, 20, 30], None, [5]]
+    arrival = [[10, 21, 33], [1, 2], [6]]
+    assert delivery_lag_p99_ms(modelled, arrival) == pytest.approx(samples_p99_ms([0, 1e-9, 3e-9, 1e-9]))
+    assert delivery_lag_p99_ms([None], [[1]]) is None
+
+
+def test_client_lag_p99_of_the_ticks():
+    assert samples_p99_ms([0.0] * 99 + [0.010]) == pytest.approx(0.1, abs=1e-9)
+    assert samples_p99_ms([0.001] * 100) == pytest.approx(1.0)
+    assert samples_p99_ms([]) is None
+
+
+def test_a_cell_is_contaminated_when_lag_is_a_material_fraction_of_its_smallest_latency():
+    row = {"ttft_p50_ms": 100.0, "tpot_p50_ms": 7.0, "itl_p99_ms": 8.0}
+    limit = CONTAMINATION_FRACTION * 7.0
+    assert not is_contaminated({**row, "emulation_lag_p99_ms": 0.9 * limit, "loop_lag_p99_ms": 0.1})
+    assert is_contaminated({**row, "emulation_lag_p99_ms": 0.1, "loop_lag_p99_ms": 1.1 * limit})
+    assert not is_contaminated({**row, "emulation_lag_p99_ms": None, "loop_lag_p99_ms": None})   # unmeasured
+    assert not is_contaminated({"ttft_p50_ms": None, "emulation_lag_p99_ms": 5.0})                # nothing reported
+    # Tokens timed by the simulator's modelled stamps: host load moves only TTFT (the way in runs in host time).
+    modelled = {**row, "timing": "modelled", "loop_lag_p99_ms": 1.1 * limit}
+    assert not is_contaminated(modelled)
+    assert is_contaminated({**modelled, "loop_lag_p99_ms": 1.1 * CONTAMINATION_FRACTION * 100.0})
+
+
+def test_timing_of_a_cell():
+    assert timing_of(["modelled", "modelled"]) == "modelled"
+    assert timing_of(["modelled", "arrival"]) == "mixed"
+    assert timing_of([None, None]) is None
+
+
+def test_noise_band_single_trial_spread_repeated_trials_ci_and_lag_floor():
+    one = {"trials": 1, "ttft_p50_ms": 200.0}
+    assert band(one, "ttft_p50_ms") == pytest.approx(RUN_TO_RUN_SPREAD["ttft_p50_ms"] * 200)
+    assert band({**one, "loop_lag_p99_ms": 30.0}, "ttft_p50_ms") == 30.0
+    three = {"trials": 3, "ttft_p50_ms": 200.0, "ttft_p50_ms_ci95": 1.0}
+    assert band(three, "ttft_p50_ms") == 1.0
+    assert not distinct(one, {**one, "ttft_p50_ms": 205.0}, "ttft_p50_ms")
+    assert distinct(three, {**three, "ttft_p50_ms": 205.0}, "ttft_p50_ms")
+    assert band({"trials": 1, "output_tok_s": 100.0, "loop_lag_p99_ms": 50.0}, "output_tok_s") == \
+        pytest.approx(RUN_TO_RUN_SPREAD["output_tok_s"] * 100)         # a lag in ms is no floor for tok/s
+    itl = {"trials": 1, "itl_p99_ms": 7.0, "loop_lag_p99_ms": 2.0}
+    assert band(itl, "itl_p99_ms") == 2.0
+    assert band({**itl, "timing": "modelled"}, "itl_p99_ms") == pytest.approx(RUN_TO_RUN_SPREAD["itl_p99_ms"] * 7)
+
+
+def test_summarize_adds_the_ledger_noise_of_each_cell_and_flags_contamination():
+    def rec(config, i, gap_ms):
+        offs = [int(k * gap_ms * 1e6) + 50_000_000 for k in range(8)]
+        return {"config": config, "suite": "s", "workload": "w", "concurrency": 1, "stream": "main", "trial": 0,
+                "cell": "s/w/c1", "phase": "measured", "ok": True, "index": i, "send_ns": i * 10**9,
+                "scheduled_ns": i * 10**9, "ttft_ms": 50.0, "e2e_ms": offs[-1] / 1e6, "done_ms": offs[-1] / 1e6 + 1,
+                "output_tokens": 8, "chunk_offsets_ns": offs, "chunk_tokens": [1] * 8, "prompt_tokens": 10,
+                "target_prompt_tokens": 10}
+    records = pd.DataFrame([rec("a", i, 7.0) for i in range(3)] + [rec("b", i, 7.0) for i in range(3)])
+    noise = {("a", "s/w/c1", 0): {"emulation_lag_p99_ms": 0.1, "loop_lag_p99_ms": 0.2},
+             ("b", "s/w/c1", 0): {"emulation_lag_p99_ms": 2.0, "loop_lag_p99_ms": 0.2}}
+    s = summarize(records, noise=noise).set_index("config")
+    assert s.loc["a", "loop_lag_p99_ms"] == 0.2 and not s.loc["a", "contaminated"]
+    assert s.loc["b", "emulation_lag_p99_ms"] == 2.0 and s.loc["b", "contaminated"]       # 2 ms against 7 ms ITL
+    plain = summarize(records).set_index("config")
+    assert plain.loc["a", "emulation_lag_p99_ms"] is None and not plain.loc["a", "contaminated"]
+
+
+def test_percentile_ci_from_the_cells_own_samples_is_wide_when_the_closed_loop_makes_it_bimodal():
+    tight = [100.0 + 0.1 * i for i in range(24)]
+    bimodal = [31.0] * 9 + [38.0, 39.0, 59.0, 92.0, 147.0, 200.0, 245.0]     # measured: pd-rdma steady, smoke
+    assert percentile_ci_half(tight, 50) < 1.0
+    assert percentile_ci_half(bimodal, 50) > 50.0
+    assert percentile_ci_half([5.0], 50) is None
+    # two single-trial cells 50% apart: decided when tight, a tie when one of them is bimodal
+    a = {"trials": 1, "ttft_p50_ms": 100.0, "ttft_p50_ms_sample_ci95": percentile_ci_half(tight, 50)}
+    b = {"trials": 1, "ttft_p50_ms": 150.0, "ttft_p50_ms_sample_ci95": 1.0}
+    assert distinct(a, b, "ttft_p50_ms")
+    assert not distinct({**a, "ttft_p50_ms_sample_ci95": percentile_ci_half(bimodal, 50)}, b, "ttft_p50_ms")
