@@ -6,6 +6,7 @@ manifests/templates/ and are rendered with the project's one Jinja environment (
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import shlex
 from pathlib import Path
@@ -165,6 +166,46 @@ def router_context(spec: ExperimentSpec, config: ConfigurationSpec, run: str) ->
             "command": command, "args": args, "env": router_urls_env(config)}
 
 
+def dns_label(text: str, limit: int = 63) -> str:
+    """A DNS-1123 label from any text (object names built from suite names)."""
+    clean = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-") or "x"
+    if len(clean) <= limit:
+        return clean
+    return f"{clean[:limit - 9].rstrip('-')}-{hashlib.sha1(text.encode()).hexdigest()[:8]}"
+
+
+def loadgen_affinity(placement: str, router_selector: dict) -> dict | None:
+    """Pod (anti-)affinity to the router's pod: on its node, on another node, or none."""
+    if placement == "any":
+        return None
+    term = [{"labelSelector": {"matchLabels": router_selector}, "topologyKey": "kubernetes.io/hostname"}]
+    key = "podAffinity" if placement == "router-node" else "podAntiAffinity"
+    return {key: {"requiredDuringSchedulingIgnoredDuringExecution": term}}
+
+
+def loadgen_context(spec: ExperimentSpec, config: ConfigurationSpec, run: str, spec_yaml: str,
+                    calibration: dict | None) -> dict:
+    """The in-cluster load generator: its ConfigMap and one Job per suite, against the router's Service."""
+    target = spec.target.kubernetes
+    lg = target.loadgen
+    url = f"http://{object_name(config, 'router')}:{ROUTER_PORT}"
+    jobs = []
+    for suite in spec.suites:
+        args = ["--spec", "/etc/epdbench/spec.yaml", "--calibration", "/etc/epdbench/calibration.json",
+                "--suite", suite.name, "--url", url, "--run", run]
+        jobs.append({"name": loadgen_job_name(config, suite.name), "suite": suite.name, "args": args})
+    return {"config_map": object_name(config, "loadgen"), "labels": labels(run, config, "loadgen"),
+            "image": target.runner_image, "jobs": jobs, "cpu": lg.cpu, "memory": lg.memory,
+            "node_selector": dict(lg.node_selector),
+            "affinity": loadgen_affinity(lg.placement, selector_labels(config, "router")),
+            "deadline_s": int(spec.configuration_timeout_s) if spec.configuration_timeout_s else None,
+            "spec_yaml": spec_yaml, "calibration_json": json.dumps(calibration or {}, sort_keys=True)}
+
+
+def loadgen_job_name(config: ConfigurationSpec, suite: str) -> str:
+    return dns_label(f"{config.name}-loadgen-{suite}")
+
+
 def manifest_context(spec: ExperimentSpec, config: ConfigurationSpec, run: str) -> dict:
     target = spec.target.kubernetes
     return {
@@ -187,6 +228,14 @@ def render_manifests(spec: ExperimentSpec, config: ConfigurationSpec, run: str) 
     texts += [env.get_template("engine.yaml.j2").render(**ctx, role=role) for role in ctx["roles"]]
     texts.append(env.get_template("router.yaml.j2").render(**ctx))
     return [obj for text in texts for obj in yaml.safe_load_all(text) if obj]
+
+
+def render_loadgen(spec: ExperimentSpec, config: ConfigurationSpec, run: str, spec_yaml: str,
+                   calibration: dict | None = None) -> list[dict]:
+    """The in-cluster load generator objects of one configuration: its ConfigMap, then one Job per suite."""
+    ctx = {**manifest_context(spec, config, run), "loadgen": loadgen_context(spec, config, run, spec_yaml, calibration)}
+    text = make_env(TEMPLATE_DIR).get_template("loadgen.yaml.j2").render(**ctx)
+    return [obj for obj in yaml.safe_load_all(text) if obj]
 
 
 def manifests_yaml(objects: list[dict]) -> str:

@@ -164,7 +164,12 @@ def target_line(meta: dict) -> str:
     if meta["target"] == "sim":
         return ("Simulator run: timings come from the cost model of the hardware figures, transport verdicts are "
                 "emulated; it shows the shape of the trade-offs, never a hardware measurement.")
-    return f"Hardware run on {meta['target']}: results hold for this node, image and engine flags."
+    line = f"Hardware run on {meta['target']}: results hold for this node, image and engine flags."
+    if meta.get("client") in ("service-proxy", "port-forward"):
+        hop = "the API server's service proxy" if meta["client"] == "service-proxy" else "a port-forward"
+        line += (f" The load generator ran outside the cluster and reached the router through {hop}: that hop "
+                 "(and any coalescing of streamed chunks on it) is in every TTFT and ITL figure.")
+    return line
 
 
 def evidence_lines(meta: dict, verdicts: dict) -> list[str]:

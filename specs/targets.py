@@ -108,6 +108,19 @@ class KubeNodeSpec(Strict):
         description="Annotations of RDMA pods, e.g. k8s.v1.cni.cncf.io/networks for a secondary RDMA network.")
 
 
+class KubeLoadgenSpec(Strict):
+    placement: Literal["router-node", "other-node", "any"] = Field(
+        "router-node", title="Placement",
+        description="Where the load generator Job's pod runs: on the router's node (the client next to the "
+                    "serving stack, as the published runs had it), on another node (the client's CPU apart from "
+                    "the router's), or wherever the scheduler puts it.")
+    node_selector: dict[str, str] = Field(default_factory=dict, title="Node selector",
+                                          description="Node labels the load generator pod requires.")
+    cpu: str = Field("2", pattern=K8S_QUANTITY, title="CPU", description="CPU request and limit of the load generator.")
+    memory: str = Field("2Gi", pattern=K8S_QUANTITY, title="Memory",
+                        description="Memory request and limit of the load generator.")
+
+
 class PvcModelCache(Strict):
     kind: Literal["pvc"] = Field("pvc", title="Kind", description="A PersistentVolumeClaim holding the HF cache.")
     claim_name: str = Field("hf-cache", pattern=K8S_NAME, title="Claim name",
@@ -157,6 +170,11 @@ class KubernetesTargetSpec(Strict):
                                description="Where engine pods run and which device-plugin resources they request.")
     model_cache: ModelCache = Field(default_factory=PvcModelCache, title="Model cache",
                                     description="Volume mounted as the Hugging Face cache of every engine.")
+    runner_image: str = Field("ghcr.io/epdbench/epdbench:0.1.0", min_length=1, title="epdbench image",
+                              description="Image built from the repository's Dockerfile (target `runner`): the "
+                                          "in-cluster load generator Jobs run `epdbench loadgen` from it.")
+    loadgen: KubeLoadgenSpec = Field(default_factory=KubeLoadgenSpec, title="Load generator",
+                                     description="Placement and resources of the in-cluster load generator Jobs.")
 
 
 class TargetSpec(Strict):

@@ -83,9 +83,9 @@ INTERRUPTED_RUN: dict[str, str] = {}
 
 
 def cmd_manifests(args) -> int:
-    from epdbench.manifests.render import (DEFAULT_SCHEMA_VERSION, ManifestError, manifest_files, render_manifests,
-                                  validate_manifests)
-    from epdbench.specs.models import load_spec
+    from epdbench.manifests.render import (DEFAULT_SCHEMA_VERSION, ManifestError, manifest_files, render_loadgen,
+                                           render_manifests, validate_manifests)
+    from epdbench.specs.models import load_spec, spec_to_yaml
 
     spec = with_target(load_spec(args.spec), "kubernetes", kube_overrides(args), args.spec)
     names = [c.name for c in spec.configurations]
@@ -95,7 +95,8 @@ def cmd_manifests(args) -> int:
     for config in spec.configurations:
         if args.config and config.name != args.config:
             continue
-        objects = render_manifests(spec, config, args.run)
+        # the deployment, then the in-cluster load generator (ConfigMap, one Job per suite; calibration {} here)
+        objects = render_manifests(spec, config, args.run) + render_loadgen(spec, config, args.run, spec_to_yaml(spec))
         try:
             validate_manifests(objects, version)
         except ManifestError as e:
@@ -104,7 +105,9 @@ def cmd_manifests(args) -> int:
         out.mkdir(parents=True, exist_ok=True)
         for name, text in manifest_files(objects).items():
             (out / name).write_text(text)
-        print(f"{out}/: {len(objects)} objects, {config.gpus} GPUs, valid for Kubernetes {version}")
+        jobs = sum(o["kind"] == "Job" for o in objects)
+        print(f"{out}/: {len(objects)} objects ({jobs} load generator Job{'s' * (jobs != 1)}), {config.gpus} GPUs, "
+              f"valid for Kubernetes {version}")
     return EXIT_OK
 
 
@@ -270,4 +273,26 @@ def cmd_verify_transport(args) -> int:
                 print(f"    {wname}: installed {w['observed'] or '?'}, HCAs {w['hcas']}, windows (MB/s) {windows}")
     return EXIT_OK if result["verdict"] == "verified" else EXIT_FAILURES
 
+
+def cmd_loadgen(args) -> int:
+    """The in-cluster load generator: one suite, every record on stdout as soon as it finishes."""
+    import json
+
+    from epdbench.specs.models import SpecError, load_spec
+    from epdbench.tasks.incluster_loadgen import run_loadgen
+    try:
+        spec = load_spec(args.spec)
+    except SpecError as e:
+        raise CliError(str(e)) from None
+    calibration = None
+    if args.calibration:
+        try:
+            calibration = json.loads(Path(args.calibration).read_text())
+        except (OSError, ValueError) as e:
+            raise CliError(f"{args.calibration}: unreadable calibration ({type(e).__name__}: {e})") from None
+    try:
+        run_loadgen(spec, args.suite, args.url, calibration, args.run)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    return EXIT_OK
 

@@ -53,6 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--expect", required=True, choices=["tcp", "rdma"], help="the transport the deployment asked for")
     v.add_argument("--json", action="store_true", help="print transport.json instead of text")
 
+    lg = sub.add_parser("loadgen", help="measure one suite against a URL, records as JSON lines on stdout "
+                                        "(the in-cluster load generator Job runs this)")
+    lg.add_argument("--spec", required=True, help="resolved spec YAML (or preset name)")
+    lg.add_argument("--suite", required=True, help="suite name in the spec")
+    lg.add_argument("--url", required=True, help="router URL, e.g. http://pd-tcp-router:8000")
+    lg.add_argument("--calibration", default=None, help="calibration.json of the run (prompt lengths)")
+    lg.add_argument("--run", default="loadgen", help="run name (request ids carry its tail)")
+
     m = sub.add_parser("manifests", help="render and validate the Kubernetes manifests of configurations")
     m.add_argument("--spec", default="smoke", help="spec YAML path or preset name (default: smoke)")
     m.add_argument("--config", default=None, help="configuration name (default: every configuration)")

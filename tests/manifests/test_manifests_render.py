@@ -16,9 +16,12 @@ import pytest
 
 from epdbench.cli import main as cli_main
 from epdbench.manifests.render import (LABEL_CONFIG, LABEL_ROLE, LABEL_RUN, TEMPLATE_DIR, ManifestError, label_value,
-                              manifests_yaml, render_manifests, schema_version_for, validate_manifests)
+                              manifests_yaml, render_loadgen, render_manifests, schema_version_for,
+                              validate_manifests)
 from epdbench.templating import make_env
-from epdbench.specs.models import SpecError, load_spec, parse_spec
+import yaml
+
+from epdbench.specs.models import SpecError, load_spec, parse_spec, spec_to_yaml
 
 GOLDEN = Path(__file__).parent / "golden"
 RUN = "golden"
@@ -291,8 +294,35 @@ def test_manifests_command_renders_every_configuration_of_both_presets(tmp_path,
         assert cli_main(["manifests", "--spec", preset, "--out", str(tmp_path / preset)]) == 0
         assert sorted(p.name for p in (tmp_path / preset).iterdir()) == sorted(configs)
     files = sorted(p.name for p in (tmp_path / "pd-text" / "pd-rdma").iterdir())
-    assert files[0] == "00-serviceaccount-epdbench-pd-rdma.yaml" and files[-1] == "06-deployment-pd-rdma-router.yaml"
-    assert "pd-rdma/: 7 objects, 6 GPUs, valid for Kubernetes 1.31" in capsys.readouterr().out
+    assert files[0] == "00-serviceaccount-epdbench-pd-rdma.yaml" and files[6] == "06-deployment-pd-rdma-router.yaml"
+    # then the in-cluster load generator: its ConfigMap and one Job per suite (fixed, mixed)
+    assert files[7:] == ["07-configmap-pd-rdma-loadgen.yaml", "08-job-pd-rdma-loadgen-fixed.yaml",
+                         "09-job-pd-rdma-loadgen-mixed.yaml"]
+    assert "pd-rdma/: 10 objects (2 load generator Jobs), 6 GPUs, valid for Kubernetes 1.31" in capsys.readouterr().out
+
+
+def test_loadgen_jobs_run_the_spec_they_carry_against_the_routers_service_with_no_rights(tmp_path):
+    spec = load_spec("pd-text")
+    config = spec.configuration("pd-tcp")
+    objects = render_loadgen(spec, config, "nightly-1", spec_to_yaml(spec), {"chat": [23, 1.0]})
+    validate_manifests(objects, "1.31")
+    config_map, *jobs = objects
+    assert parse_spec(yaml.safe_load(config_map["data"]["spec.yaml"])) == spec   # the resolved spec itself
+    assert json.loads(config_map["data"]["calibration.json"]) == {"chat": [23, 1.0]}
+    assert [j["metadata"]["annotations"]["epdbench/suite"] for j in jobs] == [s.name for s in spec.suites]
+    for job in jobs:
+        assert job["spec"]["backoffLimit"] == 0                                  # never re-measured behind the back
+        pod = job["spec"]["template"]["spec"]
+        assert pod["automountServiceAccountToken"] is False and pod["securityContext"]["runAsNonRoot"] is True
+        c = pod["containers"][0]
+        assert c["image"] == spec.target.kubernetes.runner_image and c["command"] == ["epdbench", "loadgen"]
+        assert c["args"][c["args"].index("--url") + 1] == "http://pd-tcp-router:8000"
+        term = pod["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+        assert term["labelSelector"]["matchLabels"] == {"epdbench/config": "pd-tcp", "epdbench/role": "router"}
+    data = spec.model_dump(mode="json")
+    data["target"]["kubernetes"]["loadgen"]["placement"] = "other-node"
+    pod = render_loadgen(parse_spec(data), config, "r", "x")[1]["spec"]["template"]["spec"]
+    assert "podAntiAffinity" in pod["affinity"]
 
 
 def test_manifests_command_rejects_an_unknown_configuration_in_one_line(tmp_path, capsys):

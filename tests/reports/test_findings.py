@@ -5,6 +5,7 @@ import pandas as pd
 
 from epdbench.analysis.samples import EarlyStops, PromptFit
 from epdbench.reports.findings import (cache_text, early_stop_line, gpu_budget_line, prompt_line, regression_line, reuse_view,
+                                       target_line,
                               trials_line)
 
 
@@ -79,3 +80,11 @@ def test_reuse_view_without_a_control_still_shows_the_cache_hits():
     assert view["rows"][0]["encoder"] == "90% (encode)"
     assert reuse_view({"reuse_suites": []}, agg_rows([("epd", "mm-reuse", 66.1)]), {}) is None
     assert reuse_view({}, pd.DataFrame(), {}) is None      # an older run's meta has no reuse_suites
+
+
+def test_a_kubernetes_run_measured_from_outside_says_the_api_server_hop_is_in_every_figure():
+    outside = target_line({"target": "kubernetes", "client": "service-proxy"})
+    assert "through the API server's service proxy" in outside and "in every TTFT and ITL figure" in outside
+    assert "a port-forward" in target_line({"target": "kubernetes", "client": "port-forward"})
+    assert "outside the cluster" not in target_line({"target": "kubernetes", "client": "in-cluster"})
+    assert target_line({"target": "sim", "client": "loopback"}).startswith("Simulator run")
