@@ -53,10 +53,12 @@ KINDS: dict[str, Kind] = {
     "ControllerRevision": Kind("apps/v1", "controllerrevisions"),
     "Role": Kind("rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": Kind("rbac.authorization.k8s.io/v1", "rolebindings"),
+    "ConfigMap": Kind("v1", "configmaps"),
+    "Job": Kind("batch/v1", "jobs"),
 }
 # Owners first, so their dependents are garbage-collected rather than recreated.
-LABELLED_KINDS = ["Deployment", "StatefulSet", "ReplicaSet", "ControllerRevision", "Service", "RoleBinding", "Role",
-                  "ServiceAccount", "Pod"]
+LABELLED_KINDS = ["Job", "Deployment", "StatefulSet", "ReplicaSet", "ControllerRevision", "Service", "RoleBinding",
+                  "Role", "ServiceAccount", "ConfigMap", "Pod"]
 
 
 def kubeconfig_paths(target: KubernetesTargetSpec) -> list[Path]:

@@ -251,6 +251,12 @@ class FakeApiServer:
                                               extra={"spec": {"replicas": obj["spec"].get("replicas", 1)}}), "rs")
             for i in range(obj["spec"].get("replicas", 1)):
                 self._ensure_pod(rs, f"{rs['metadata']['name']}-x{i:04d}", template=obj["spec"]["template"])
+        elif obj["kind"] == "Job" and not self.store.find("pods", obj["metadata"]["namespace"],
+                                                           selector=f"job-name={obj['metadata']['name']}"):
+            obj["status"] = {"active": 1}
+            template = json.loads(json.dumps(obj["spec"]["template"]))
+            template["metadata"]["labels"]["job-name"] = obj["metadata"]["name"]
+            self._ensure_pod(obj, f"{obj['metadata']['name']}-j7k2q", template=template)
 
     @staticmethod
     def _owned(owner: dict, kind: str, name: str, labels: dict, extra: dict | None = None) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -44,6 +45,7 @@ class PodLife:
     read_bytes: int = 0
     started: bool = False
     ready: bool = False
+    job: str | None = None          # the Job a load generator pod belongs to
 
 
 class Kubelet:
@@ -107,6 +109,10 @@ class Kubelet:
             with self.store.lock:
                 self._begin(pod, life)
             return
+        if life.job and life.process and life.process.poll() is not None:
+            with self.store.lock:
+                self._finish_job_pod(pod, life)
+            return
         if life.script == RUN and life.port and await self._healthy(life.port):
             with self.store.lock:
                 life.ready = True
@@ -163,6 +169,11 @@ class Kubelet:
             cmd = self._router_command(pod, config)
             if cmd is None:
                 return False
+        elif role == "loadgen":
+            cmd = self._loadgen_command(pod)
+            if cmd is None:
+                return False
+            life.job = labels.get("job-name")
         else:
             ordinal = pod["metadata"]["name"].rsplit("-", 1)[1]
             life.port = free_port()
@@ -191,6 +202,63 @@ class Kubelet:
         for engine, life in sorted(zip(engines, lives), key=lambda e: e[0]["metadata"]["name"]):
             cmd += [f"--{engine['metadata']['labels']['epdbench/role']}", f"http://127.0.0.1:{life.port}"]
         return cmd
+
+    def _loadgen_command(self, pod: dict) -> list[str] | None:
+        """`epdbench loadgen` as the Job's container runs it: its ConfigMap's files in a local directory in
+        place of the mount, and a Service's DNS name resolved to the ready pod behind it (None: not yet)."""
+        ns, container = pod["metadata"]["namespace"], pod["spec"]["containers"][0]
+        inputs = self.work_dir / pod["metadata"]["name"]
+        inputs.mkdir(parents=True, exist_ok=True)
+        mounts = {m["name"]: m["mountPath"] for m in container.get("volumeMounts", [])}
+        replace = {}
+        for volume in pod["spec"].get("volumes", []):
+            if "configMap" in volume:
+                cm = self.store.get("configmaps", ns, volume["configMap"]["name"])
+                if cm is None:
+                    return None
+                for key, value in (cm.get("data") or {}).items():
+                    (inputs / key).write_text(value)
+                replace[mounts[volume["name"]]] = str(inputs)
+        args = []
+        for arg in container.get("args", []):
+            for mount, local in replace.items():
+                arg = arg.replace(mount, local)
+            m = re.match(r"^http://([a-z0-9-]+):\d+$", arg)
+            if m:
+                port = self._service_port(ns, m.group(1))
+                if port is None:
+                    return None
+                arg = f"http://127.0.0.1:{port}"
+            args.append(arg)
+        return [sys.executable, "-m", "epdbench.cli", *container["command"][1:], *args]
+
+    def _service_port(self, ns: str, service: str) -> int | None:
+        svc = self.store.get("services", ns, service)
+        if svc is None:
+            return None
+        selector = ",".join(f"{k}={v}" for k, v in svc["spec"]["selector"].items())
+        for backend in self.store.find("pods", ns, selector=selector):
+            life = self.ready_life(backend["metadata"]["name"])
+            if life and life.port:
+                return life.port
+        return None
+
+    def _finish_job_pod(self, pod: dict, life: PodLife) -> None:
+        """The load generator exited: its pod Succeeded or Failed, and its Job says so."""
+        code = life.process.returncode
+        life.ready = True     # nothing left to step
+        container = pod["spec"]["containers"][0]
+        pod["status"] = {"phase": "Succeeded" if code == 0 else "Failed", "containerStatuses": [{
+            "name": container["name"], "ready": False, "restartCount": 0, "image": container["image"],
+            "state": {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}}}]}
+        pod["metadata"]["resourceVersion"] = self.store.next_version()
+        job = self.store.get("jobs", pod["metadata"]["namespace"], life.job)
+        if job is not None:
+            job["status"] = ({"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]} if code == 0
+                             else {"failed": 1, "conditions": [{"type": "Failed", "status": "True",
+                                                                "reason": "BackoffLimitExceeded",
+                                                                "message": "Job has reached the specified backoff limit"}]})
+            job["metadata"]["resourceVersion"] = self.store.next_version()
 
     async def _healthy(self, port: int) -> bool:
         try:
