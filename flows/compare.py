@@ -23,6 +23,7 @@ from epdbench.analysis.trials import aggregate_trials
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, spec_to_yaml
 from epdbench.specs.workload import build_requests, plan_cells
 from epdbench.flows.outputs import prefect_summary_artifact, report_meta, verdict_view
+from epdbench.flows.incluster import LoadgenIncomplete, run_suite_in_cluster
 from epdbench.flows.suite import CellTimeout, DeploymentDied, run_suite, say
 from epdbench.tasks import evidence, publish
 from epdbench.tasks.publish import roles_text
@@ -111,10 +112,16 @@ def run_configuration(spec: ExperimentSpec, config: ConfigurationSpec, run: str,
         calibration = calibrate_prompts(engine.url, spec, str(rdir / "calibration.json"))
         first = snap = evidence.snapshot(dep)
         suites: dict[str, dict] = {}
+        in_cluster = spec.target.kind == "kubernetes" and spec.target.kubernetes.loadgen.run_in == "cluster"
         for suite in spec.suites:
-            items = run_suite(dep.endpoint, spec, suite.name, config.name, run, str(rdir / "records.parquet"),
-                              calibration, skip, progress, deadline, dep.health,
-                              (lambda: evidence.scrape_metrics(dep)) if emulated else None)
+            if in_cluster:
+                items = run_suite_in_cluster(dep, target.schema_version(dep.api, spec), spec, suite.name, config,
+                                             run, str(rdir / "records.parquet"), calibration, skip, progress,
+                                             job_timeout_s(spec, suite.name, deadline))
+            else:
+                items = run_suite(dep.endpoint, spec, suite.name, config.name, run, str(rdir / "records.parquet"),
+                                  calibration, skip, progress, deadline, dep.health,
+                                  (lambda: evidence.scrape_metrics(dep)) if emulated else None)
             after = evidence.snapshot(dep)
             rows = [r for item in items for r in item["rows"]]
             suites[suite.name] = evidence.suite_evidence(dep, config, snap, after, rows, emulated)
@@ -138,6 +145,8 @@ def run_configuration(spec: ExperimentSpec, config: ConfigurationSpec, run: str,
         outcome.error = f"timed out: {e}"
     except DeploymentDied as e:
         outcome.error = f"a process of the deployment died: {e}"
+    except LoadgenIncomplete as e:
+        outcome.error = f"in-cluster load generator: {e}"
     except Exception as e:  # noqa: BLE001 - a failed configuration must not stop the others
         if INTERRUPTED.is_set():
             raise KeyboardInterrupt from e
@@ -155,6 +164,15 @@ def run_configuration(spec: ExperimentSpec, config: ConfigurationSpec, run: str,
     write_json(ev_dir / "outcome.json", {"ok": outcome.ok, "status": outcome.status, "error": outcome.error,
                                          "router": outcome.router})
     return outcome
+
+
+def job_timeout_s(spec: ExperimentSpec, suite: str, deadline: float | None) -> float:
+    """How long a suite's load generator Job may take: what is left of the configuration's deadline, else the
+    cell timeout (30 min when unset) for each of the suite's cells and trials."""
+    if deadline is not None:
+        return max(1.0, deadline - time.monotonic())
+    cells = sum(1 for c in plan_cells(spec) if c.suite == suite) * spec.trials
+    return (spec.cell_timeout_s or 1800.0) * max(1, cells)
 
 
 def run_name_for(spec: ExperimentSpec, now: dt.datetime | None = None) -> str:

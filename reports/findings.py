@@ -165,6 +165,10 @@ def target_line(meta: dict) -> str:
         return ("Simulator run: timings come from the cost model of the hardware figures, transport verdicts are "
                 "emulated; it shows the shape of the trade-offs, never a hardware measurement.")
     line = f"Hardware run on {meta['target']}: results hold for this node, image and engine flags."
+    if meta.get("client") == "in-cluster":
+        where = {"router-node": "on the router's node", "other-node": "on another node than the router's",
+                 "any": "where the scheduler put it"}.get(meta.get("client_placement"), "")
+        line += f" The load generator ran inside the cluster as a Job {where}, reaching the router by its Service."
     if meta.get("client") in ("service-proxy", "port-forward"):
         hop = "the API server's service proxy" if meta["client"] == "service-proxy" else "a port-forward"
         line += (f" The load generator ran outside the cluster and reached the router through {hop}: that hop "

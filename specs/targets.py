@@ -109,6 +109,12 @@ class KubeNodeSpec(Strict):
 
 
 class KubeLoadgenSpec(Strict):
+    run_in: Literal["cluster", "runner"] = Field(
+        "cluster", title="Where the load generator runs",
+        description="cluster: each suite is measured by a Job in the namespace (runner_image), next to the "
+                    "router, as the published hardware runs were; runner: from the machine running epdbench, "
+                    "through `access` — the API server's proxy or a port-forward is then in every figure "
+                    "(for clusters where Jobs are not allowed).")
     placement: Literal["router-node", "other-node", "any"] = Field(
         "router-node", title="Placement",
         description="Where the load generator Job's pod runs: on the router's node (the client next to the "

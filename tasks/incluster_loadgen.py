@@ -19,8 +19,9 @@ from epdbench.tasks.looplag import LoopLag
 
 
 async def run_suite_lines(spec: ExperimentSpec, suite: str, url: str, calibration: dict | None, run: str,
-                          write: Callable[[str], None]) -> int:
-    """Measure every cell and trial of `suite` against `url`, writing wire lines; returns the records written."""
+                          write: Callable[[str], None], only: set[str] | None = None) -> int:
+    """Measure every cell and trial of `suite` against `url` (or only the `cell#tN` in `only`), writing wire
+    lines; returns the records written."""
     cells = [c for c in plan_cells(spec) if c.suite == suite]
     if not cells:
         raise ValueError(f"suite {suite!r} is not in spec {spec.name} (suites: "
@@ -31,6 +32,8 @@ async def run_suite_lines(spec: ExperimentSpec, suite: str, url: str, calibratio
     async with LoadGenerator(url, spec.model.name, spec.request_timeout_s, run_tag=run[-8:]) as lg:
         for trial in range(spec.trials):
             for batch in batches:
+                if only is not None and not any(f"{c.cell_id}#t{trial}" in only for c in batch):
+                    continue
                 requests = [build_requests(spec, c, trial, calibration=cal) for c in batch]
                 cell_of = {r.prompt_hash: c.cell_id for c, reqs in zip(batch, requests) for r in reqs}
 
@@ -47,5 +50,6 @@ async def run_suite_lines(spec: ExperimentSpec, suite: str, url: str, calibratio
     return out.records
 
 
-def run_loadgen(spec: ExperimentSpec, suite: str, url: str, calibration: dict | None, run: str) -> int:
-    return asyncio.run(run_suite_lines(spec, suite, url, calibration, run, lambda line: print(line, flush=True)))
+def run_loadgen(spec: ExperimentSpec, suite: str, url: str, calibration: dict | None, run: str,
+                only: set[str] | None = None) -> int:
+    return asyncio.run(run_suite_lines(spec, suite, url, calibration, run, lambda line: print(line, flush=True), only))

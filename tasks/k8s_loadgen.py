@@ -30,11 +30,14 @@ def job_state(job: dict) -> str | None:
 def run_loadgen_job(api: KubeApi, spec: ExperimentSpec, config: ConfigurationSpec, run: str, suite: str,
                     spec_yaml: str, calibration: dict | None, version: str, timeout_s: float,
                     poll_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
-                    sleep: Callable[[float], None] = time.sleep) -> LoadgenResult:
+                    sleep: Callable[[float], None] = time.sleep, only: list[str] | None = None) -> LoadgenResult:
+    """`only`: the `cell#tN` the Job measures (a resumed suite); None: all of them."""
     objects = render_loadgen(spec, config, run, spec_yaml, calibration)
-    validate_manifests(objects, version)
     config_map = objects[0]
     job = next(o for o in objects[1:] if o["metadata"]["annotations"]["epdbench/suite"] == suite)
+    if only is not None:
+        job["spec"]["template"]["spec"]["containers"][0]["args"] += ["--only", ",".join(only)]
+    validate_manifests([config_map, job], version)
     name = job["metadata"]["name"]
     api.apply(config_map)
     api.apply(job)

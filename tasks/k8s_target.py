@@ -96,10 +96,15 @@ def _start(spec: ExperimentSpec, config: ConfigurationSpec, run_dir: Path, log_d
         raise
 
 
+def schema_version(api: KubeApi, spec: ExperimentSpec) -> str:
+    """The schema version manifests are validated against: the spec's, else the cluster's (bundled range)."""
+    return spec.target.kubernetes.version or schema_version_for(api.server_version())
+
+
 def prepare_manifests(api: KubeApi, spec: ExperimentSpec, config: ConfigurationSpec, run: str,
                       out_dir: Path) -> list[dict]:
     """Render, validate against the cluster's schema version, and keep a copy of what will be applied."""
-    version = spec.target.kubernetes.version or schema_version_for(api.server_version())
+    version = schema_version(api, spec)
     objects = render_manifests(spec, config, run)
     validate_manifests(objects, version)
     out_dir.mkdir(parents=True, exist_ok=True)

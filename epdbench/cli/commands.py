@@ -291,7 +291,8 @@ def cmd_loadgen(args) -> int:
         except (OSError, ValueError) as e:
             raise CliError(f"{args.calibration}: unreadable calibration ({type(e).__name__}: {e})") from None
     try:
-        run_loadgen(spec, args.suite, args.url, calibration, args.run)
+        only = set(filter(None, args.only.split(","))) if args.only else None
+        run_loadgen(spec, args.suite, args.url, calibration, args.run, only)
     except ValueError as e:
         raise CliError(str(e)) from None
     return EXIT_OK

@@ -60,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     lg.add_argument("--url", required=True, help="router URL, e.g. http://pd-tcp-router:8000")
     lg.add_argument("--calibration", default=None, help="calibration.json of the run (prompt lengths)")
     lg.add_argument("--run", default="loadgen", help="run name (request ids carry its tail)")
+    lg.add_argument("--only", default=None, help="comma-separated CELL#tTRIAL to measure (default: every cell)")
 
     m = sub.add_parser("manifests", help="render and validate the Kubernetes manifests of configurations")
     m.add_argument("--spec", default="smoke", help="spec YAML path or preset name (default: smoke)")

@@ -84,6 +84,9 @@ def test_a_configuration_that_never_schedules_fails_with_its_reason_and_the_next
     records = pd.read_parquet(run["out"] / "records.parquet")
     epd = records[records["config"] == "epd"]
     assert set(epd["suite"]) == {"fixed", "mm"} and epd["ok"].all()
+    # measured inside the (fake) cluster by one load generator Job per suite, every planned request once
+    assert "[epd] fixed: measured by a load generator Job in the cluster (router-node)" in run["output"]
+    assert epd.groupby(["cell", "phase"])["prompt_hash"].nunique().equals(epd.groupby(["cell", "phase"]).size())
 
 
 def test_evidence_and_manifests_land_in_the_results_folder(run):

@@ -3,12 +3,15 @@
 planned requests, each once — before the Job goes; a Job that fails is reported with what it left."""
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from epdbench.specs.models import spec_to_yaml
 from epdbench.specs.workload import build_requests, plan_cells
 from epdbench.tasks import k8s_target
 from epdbench.tasks.k8s_loadgen import job_state, run_loadgen_job
+from epdbench.tasks.loadgen import LoadGenerator
 from tests.k8s.fake_apiserver import cluster  # noqa: F401
 from tests.tasks.test_k8s_target import assert_nothing_left, start_config
 
@@ -31,6 +34,15 @@ def test_a_suite_measured_by_a_job_returns_every_planned_request_once(cluster, t
         assert set(result.noise) == {(cell, 0) for cell in planned}
         assert not fake.objects("Job")                                   # the Job and its pod went after the read
         assert [o["metadata"]["name"] for o in fake.objects("ConfigMap")] == ["aggregated-loadgen"]
+        # the outside path (the runner through the API server's proxy) sends the very same requests
+        outside = []
+        for cell in (c for c in plan_cells(spec) if c.suite == "fixed"):
+            async def go(cell=cell):
+                async with LoadGenerator(dep.endpoint, spec.model.name, timeout_s=60) as lg:
+                    return await lg.run_cell(build_requests(spec, cell, 0), cell.concurrency)
+            outside += [(cell.cell_id, r.phase, r.prompt_hash) for r in asyncio.run(go())]
+        inside = [(r["cell"], r["phase"], r["prompt_hash"]) for r in result.records]
+        assert len(inside) == len(outside) and sorted(inside) == sorted(outside)
     finally:
         k8s_target.stop(dep)
     assert_nothing_left(fake)

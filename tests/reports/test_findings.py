@@ -86,5 +86,6 @@ def test_a_kubernetes_run_measured_from_outside_says_the_api_server_hop_is_in_ev
     outside = target_line({"target": "kubernetes", "client": "service-proxy"})
     assert "through the API server's service proxy" in outside and "in every TTFT and ITL figure" in outside
     assert "a port-forward" in target_line({"target": "kubernetes", "client": "port-forward"})
-    assert "outside the cluster" not in target_line({"target": "kubernetes", "client": "in-cluster"})
+    inside = target_line({"target": "kubernetes", "client": "in-cluster", "client_placement": "router-node"})
+    assert "outside the cluster" not in inside and "inside the cluster as a Job on the router's node" in inside
     assert target_line({"target": "sim", "client": "loopback"}).startswith("Simulator run")
