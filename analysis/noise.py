@@ -43,7 +43,8 @@ SAMPLE_CI_METRICS = {"ttft_p50_ms": 50, "ttft_p95_ms": 95, "ttft_p99_ms": 99, "t
 Z95 = 1.959964
 
 
-def _finite(v) -> float | None:
+def finite(v) -> float | None:
+    """A number as float; None for None, NaN or anything that is not a number."""
     if v is None:
         return None
     try:
@@ -129,21 +130,21 @@ def percentile_ci_half(values, q: float) -> float | None:
 
 def lag_ms(row) -> float:
     """The cell's noise from lag: the larger p99 of emulation lag and client lag (0 when unmeasured)."""
-    return max([x for x in (_finite(row.get(c)) for c in NOISE_COLUMNS) if x is not None], default=0.0)
+    return max([x for x in (finite(row.get(c)) for c in NOISE_COLUMNS) if x is not None], default=0.0)
 
 
 def is_contaminated(row) -> bool:
     """Lag p99 above CONTAMINATION_FRACTION of the smallest latency figure of the cell host load can move."""
     lag = lag_ms(row)
     movable = [m for m in LATENCY_METRICS if not (row.get("timing") == "modelled" and m in ARRIVAL_ONLY)]
-    figures = [x for x in (_finite(row.get(m)) for m in movable) if x is not None and x > 0]
+    figures = [x for x in (finite(row.get(m)) for m in movable) if x is not None and x > 0]
     return bool(lag and figures and lag > CONTAMINATION_FRACTION * min(figures))
 
 
 def cell_noise(noise: dict | None, config: str, cell_id, trial) -> dict:
     """The lag figures of one cell attempt from `noise` ((config, cell id, trial) → {column: value})."""
     found = (noise or {}).get((config, cell_id, int(trial))) or {}
-    return {col: _finite(found.get(col)) for col in NOISE_COLUMNS}
+    return {col: finite(found.get(col)) for col in NOISE_COLUMNS}
 
 
 def timing_of(values) -> str | None:
@@ -161,14 +162,14 @@ def delivery_lag_p99_ms(modelled_offsets, arrival_offsets) -> float | None:
 
 def band(row, metric: str) -> float:
     """Half-width of the noise band around `row[metric]` (row from analysis.trials.aggregate_trials)."""
-    value = _finite(row.get(metric))
+    value = finite(row.get(metric))
     if value is None:
         return 0.0
-    ci = _finite(row.get(f"{metric}_ci95"))
+    ci = finite(row.get(f"{metric}_ci95"))
     if int(row.get("trials") or 1) > 1 and ci is not None:
         half = ci
     else:
-        half = max(RUN_TO_RUN_SPREAD.get(metric, 0.05) * abs(value), _finite(row.get(f"{metric}_sample_ci95")) or 0.0)
+        half = max(RUN_TO_RUN_SPREAD.get(metric, 0.05) * abs(value), finite(row.get(f"{metric}_sample_ci95")) or 0.0)
     if metric.endswith("_ms") and not (row.get("timing") == "modelled" and metric in ARRIVAL_ONLY):
         half = max(half, lag_ms(row))
     return half
@@ -176,7 +177,7 @@ def band(row, metric: str) -> float:
 
 def distinct(a, b, metric: str) -> bool:
     """True when the values of `metric` in rows a and b differ by more than their noise bands together."""
-    va, vb = _finite(a.get(metric)), _finite(b.get(metric))
+    va, vb = finite(a.get(metric)), finite(b.get(metric))
     if va is None or vb is None:
         return False
     return abs(va - vb) > band(a, metric) + band(b, metric)

@@ -52,6 +52,7 @@ def estimate_cell_seconds(spec: ExperimentSpec, config: ConfigurationSpec, cell:
 def plan(spec: ExperimentSpec) -> list[dict]:
     rows: list[dict] = []
     cells = plan_cells(spec)
+    scale = spec.target.sim.time_scale if spec.target.kind == "sim" else 1.0   # a dilated simulator runs slower
     requests = {c.cell_id: build_requests(spec, c) for c in cells}
     for config in spec.configurations:
         for cell in cells:
@@ -62,7 +63,7 @@ def plan(spec: ExperimentSpec) -> list[dict]:
             rows.append({"config": config.name, "suite": cell.suite, "workload": cell.workload,
                          "concurrency": cell.concurrency, "stream": cell.stream, "n_warmup": cell.n_warmup,
                          "n_measured": cell.n_measured, "prompt_set_hash": prompt_set_hash(reqs),
-                         "est_seconds": round(est * spec.trials, 1)})
+                         "est_seconds": round(est * spec.trials * scale, 1)})
     return rows
 
 

@@ -16,7 +16,6 @@ History: one value per past run (the mean over its trials), newest last, the las
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from statistics import median
 
@@ -24,6 +23,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from epdbench.analysis.metrics import LOWER_IS_BETTER
+from epdbench.analysis.noise import finite
 from epdbench.analysis.trials import mean_ci
 
 MAD_TO_SIGMA = 1.4826
@@ -169,23 +169,13 @@ def judge_cell(metric: str, tonight: list[float], past: list[PastRun], sigma_poo
     return "insufficient-history", None, None, None, "none"
 
 
-def _number(v) -> float | None:
-    if v is None:
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(f) else f
-
-
 def past_runs(history: pd.DataFrame, metric: str, last_n: int) -> dict[tuple, list[PastRun]]:
     """cell key → its last `last_n` past runs with a value of `metric`, oldest first."""
     if history.empty or metric not in history:
         return {}
     grouped: dict[tuple, dict[str, tuple[str, str, list[float]]]] = {}
     for row in history[CELL + ["run_id", "run_name", "started", metric]].to_dict("records"):
-        value = _number(row[metric])
+        value = finite(row[metric])
         if value is None:
             continue
         runs = grouped.setdefault(tuple(row[k] for k in CELL), {})
@@ -208,7 +198,7 @@ def tonight_values(tonight: pd.DataFrame, metric: str) -> dict[tuple, list[float
     if metric not in tonight:
         return out
     for row in tonight[CELL + [metric]].to_dict("records"):
-        value = _number(row[metric])
+        value = finite(row[metric])
         if value is not None:
             out.setdefault(tuple(row[k] for k in CELL), []).append(value)
     return out

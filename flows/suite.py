@@ -46,7 +46,7 @@ def cell_status(rows: list[dict], max_failed_fraction: float, dead: list[str]) -
     return "ok", ""
 
 
-def _cell_line(config: str, cell: Cell, trial: int, s: dict) -> str:
+def cell_line(config: str, cell: Cell, trial: int, s: dict) -> str:
     def f(v, unit=" ms"):
         return "—" if v is None else f"{v:.1f}{unit}"
     line = (f"  [{config}] {cell.suite} {cell.workload} c={cell.concurrency} trial {trial}: "
@@ -91,7 +91,7 @@ def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run:
         for cell, cell_rows in batch:   # on disk first (records, then the ledger), then announced
             status, reason = cell_status(cell_rows, spec.max_failed_fraction, dead)
             record_attempt(rdir, config, cell.cell_id, trial, status, reason, noise)
-            say(_cell_line(config, cell, trial, summaries.loc[cell.stream].to_dict()))
+            say(cell_line(config, cell, trial, summaries.loc[cell.stream].to_dict()))
             if status != "ok":
                 say(f"  [{config}] {cell.suite} {cell.workload} c={cell.concurrency} trial {trial}: {status}: "
                     f"{reason}")

@@ -44,6 +44,7 @@ def assert_exact_cells(out: Path, spec_path: Path):
     assert rec["request_id"].is_unique
 
 
+@pytest.mark.slow      # three comparisons, about a minute
 def test_interrupted_run_resumes_to_exactly_the_cells_of_an_uninterrupted_run(tmp_path, tiny_spec_path):
     out, db = tmp_path / "results", tmp_path / "mlflow.db"
     proc = subprocess.Popen([sys.executable, "-m", "epdbench.cli", "compare", "--spec", str(tiny_spec_path),

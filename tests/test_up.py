@@ -13,7 +13,7 @@ import pytest
 
 from tests.processes import marked_processes
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]     # a Prefect and an MLflow server: over a minute
 ROOT = Path(__file__).parents[1]
 
 

@@ -3,7 +3,7 @@ import json
 
 from epdbench.cli import main
 from epdbench.specs.models import load_spec
-from epdbench.analysis.plan import plan, total_seconds
+from epdbench.analysis.plan import STARTUP_S, plan, total_seconds
 
 KEYS = {"config", "suite", "workload", "concurrency", "stream", "n_warmup", "n_measured", "prompt_set_hash",
         "est_seconds"}
@@ -43,3 +43,14 @@ def test_plan_json_cli(capsys):
     rows = json.loads(capsys.readouterr().out)
     assert rows and all(r["config"] == "pd-tcp" and set(r) == KEYS for r in rows)
     assert main(["plan", "--configs", "nope"]) == 2
+
+
+def test_a_dilated_simulator_is_estimated_that_much_slower():
+    from epdbench.specs.models import parse_spec
+    data = load_spec("smoke").model_dump(mode="json")
+    data["target"]["sim"]["time_scale"] = 3
+    plain, dilated = plan(load_spec("smoke")), plan(parse_spec(data))
+    assert all(abs(d["est_seconds"] - 3 * p["est_seconds"]) <= 0.2 for d, p in zip(dilated, plain))   # rounding
+    startup = STARTUP_S * len(load_spec("smoke").configurations)
+    measured = total_seconds(load_spec("smoke"), plain) - startup
+    assert abs(total_seconds(load_spec("smoke"), dilated) - startup - 3 * measured) < 2.0

@@ -1,5 +1,6 @@
 """Load generator timing with a scripted clock (no socket), and against a loopback server."""
 import asyncio
+import contextlib
 
 import pytest
 from aiohttp import web
@@ -105,24 +106,30 @@ def fake_server():
     return handler, state
 
 
+@contextlib.asynccontextmanager
+async def serving(handler):
+    """`handler` as POST /v1/completions on a loopback port; yields the port."""
+    app = web.Application()
+    app.router.add_post("/v1/completions", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield site._server.sockets[0].getsockname()[1]
+    finally:
+        await runner.cleanup()
+
+
 def test_closed_loop_against_loopback_server(fake_server):
     handler, state = fake_server
 
     async def go():
-        app = web.Application()
-        app.router.add_post("/v1/completions", handler)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        try:
+        async with serving(handler) as port:
             reqs = [_request(0, "warmup"), *[_request(i) for i in range(1, 7)], _request(7, max_tokens=99),
                     _request(8, max_tokens=77)]
             async with LoadGenerator(f"http://127.0.0.1:{port}", "m", timeout_s=10) as lg:
                 return await lg.run_cell(reqs, concurrency=3)
-        finally:
-            await runner.cleanup()
 
     recs = asyncio.run(go())
     assert [r.index for r in recs] == list(range(9))
@@ -150,21 +157,12 @@ def test_time_scale_divides_every_stamp_and_stretches_arrivals_and_the_timeout()
             await resp.write(completion_chunk(" a", {"prompt_tokens": 1, "completion_tokens": 1}))
             await resp.write(b"data: [DONE]\n\n")
             return resp
-        app = web.Application()
-        app.router.add_post("/v1/completions", handler)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        try:
+        async with serving(handler) as port:
             late = RequestSpec(1, "measured", "completions", {"prompt": "x", "max_tokens": 1}, 1, 1, "h1",
                                offset_s=0.05)                     # a modelled 50 ms after the cell starts
             async with LoadGenerator(f"http://127.0.0.1:{port}", "m", timeout_s=10, time_scale=4.0) as lg:
                 assert lg.timeout_s == 40.0
                 return await lg.run_phase(lg.session, [late], concurrency=1)
-        finally:
-            await runner.cleanup()
 
     (rec,) = asyncio.run(go())
     assert rec.ok
