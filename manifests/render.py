@@ -86,6 +86,7 @@ def engine_env(spec: ExperimentSpec, config: ConfigurationSpec, role: str) -> li
             env.append({"name": "MC_FORCE_TCP", "value": "1"})
     if ec_transfer_config(spec, config, role):
         env.append({"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(NIXL_SIDE_CHANNEL_PORT)})
+    env += [{"name": k, "value": v} for k, v in sorted(spec.target.kubernetes.engine.env.items())]   # the spec's own
     return env
 
 

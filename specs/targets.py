@@ -1,6 +1,7 @@
 """Where a comparison runs: the embedded simulator or a Kubernetes cluster."""
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal, Union
 
 from pydantic import Field, model_validator
@@ -49,6 +50,8 @@ class SimTargetSpec(Strict):
 
 
 K8S_NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+RESERVED_ENGINE_ENV = {"HF_HOME", "HF_TOKEN", "MC_TE_METRIC", "MC_TE_METRIC_INTERVAL_SECONDS", "MC_FORCE_TCP",
+                       "VLLM_MOONCAKE_BOOTSTRAP_PORT", "VLLM_NIXL_SIDE_CHANNEL_PORT"}
 K8S_QUANTITY = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$"
 
 
@@ -64,6 +67,22 @@ class KubeEngineSpec(Strict):
                                                     "(gated models); none: no token.")
     ec_connector: str = Field("ECCPUConnector", min_length=1, title="Encoder-cache connector",
                               description="vLLM ec_connector of EPD encode (producer) and prefill (consumer).")
+    env: dict[str, str] = Field(default_factory=dict, title="Extra engine environment",
+                                description="Added to every engine container, e.g. MC_GID_INDEX, MC_IB_TC or "
+                                            "NCCL_IB_GID_INDEX on a RoCE cluster. The variables epdbench sets "
+                                            "for its evidence (HF_HOME, HF_TOKEN, MC_TE_METRIC, "
+                                            "MC_TE_METRIC_INTERVAL_SECONDS, MC_FORCE_TCP, "
+                                            "VLLM_MOONCAKE_BOOTSTRAP_PORT, VLLM_NIXL_SIDE_CHANNEL_PORT) cannot be "
+                                            "overridden.")
+
+    @model_validator(mode="after")
+    def _check_env(self) -> "KubeEngineSpec":
+        for name in self.env:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+                raise ValueError(f"engine.env: {name!r} is not an environment variable name")
+            if name in RESERVED_ENGINE_ENV:
+                raise ValueError(f"engine.env: {name} is set by epdbench for its evidence and cannot be overridden")
+        return self
 
 
 class KubeRouterSpec(Strict):

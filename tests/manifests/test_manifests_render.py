@@ -329,3 +329,18 @@ def test_manifests_command_rejects_an_unknown_configuration_in_one_line(tmp_path
     assert cli_main(["manifests", "--spec", "pd-text", "--config", "epd", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.strip().count("\n") == 0 and "--config epd" in err
+
+
+def test_extra_engine_environment_reaches_every_engine_and_cannot_override_the_evidence_switches():
+    data = load_spec("pd-text").model_dump(mode="json")
+    data["target"]["kubernetes"]["engine"]["env"] = {"MC_GID_INDEX": "3", "NCCL_IB_GID_INDEX": "3"}
+    spec = parse_spec(data)
+    objects = render_manifests(spec, spec.configuration("pd-rdma"), "r1")
+    validate_manifests(objects, "1.31")
+    for sts in (o for o in objects if o["kind"] == "StatefulSet"):
+        env = {e["name"]: e.get("value") for e in sts["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert env["MC_GID_INDEX"] == "3" and env["NCCL_IB_GID_INDEX"] == "3" and env["MC_TE_METRIC"] == "1"
+    for bad, why in [({"MC_FORCE_TCP": "0"}, "MC_FORCE_TCP is set by epdbench"), ({"1X": "a"}, "not an environment")]:
+        data["target"]["kubernetes"]["engine"]["env"] = bad
+        with pytest.raises(SpecError, match=why):
+            parse_spec(data)
