@@ -81,3 +81,14 @@ def precise_sleep():
         except (OSError, AttributeError):
             pass
     return asyncio.sleep
+
+
+async def cancel_and_wait(task: "asyncio.Task | None") -> None:
+    """Cancel a background task and wait until it has ended (its cancellation swallowed)."""
+    if task is None:
+        return
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass

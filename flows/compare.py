@@ -106,7 +106,7 @@ def run_configuration(spec: ExperimentSpec, config: ConfigurationSpec, run: str,
         outcome.router = dep.router
         say(f"[{config.name}] serving at {dep.endpoint} via {dep.router}")
         emulated = spec.target.kind == "sim"
-        scale = spec.target.sim.time_scale if emulated else 1.0
+        scale = spec.time_scale
         deadline = (time.monotonic() + spec.configuration_timeout_s * scale) if spec.configuration_timeout_s else None
         engine = next(p for p in dep.engines if p.role in ("server", "prefill"))
         calibration = calibrate_prompts(engine.url, spec, str(rdir / "calibration.json"))

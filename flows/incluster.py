@@ -11,7 +11,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from epdbench.analysis.metrics import summarize
-from epdbench.flows.suite import cell_line, cell_status, say
+from epdbench.flows.suite import announce_cell, cell_status, say
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, spec_to_yaml
 from epdbench.specs.workload import plan_cells
 from epdbench.tasks.k8s_loadgen import run_loadgen_job
@@ -69,9 +69,7 @@ def run_suite_in_cluster(dep, version: str, spec: ExperimentSpec, suite: str, co
         status, reason = cell_status(rows, spec.max_failed_fraction, [])
         record_attempt(rdir, config.name, cell_id, trial, status, reason, noise)
         summary = summarize(pd.DataFrame(rows), noise={(config.name, cell_id, trial): noise}).iloc[0].to_dict()
-        say(cell_line(config.name, cell, trial, summary))
-        if status != "ok":
-            say(f"  [{config.name}] {cell.suite} {cell.workload} c={cell.concurrency} trial {trial}: {status}: {reason}")
+        announce_cell(config.name, cell, trial, summary, status, reason)
         if progress:
             progress.cell_done()
         done.append({"cell": cell, "trial": trial, "rows": rows, "status": status, "reason": reason})

@@ -72,7 +72,7 @@ def report_meta(spec: ExperimentSpec, run: str, outcomes: dict[str, ConfigOutcom
         "title": f"epdbench: {spec.name} on {target}",
         "run": run, "spec": spec.name, "target": spec.target.kind, "model": spec.model.name,
         "hardware": f"{spec.hardware.gpu} figures", "seed": spec.seed, "trials": spec.trials,
-        "time_scale": spec.target.sim.time_scale if spec.target.kind == "sim" else 1.0,
+        "time_scale": spec.time_scale,
         "client": ("loopback" if spec.target.kind == "sim" else "in-cluster"
                    if spec.target.kubernetes.loadgen.run_in == "cluster" else spec.target.kubernetes.access),
         "client_placement": spec.target.kubernetes.loadgen.placement if spec.target.kind == "kubernetes" else None,

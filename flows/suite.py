@@ -58,6 +58,13 @@ def cell_line(config: str, cell: Cell, trial: int, s: dict) -> str:
     return line
 
 
+def announce_cell(config: str, cell: Cell, trial: int, summary: dict, status: str, reason: str) -> None:
+    """The cell's one line, and a second with the reason when it is not ok."""
+    say(cell_line(config, cell, trial, summary))
+    if status != "ok":
+        say(f"  [{config}] {cell.suite} {cell.workload} c={cell.concurrency} trial {trial}: {status}: {reason}")
+
+
 @task(name="run-suite", cache_policy=NO_CACHE, retries=0)
 def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run: str, records_path: str,
               calibration: dict, skip: frozenset = frozenset(), progress=None,
@@ -91,10 +98,7 @@ def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run:
         for cell, cell_rows in batch:   # on disk first (records, then the ledger), then announced
             status, reason = cell_status(cell_rows, spec.max_failed_fraction, dead)
             record_attempt(rdir, config, cell.cell_id, trial, status, reason, noise)
-            say(cell_line(config, cell, trial, summaries.loc[cell.stream].to_dict()))
-            if status != "ok":
-                say(f"  [{config}] {cell.suite} {cell.workload} c={cell.concurrency} trial {trial}: {status}: "
-                    f"{reason}")
+            announce_cell(config, cell, trial, summaries.loc[cell.stream].to_dict(), status, reason)
             if progress:
                 progress.cell_done()
             done.append({"cell": cell, "trial": trial, "rows": cell_rows, "status": status, "reason": reason})
@@ -102,7 +106,7 @@ def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run:
             raise DeploymentDied("; ".join(dead))
 
     live = LiveCell()
-    scale = spec.target.sim.time_scale if spec.target.kind == "sim" else 1.0
+    scale = spec.time_scale
 
     async def measured(work):
         """Run one cell's (or mixed window's) work; returns (its result, its noise figures)."""

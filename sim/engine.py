@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from epdbench.physics.costmodel import CostModel, chunk_prefill
 from epdbench.specs.models import EngineSpec
+from epdbench.timer import cancel_and_wait
 
 
 @dataclass
@@ -92,12 +93,7 @@ class Engine:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._task)
 
     def submit(self, seq: Sequence) -> None:
         seq.arrived = self.clock()

@@ -96,6 +96,11 @@ class ExperimentSpec(Strict):
                                  "'target.kubernetes.node.rdma_resource' is not set: name the RDMA device "
                                  "plugin's resource, e.g. rdma/rdma_shared_device_a")
 
+    @property
+    def time_scale(self) -> float:
+        """How many times slower than real time the target runs: a dilated simulator's factor, else 1."""
+        return self.target.sim.time_scale if self.target.kind == "sim" else 1.0
+
     def configuration(self, name: str) -> ConfigurationSpec:
         for c in self.configurations:
             if c.name == name:

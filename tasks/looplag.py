@@ -11,7 +11,7 @@ import asyncio
 import time
 from array import array
 
-from epdbench.timer import precise_sleep
+from epdbench.timer import cancel_and_wait, precise_sleep
 
 TICK_S = 0.005           # 200 wake-ups a second: cheap, and finer than the decode steps it guards
 MAX_TICKS = 2_000_000    # about 3 hours of ticks (8 MB); later ticks are not kept
@@ -38,12 +38,7 @@ class LoopLag:
         return self
 
     async def __aexit__(self, *exc) -> None:
-        if self._task:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._task)
         close = getattr(getattr(self._sleep, "__self__", None), "close", None)
         if close:
             close()
