@@ -103,13 +103,26 @@ def uses_rdma(config: ConfigurationSpec, role: str) -> bool:
     return config.kv_transport == "rdma" and moves_kv(config, role)
 
 
-def engine_resources(target: KubernetesTargetSpec, config: ConfigurationSpec, role: RoleSpec) -> dict[str, int]:
-    limits = {target.node.gpu_resource: role.tp}
+def cpu_memory(cpu: str | None, memory: str | None) -> dict[str, str]:
+    """The spec's CPU and memory that are set, as a requests or limits map."""
+    return {name: value for name, value in (("cpu", cpu), ("memory", memory)) if value is not None}
+
+
+def engine_resources(target: KubernetesTargetSpec, config: ConfigurationSpec, role: RoleSpec) -> dict[str, dict]:
+    """GPUs and RDMA interfaces as limits (extended resources' requests default to them), plus the spec's
+    CPU and memory, when set, as both request and limit."""
+    limits: dict = {target.node.gpu_resource: role.tp}
     if uses_rdma(config, role.role):
         if not target.node.rdma_resource:
             raise ManifestError(f"{config.name}: KV over RDMA needs target.kubernetes.node.rdma_resource")
         limits[target.node.rdma_resource] = role.rdma_interfaces
-    return limits
+    fixed = cpu_memory(target.engine.cpu, target.engine.memory)
+    return ({"requests": fixed} if fixed else {}) | {"limits": limits | fixed}
+
+
+def router_resources(target: KubernetesTargetSpec) -> dict[str, dict]:
+    fixed = cpu_memory(target.router.cpu, target.router.memory)
+    return {"requests": fixed, "limits": dict(fixed)} if fixed else {}
 
 
 def role_context(spec: ExperimentSpec, config: ConfigurationSpec, role: RoleSpec, run: str) -> dict:
@@ -164,7 +177,7 @@ def router_context(spec: ExperimentSpec, config: ConfigurationSpec, run: str) ->
     return {"name": object_name(config, "router"), "kind": name,
             "labels": labels(run, config, "router"), "selector": selector_labels(config, "router"),
             "image": target.router.image or target.engine.image,
-            "command": command, "args": args, "env": router_urls_env(config)}
+            "command": command, "args": args, "env": router_urls_env(config), "resources": router_resources(target)}
 
 
 def dns_label(text: str, limit: int = 63) -> str:

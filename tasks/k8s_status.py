@@ -2,7 +2,9 @@
 pods run, whether the GPU node can hold it. Functions of API dicts only; no client, no I/O."""
 from __future__ import annotations
 
+import re
 from collections import defaultdict
+from fractions import Fraction
 
 from epdbench.manifests.render import LABEL_RUN, LABEL_ROLE
 
@@ -134,32 +136,65 @@ def placement(pods: list[dict], gpu_resource: str, rdma_resource: str | None) ->
     return out
 
 
-def quantity_count(quantity) -> int:
+QUANTITY = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"            # number
+                      r"(?:[eE]([+-]?[0-9]+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]))?$")   # exponent or suffix
+SUFFIX = {"Ki": 2 ** 10, "Mi": 2 ** 20, "Gi": 2 ** 30, "Ti": 2 ** 40, "Pi": 2 ** 50, "Ei": 2 ** 60,
+          "n": Fraction(1, 10 ** 9), "u": Fraction(1, 10 ** 6), "m": Fraction(1, 1000), None: 1,
+          "k": 10 ** 3, "M": 10 ** 6, "G": 10 ** 9, "T": 10 ** 12, "P": 10 ** 15, "E": 10 ** 18}
+
+
+def quantity(value) -> Fraction:
+    """The exact value of a Kubernetes quantity ("500m", "8", 8, "64Gi", "1G", "1.5", "1e3"); ValueError if none."""
+    match = QUANTITY.match(str(value).strip())
+    if not match:
+        raise ValueError(f"{value!r} is not a Kubernetes quantity")
+    number, exponent, suffix = match.groups()
+    return Fraction(number) * (Fraction(10) ** int(exponent) if exponent else SUFFIX[suffix])
+
+
+def quantity_count(value) -> int:
     """A device count from a Kubernetes quantity ("8", 8, "1k")."""
-    text = str(quantity)
-    for suffix, factor in (("Ki", 1024), ("Mi", 1024 ** 2), ("k", 1000), ("M", 1000 ** 2)):
-        if text.endswith(suffix):
-            return int(float(text[:-len(suffix)]) * factor)
-    return int(float(text))
+    return int(quantity(value))
+
+
+def cpu_text(cores: Fraction) -> str:
+    return f"{float(cores):g} CPU"
+
+
+def memory_text(size: Fraction) -> str:
+    return f"{float(size) / 2 ** 30:.4g}Gi"
 
 
 def node_capacity_problem(nodes: list[dict], selector: dict[str, str], gpu_resource: str, gpus: int,
-                          rdma_resource: str | None, rdma: int) -> str | None:
-    """Why no node matching the selector can hold the configuration (allocatable, not free), or None."""
+                          rdma_resource: str | None, rdma: int, cpu: Fraction = Fraction(0),
+                          memory: Fraction = Fraction(0)) -> str | None:
+    """Why no node matching the selector can hold the configuration (allocatable, not free), or None. cpu
+    (cores) and memory (bytes): the engine pods' requests together; 0 when not set."""
     if not nodes:
         return f"no node matches the GPU node selector {selector}"
 
-    def allocatable(node: dict, resource: str | None) -> int:
-        return quantity_count((node.get("status", {}).get("allocatable") or {}).get(resource, 0)) if resource else 0
+    def allocatable(node: dict, resource: str | None) -> Fraction:
+        found = (node.get("status", {}).get("allocatable") or {}).get(resource) if resource else None
+        return quantity(found) if found is not None else Fraction(0)
 
-    best = max(nodes, key=lambda n: allocatable(n, gpu_resource))
-    if allocatable(best, gpu_resource) < gpus:
-        return (f"needs {gpus} {gpu_resource} on one node, node {name_of(best)} has "
-                f"{allocatable(best, gpu_resource)} allocatable")
-    if rdma and allocatable(best, rdma_resource) < rdma:
-        return (f"needs {rdma} {rdma_resource}, node {name_of(best)} has {allocatable(best, rdma_resource)} "
-                "allocatable: check the RDMA device plugin and target.kubernetes.node.rdma_resource")
-    return None
+    def problem(node: dict) -> str | None:
+        name = name_of(node)
+        if allocatable(node, gpu_resource) < gpus:
+            return (f"needs {gpus} {gpu_resource} on one node, node {name} has "
+                    f"{int(allocatable(node, gpu_resource))} allocatable")
+        if rdma and allocatable(node, rdma_resource) < rdma:
+            return (f"needs {rdma} {rdma_resource}, node {name} has {int(allocatable(node, rdma_resource))} "
+                    "allocatable: check the RDMA device plugin and target.kubernetes.node.rdma_resource")
+        if cpu and allocatable(node, "cpu") < cpu:
+            return (f"needs {cpu_text(cpu)} for its engine pods, node {name} has "
+                    f"{cpu_text(allocatable(node, 'cpu'))} allocatable: lower target.kubernetes.engine.cpu")
+        if memory and allocatable(node, "memory") < memory:
+            return (f"needs {memory_text(memory)} of memory for its engine pods, node {name} has "
+                    f"{memory_text(allocatable(node, 'memory'))} allocatable: lower target.kubernetes.engine.memory")
+        return None
+
+    problems = [problem(n) for n in sorted(nodes, key=lambda n: allocatable(n, gpu_resource), reverse=True)]
+    return None if None in problems else problems[0]
 
 
 def other_runs(objects: list[dict], run_label: str) -> list[str]:

@@ -10,9 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from epdbench.manifests import podsecurity
 from epdbench.manifests.render import (ENGINE_PORT, LABEL_ROLE, ROUTER_PORT, ManifestError, label_value, manifest_files,
-                              object_name, render_manifests, router_command, run_selector, schema_version_for,
-                              uses_rdma, validate_manifests)
+                              object_name, render_loadgen, render_manifests, router_command, run_selector,
+                              schema_version_for, uses_rdma, validate_manifests)
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, KubernetesTargetSpec
 from epdbench.tasks import k8s_status as status
 from epdbench.tasks.deployment import Deployment, Process, ProvisionError, probe_until_served
@@ -79,7 +80,7 @@ def _start(spec: ExperimentSpec, config: ConfigurationSpec, run_dir: Path, log_d
     run = label_value(run_dir.name)
     api = connect(target)
     objects = prepare_manifests(api, spec, config, run, run_dir / "manifests" / config.name)
-    preflight(api, spec, config, run)
+    preflight(api, spec, config, run, objects)
     dep = KubeDeployment(config=config.name, endpoint="", router=router_command(spec, config)[0], api=api,
                          target=target, run=run, selector=run_selector(run, config.name), log_dir=log_dir)
     _ACTIVE.append(dep)
@@ -123,12 +124,14 @@ def readable(call: Callable):
         raise
 
 
-def preflight(api: KubeApi, spec: ExperimentSpec, config: ConfigurationSpec, run: str) -> None:
+def preflight(api: KubeApi, spec: ExperimentSpec, config: ConfigurationSpec, run: str,
+              objects: list[dict] | None = None) -> None:
     """Refuse, before applying anything, what cannot work: no namespace, another run's leftovers on the
-    node, a missing model-cache claim, a GPU node too small for the configuration."""
+    node, a missing model-cache claim, a GPU node too small for the configuration. Warn about pods the
+    namespace's Pod Security level would reject (`objects`: the rendered configuration, else rendered here)."""
     target = spec.target.kubernetes
     try:
-        readable(lambda: api.get("Namespace", api.namespace))
+        namespace = readable(lambda: api.get("Namespace", api.namespace))
     except KubeApiError as e:
         if e.status == 404:
             raise ProvisionError(f"namespace {api.namespace} does not exist: create it, or pass --namespace") from None
@@ -137,6 +140,20 @@ def preflight(api: KubeApi, spec: ExperimentSpec, config: ConfigurationSpec, run
     if target.model_cache.kind == "pvc":
         check_claim(api, target.model_cache.claim_name)
     check_node(api, target, config)
+    if namespace is not None:
+        objects = render_manifests(spec, config, run) if objects is None else objects
+        labels = (namespace.get("metadata") or {}).get("labels")
+        warn_pod_security(api.namespace, labels, spec, config, run, objects)
+
+
+def warn_pod_security(namespace: str, labels: dict | None, spec: ExperimentSpec, config: ConfigurationSpec,
+                      run: str, objects: list[dict]) -> None:
+    """Say which pods, the in-cluster load generator's included, the namespace's Pod Security labels would
+    reject or warn about; never raises (the cluster may exempt them)."""
+    if spec.target.kubernetes.loadgen.run_in == "cluster":
+        objects = objects + render_loadgen(spec, config, run, spec_yaml="")   # its Jobs' pods, as applied later
+    for line in podsecurity.namespace_warnings(namespace, labels, objects):
+        say(line)
 
 
 def check_leftovers(api: KubeApi, run: str) -> None:
@@ -164,8 +181,11 @@ def check_node(api: KubeApi, target: KubernetesTargetSpec, config: Configuration
     if nodes is None:
         return
     rdma = sum(r.replicas * r.rdma_interfaces for r in config.roles if uses_rdma(config, r.role))
+    engines = sum(r.replicas for r in config.roles)   # not the router: without a node selector it may run elsewhere
+    cpu = status.quantity(target.engine.cpu) * engines if target.engine.cpu else 0
+    memory = status.quantity(target.engine.memory) * engines if target.engine.memory else 0
     problem = status.node_capacity_problem(nodes, target.node.selector, target.node.gpu_resource, config.gpus,
-                                           target.node.rdma_resource, rdma)
+                                           target.node.rdma_resource, rdma, cpu=cpu, memory=memory)
     if problem:
         raise ProvisionError(f"GPU node: configuration {config.name} {problem}")
 

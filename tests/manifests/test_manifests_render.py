@@ -113,6 +113,29 @@ def test_rdma_pods_request_rdma_and_ipc_lock_and_nothing_else_does(preset, confi
             assert not any(k.startswith("rdma/") for k in limits) and added == []
 
 
+@pytest.mark.parametrize("version", SCHEMA_VERSIONS)
+def test_engine_cpu_and_memory_are_request_and_limit_next_to_device_limits(version):
+    objects = render("pd-text", "pd-rdma", engine={"cpu": "8", "memory": "96Gi"})
+    validate_manifests(objects, version)
+    for _, _, container in engine_containers(objects):
+        assert container["resources"]["requests"] == {"cpu": "8", "memory": "96Gi"}   # devices: limits only
+        assert container["resources"]["limits"] == {"nvidia.com/gpu": 2, "rdma/rdma_shared_device_a": 2,
+                                                     "cpu": "8", "memory": "96Gi"}
+    for _, _, container in engine_containers(render("pd-text", "pd-rdma")):   # unset by default
+        assert "requests" not in container["resources"] and "cpu" not in container["resources"]["limits"]
+
+
+def test_router_cpu_and_memory_are_request_and_limit_and_can_be_unset():
+    assert router_of(render("pd-text", "pd-tcp"))["resources"] == {"requests": {"cpu": "2", "memory": "1Gi"},
+                                                                  "limits": {"cpu": "2", "memory": "1Gi"}}
+    objects = render("pd-text", "pd-tcp", router={"cpu": "2500m", "memory": None})
+    validate_manifests(objects, "1.31")
+    assert router_of(objects)["resources"] == {"requests": {"cpu": "2500m"}, "limits": {"cpu": "2500m"}}
+    objects = render("pd-text", "pd-tcp", router={"cpu": None, "memory": None})
+    validate_manifests(objects, "1.31")
+    assert router_of(objects)["resources"] == {}
+
+
 @pytest.mark.parametrize("preset,config", CASES)
 def test_no_pod_shares_host_namespaces_or_runs_privileged(preset, config):
     for workload in workloads(render(preset, config)):

@@ -187,3 +187,21 @@ def test_load_spec_from_a_yaml_path_reports_path_and_field(tmp_path):
     with pytest.raises(SpecError) as exc:
         load_spec(str(path))
     assert str(path) in str(exc.value) and "'trials'" in str(exc.value)
+
+
+def test_engine_and_router_cpu_memory_defaults_leave_engines_unset_and_size_the_router():
+    kube = parse_spec(base_spec()).target.kubernetes
+    assert (kube.engine.cpu, kube.engine.memory) == (None, None)
+    assert (kube.router.cpu, kube.router.memory) == ("2", "1Gi")
+    kube = parse_spec(with_(lambda d: d.update(target={"kubernetes": {
+        "engine": {"cpu": "7500m", "memory": "64Gi"}, "router": {"cpu": None, "memory": None},
+        "loadgen": {"cpu": "500m"}}}))).target.kubernetes
+    assert (kube.engine.cpu, kube.engine.memory, kube.router.cpu, kube.loadgen.cpu) == ("7500m", "64Gi", None, "500m")
+
+
+@pytest.mark.parametrize("where, value", [("engine.cpu", "2Gi"), ("engine.memory", "512m"), ("router.cpu", "one"),
+                                          ("router.memory", "1GB"), ("loadgen.cpu", "2k")])
+def test_malformed_cpu_or_memory_is_rejected_naming_the_field(where, value):
+    section, field = where.split(".")
+    msg = _error(with_(lambda d: d.update(target={"kubernetes": {section: {field: value}}})))
+    assert f"'target.kubernetes.{where}'" in msg

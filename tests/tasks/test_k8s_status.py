@@ -2,6 +2,8 @@
 timestamped log slicing — pure functions, no cluster."""
 from __future__ import annotations
 
+from fractions import Fraction
+
 import pytest
 
 from epdbench.tasks import k8s_status as status
@@ -106,8 +108,8 @@ def test_placement_records_node_ip_gpus_rdma_and_restarts():
          "gpus": 2, "rdma": 2, "restarts": 2}]
 
 
-def node(gpus: str, rdma: str | None = None, name: str = "gpu-node-1") -> dict:
-    allocatable = {"nvidia.com/gpu": gpus} | ({"rdma/ib": rdma} if rdma else {})
+def node(gpus: str, rdma: str | None = None, name: str = "gpu-node-1", cpu: str = "192", memory: str = "2Ti") -> dict:
+    allocatable = {"nvidia.com/gpu": gpus, "cpu": cpu, "memory": memory} | ({"rdma/ib": rdma} if rdma else {})
     return {"metadata": {"name": name}, "status": {"allocatable": allocatable}}
 
 
@@ -124,8 +126,40 @@ def test_node_capacity(nodes, gpus, rdma, needle):
     assert problem == needle if needle is None else needle in problem
 
 
+GI = 2 ** 30
+
+
+@pytest.mark.parametrize("nodes,cpu,memory,needle", [
+    ([node("8", cpu="16")], 24, 0, "needs 24 CPU for its engine pods, node gpu-node-1 has 16 CPU allocatable: "
+                                   "lower target.kubernetes.engine.cpu"),
+    ([node("8", cpu="191500m")], 192, 0, "has 191.5 CPU allocatable"),
+    ([node("8", memory="263921364Ki")], 0, 384 * GI, "needs 384Gi of memory for its engine pods, node gpu-node-1 "
+                                                     "has 251.7Gi allocatable: lower target.kubernetes.engine.memory"),
+    ([node("8", cpu="191500m", memory="263921364Ki")], 96, 192 * GI, None),
+    ([node("8", cpu="8", name="big-gpu"), node("6", name="roomy")], 24, 0, None),   # a smaller node that fits
+    ([node("8", cpu="8")], 0, 0, None),                                              # not set: not checked
+])
+def test_node_capacity_counts_engine_cpu_and_memory(nodes, cpu, memory, needle):
+    problem = status.node_capacity_problem(nodes, {}, "nvidia.com/gpu", 6, "rdma/ib", 0, cpu=cpu, memory=memory)
+    assert problem == needle if needle is None else needle in problem
+
+
 def test_quantities_count_devices():
     assert [status.quantity_count(q) for q in ("8", 8, "1k", "2Ki")] == [8, 8, 1000, 2048]
+
+
+@pytest.mark.parametrize("text,value", [("500m", Fraction(1, 2)), ("8", 8), (8, 8), ("1.5", Fraction(3, 2)),
+                                        ("64Gi", 64 * GI), ("1G", 10 ** 9), ("2Ti", 2 * 1024 * GI), ("1e3", 1000),
+                                        ("12E", 12 * 10 ** 18), (".5", Fraction(1, 2)), ("100n", Fraction(1, 10 ** 7)),
+                                        ("263921364Ki", 263921364 * 1024)])
+def test_quantities_parse_exactly(text, value):
+    assert status.quantity(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "Gi", "1 Gi", "1gi", "1.5.2", "5mi"])
+def test_a_malformed_quantity_is_refused_naming_it(text):
+    with pytest.raises(ValueError, match="is not a Kubernetes quantity"):
+        status.quantity(text)
 
 
 def test_other_runs_are_reported_for_cleanup():

@@ -237,6 +237,46 @@ def test_a_node_too_small_is_refused_before_applying(cluster, tmp_path, options,
     assert not [path for method, path in fake.requests if method == "PATCH"]
 
 
+@pytest.mark.parametrize("engine,needle", [
+    ({"cpu": "100"}, "configuration epd needs 300 CPU for its engine pods, node gpu-node-1 has 192 CPU allocatable"),
+    ({"memory": "1Ti"}, "needs 3072Gi of memory for its engine pods, node gpu-node-1 has 2048Gi allocatable"),
+])
+def test_engine_cpu_or_memory_beyond_the_node_is_refused_before_applying(cluster, tmp_path, engine, needle):
+    fake = cluster()
+    with pytest.raises(ProvisionError) as exc:
+        start_config(fake, tmp_path, "epd", engine=engine)
+    assert needle in str(exc.value) and "\n" not in str(exc.value)
+    assert not [path for method, path in fake.requests if method == "PATCH"]
+
+
+def label_namespace(fake, **levels) -> None:
+    fake.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "epdbench", "labels": {
+        f"pod-security.kubernetes.io/{mode}": level for mode, level in levels.items()}}})
+
+
+def test_preflight_warns_about_pods_an_enforced_pod_security_level_would_reject(cluster, tmp_path, capsys):
+    fake = cluster()
+    label_namespace(fake, enforce="baseline")
+    spec = k8s_spec(fake.kubeconfig(tmp_path / "kubeconfig"))
+    k8s_target.preflight(connect(spec.target.kubernetes), spec, spec.configuration("pd-rdma"), RUN_ID)
+    assert capsys.readouterr().out.splitlines() == [
+        f'warning: namespace epdbench enforces Pod Security "baseline": the pods of StatefulSet pd-rdma-{role} would '
+        'be rejected: container engine adds capability IPC_LOCK; label the namespace '
+        'pod-security.kubernetes.io/enforce=privileged or ask the cluster admin for an exemption'
+        for role in ("prefill", "decode")]
+
+
+def test_pod_security_warnings_do_not_stop_a_start(cluster, tmp_path, capsys):
+    fake = cluster()
+    label_namespace(fake, enforce="restricted", warn="restricted", audit="restricted")
+    _, dep = start_config(fake, tmp_path, "aggregated")
+    k8s_target.stop(dep)
+    warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning:")]
+    assert [line.split(": the pods of ")[1].split(" would")[0] for line in warnings] == [
+        "StatefulSet aggregated-server", "Deployment aggregated-router"]   # the load generator Jobs comply
+    assert all("enforce=baseline or ask the cluster admin" in line for line in warnings)
+
+
 @pytest.mark.parametrize("version,ok", [(("1", "38"), True), (("1", "31+"), True), (("1", "24"), False)])
 def test_manifests_are_validated_for_the_clusters_version(cluster, tmp_path, version, ok):
     fake = cluster(version=version)
