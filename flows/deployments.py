@@ -2,15 +2,20 @@
 
 Both take a RunRequest, so the UI form is generated from it (titles, descriptions, bounds), and both
 hold the `epdbench-gpu-node` concurrency slot, so two runs never share the GPU node.
-Served by `python -m epdbench.flows.deployments` (started by `epdbench up`).
+Served by `python -m epdbench.flows.deployments` (started by `epdbench up`), or, with --work-pool, registered
+on a Prefect work pool of type kubernetes so that each run executes as a Job in the cluster (the image has
+epdbench installed; the entrypoint is this module's flow, by module path). Results go to
+$EPDBENCH_RESULTS_DIR (default results/).
 """
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import os
 from pathlib import Path
 
-from prefect import flow, serve
+from prefect import deploy, flow, serve
+from prefect.deployments.runner import EntrypointType
 from prefect.concurrency.sync import concurrency
 from prefect.runtime import flow_run
 from prefect.schedules import Cron
@@ -19,7 +24,9 @@ from epdbench.flows.compare import compare
 from epdbench.specs.request import RunRequest, resolve_request, run_name
 from epdbench.tasks.services import GPU_NODE_SLOT
 
-RESULTS_DIR = Path("results")
+
+def results_dir() -> Path:
+    return Path(os.environ.get("EPDBENCH_RESULTS_DIR") or "results")
 
 
 def _name_from_parameters() -> str:
@@ -33,7 +40,7 @@ def _run(request: RunRequest, trigger: str) -> dict:
     name = run_name(request, dt.date.today().isoformat()) if request.run_key else \
         f"{run_name(request, dt.datetime.now().strftime('%Y-%m-%d-%H%M%S'))}"
     with concurrency(GPU_NODE_SLOT, occupy=1):
-        return compare(spec, out_dir=str(RESULTS_DIR / name), trigger=trigger, run_name=name,
+        return compare(spec, out_dir=str(results_dir() / name), trigger=trigger, run_name=name,
                        resume=bool(request.run_key))
 
 
@@ -54,16 +61,31 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--nightly-cron", default="0 2 * * *")
     p.add_argument("--timezone", default="UTC")
     p.add_argument("--nightly-preset", default="smoke")
+    p.add_argument("--work-pool", default=None, help="register on this kubernetes work pool instead of serving")
+    p.add_argument("--image", default=None, help="with --work-pool: the epdbench image the Jobs run")
+    p.add_argument("--namespace", default=None, help="with --work-pool: the runs' Kubernetes namespace")
     a = p.parse_args(argv)
+    pooled = a.work_pool is not None
+    # in the cluster, runs target it by default (the form still offers the simulator)
+    default = {"target": "kubernetes", "namespace": a.namespace} if pooled else {}
+    options = {"entrypoint_type": EntrypointType.MODULE_PATH} if pooled else {}
     nightly = nightly_comparison.to_deployment(
         name="nightly-comparison", schedule=Cron(a.nightly_cron, timezone=a.timezone),
-        parameters={"request": RunRequest(preset=a.nightly_preset).model_dump(mode="json")},
-        tags=["nightly"], description="Nightly comparison of a preset on the GPU node (or the simulator).")
+        parameters={"request": RunRequest(preset=a.nightly_preset, **default).model_dump(mode="json")},
+        tags=["nightly"], description="Nightly comparison of a preset on the GPU node (or the simulator).", **options)
     adhoc = adhoc_comparison.to_deployment(
         name="adhoc-comparison", tags=["adhoc"],
-        description="Run a comparison now: choose preset, configurations, suites, trials, seed, target.")
+        parameters={"request": RunRequest(**default).model_dump(mode="json")} if pooled else None,
+        description="Run a comparison now: choose preset, configurations, suites, trials, seed, target.", **options)
+    if pooled:
+        deploy(nightly, adhoc, work_pool_name=a.work_pool, image=a.image, build=False, push=False,
+               print_next_steps_message=False)
+        print(f"deployments nightly-comparison, adhoc-comparison registered on work pool {a.work_pool}", flush=True)
+        return
     serve(nightly, adhoc, pause_on_shutdown=False)
 
 
 if __name__ == "__main__":
-    main()
+    # the flows by their importable name, not __main__: a work pool's Jobs import them by module path
+    from epdbench.flows.deployments import main as registered_main
+    registered_main()

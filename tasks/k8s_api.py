@@ -53,6 +53,8 @@ KINDS: dict[str, Kind] = {
     "ControllerRevision": Kind("apps/v1", "controllerrevisions"),
     "Role": Kind("rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": Kind("rbac.authorization.k8s.io/v1", "rolebindings"),
+    "ClusterRole": Kind("rbac.authorization.k8s.io/v1", "clusterroles", namespaced=False),
+    "ClusterRoleBinding": Kind("rbac.authorization.k8s.io/v1", "clusterrolebindings", namespaced=False),
     "ConfigMap": Kind("v1", "configmaps"),
     "Job": Kind("batch/v1", "jobs"),
 }

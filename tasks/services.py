@@ -13,9 +13,15 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from epdbench.manifests.workpool import PoolSettings, render_pool_objects
+from epdbench.specs.models import KubernetesTargetSpec
+from epdbench.tasks.k8s_api import KubeApiError, connect
 from epdbench.tasks.runstate import process_start_time
+from epdbench.tasks.workpool import (apply_pool_objects, delete_pool_objects, ensure_work_pool, pool_template,
+                                     worker_kubeconfig)
 
 STATE_FILE = "up.json"
+WORKER_KUBECONFIG = "worker-kubeconfig.yaml"
 
 
 @dataclass
@@ -33,8 +39,19 @@ def _bin(name: str) -> str:
     return str(candidate) if candidate.exists() else name
 
 
+@dataclass(frozen=True)
+class PoolPlan:
+    """`epdbench up --work-pool kubernetes`: runs execute as Jobs of this pool in the target's namespace; the
+    worker that creates them runs on this machine ("here") or as a Deployment in the namespace ("cluster")."""
+    settings: PoolSettings
+    target: KubernetesTargetSpec
+    worker: str = "here"
+
+
 def plan_services(host: str, prefect_port: int, mlflow_port: int, data_dir: Path, nightly_cron: str,
-                  timezone: str, nightly_preset: str) -> list[Service]:
+                  timezone: str, nightly_preset: str, pool: PoolPlan | None = None) -> list[Service]:
+    """Prefect, MLflow, then what runs the flows: the deployments served here, or (work pool) the worker
+    on this machine, or nothing more (the worker is in the cluster)."""
     data_dir = data_dir.resolve()
     base = {**os.environ, "DO_NOT_TRACK": "true", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
             "MLFLOW_DISABLE_TELEMETRY": "true", "PREFECT_HOME": str(data_dir / "prefect")}
@@ -42,7 +59,7 @@ def plan_services(host: str, prefect_port: int, mlflow_port: int, data_dir: Path
     prefect_api = f"http://{host}:{prefect_port}/api"
     mlflow_url = f"http://{host}:{mlflow_port}"
     logs = data_dir / "logs"
-    return [
+    services = [
         Service("prefect", [_bin("prefect"), "server", "start", "--host", host, "--port", str(prefect_port)],
                 f"{prefect_api}/health", {**base, "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "15",
                                           "PREFECT_UI_API_URL": prefect_api},   # the UI calls the API here
@@ -51,11 +68,59 @@ def plan_services(host: str, prefect_port: int, mlflow_port: int, data_dir: Path
                            "--artifacts-destination", str(data_dir / "mlartifacts"), "--host", host,
                            "--port", str(mlflow_port), "--workers", "1"],
                 f"{mlflow_url}/health", {**base, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}, logs / "mlflow.log"),
-        Service("deployments", [sys.executable, "-m", "epdbench.flows.deployments", "--nightly-cron", nightly_cron,
-                                "--timezone", timezone, "--nightly-preset", nightly_preset],
-                "", {**base, "PREFECT_API_URL": prefect_api, "MLFLOW_TRACKING_URI": mlflow_url,
-                     "PREFECT_LOGGING_LEVEL": "INFO"}, logs / "deployments.log"),
     ]
+    if pool is None:
+        services.append(Service(
+            "deployments", [sys.executable, "-m", "epdbench.flows.deployments", "--nightly-cron", nightly_cron,
+                            "--timezone", timezone, "--nightly-preset", nightly_preset],
+            "", {**base, "PREFECT_API_URL": prefect_api, "MLFLOW_TRACKING_URI": mlflow_url,
+                 "PREFECT_LOGGING_LEVEL": "INFO"}, logs / "deployments.log"))
+    elif pool.worker == "here":
+        services.append(Service(
+            "worker", [_bin("prefect"), "worker", "start", "--pool", pool.settings.pool, "--type", "kubernetes",
+                       "--no-create-pool-if-not-found"],
+            "", {**base, "PREFECT_API_URL": prefect_api, "KUBECONFIG": str(data_dir / WORKER_KUBECONFIG),
+                 "PREFECT_INTEGRATIONS_KUBERNETES_OBSERVER_NAMESPACES": pool.settings.namespace,
+                 "PREFECT_LOGGING_LEVEL": "INFO"}, logs / "worker.log"))
+    return services
+
+
+def register_pool_deployments(pool: PoolPlan, prefect_api: str, data_dir: Path, nightly_cron: str, timezone: str,
+                              nightly_preset: str, timeout_s: float) -> None:
+    """The work pool with epdbench's base job template, the flow-run rights in the namespace (and the
+    worker there), then both deployments registered on the pool."""
+    print(f"work pool {pool.settings.pool}: {ensure_work_pool(pool.settings.pool, pool_template(pool.settings))}",
+          flush=True)
+    objects = render_pool_objects(pool.settings, worker_in_cluster=pool.worker == "cluster")
+    apply_pool_objects(pool.target, objects)
+    print(f"namespace {pool.settings.namespace}: applied {', '.join(o['kind'] + ' ' + o['metadata']['name'] for o in objects)}",
+          flush=True)
+    if pool.worker == "here":
+        worker_kubeconfig(pool.target, data_dir.resolve() / WORKER_KUBECONFIG)
+    log = data_dir.resolve() / "logs" / "deployments.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PREFECT_API_URL": prefect_api, "PREFECT_HOME": str(data_dir.resolve() / "prefect"),
+           "DO_NOT_TRACK": "true"}
+    with open(log, "ab") as fh:
+        done = subprocess.run([sys.executable, "-m", "epdbench.flows.deployments", "--nightly-cron", nightly_cron,
+                               "--timezone", timezone, "--nightly-preset", nightly_preset,
+                               "--work-pool", pool.settings.pool, "--image", pool.settings.image,
+                               "--namespace", pool.settings.namespace],
+                              stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, timeout=timeout_s)
+    if done.returncode != 0:
+        raise RuntimeError(f"registering the deployments on {pool.settings.pool} failed (code {done.returncode}); "
+                           f"see {log}")
+
+
+def stop_cluster_worker(pool: PoolPlan) -> None:
+    """The in-cluster worker polls this machine's Prefect: it goes when `up` stops (the flow rights stay)."""
+    objects = [o for o in render_pool_objects(pool.settings, worker_in_cluster=True) if o["kind"] == "Deployment"]
+    try:
+        left = delete_pool_objects(connect(pool.target), objects)
+    except KubeApiError as e:
+        left = [str(e)]
+    for problem in left:
+        print(f"warning: in-cluster worker not deleted: {problem}", file=sys.stderr)
 
 
 def _healthy(url: str) -> bool:
@@ -123,14 +188,14 @@ def wait_for_deployments(prefect_api: str, names: list[str], timeout_s: float) -
 
 
 def up(host: str, prefect_port: int, mlflow_port: int, data_dir: Path, nightly_cron: str, timezone: str,
-       nightly_preset: str, timeout_s: float = 120) -> int:
+       nightly_preset: str, timeout_s: float = 120, pool: PoolPlan | None = None) -> int:
     data_dir.mkdir(parents=True, exist_ok=True)
     state_path = data_dir / STATE_FILE
     if state_path.exists() and _alive(json.loads(state_path.read_text()).get("pid")):
         print(f"error: epdbench up is already running (pid {json.loads(state_path.read_text())['pid']}); "
               "run 'epdbench down' first", file=sys.stderr)
         return 2
-    services = plan_services(host, prefect_port, mlflow_port, data_dir, nightly_cron, timezone, nightly_preset)
+    services = plan_services(host, prefect_port, mlflow_port, data_dir, nightly_cron, timezone, nightly_preset, pool)
     stopping = {"flag": False}
 
     def on_signal(signum, frame):
@@ -144,13 +209,18 @@ def up(host: str, prefect_port: int, mlflow_port: int, data_dir: Path, nightly_c
             print(f"starting {svc.name} ...", flush=True)
             start(svc, timeout_s)
         ensure_gpu_node_slot(prefect_api)
-        start(services[2], timeout_s)
+        if pool is not None:
+            register_pool_deployments(pool, prefect_api, data_dir, nightly_cron, timezone, nightly_preset, timeout_s)
+        for svc in services[2:]:
+            start(svc, timeout_s)
         wait_for_deployments(prefect_api, ["nightly-comparison", "adhoc-comparison"], timeout_s)
         state_path.write_text(json.dumps({"pid": os.getpid(), "prefect": f"http://{host}:{prefect_port}",
                                           "mlflow": f"http://{host}:{mlflow_port}",
                                           "children": [{"pid": s.popen.pid, "start": process_start_time(s.popen.pid)}
                                                        for s in services]}))
-        print(f"Prefect UI: http://{host}:{prefect_port}  (deployments nightly-comparison, adhoc-comparison)")
+        where = "" if pool is None else (f"; runs execute as Jobs in namespace {pool.settings.namespace}, "
+                                         f"worker {'on this machine' if pool.worker == 'here' else 'in the cluster'}")
+        print(f"Prefect UI: http://{host}:{prefect_port}  (deployments nightly-comparison, adhoc-comparison{where})")
         print(f"MLflow UI:  http://{host}:{mlflow_port}")
         print(f"state and logs under {data_dir}/; Ctrl-C or 'epdbench down' stops everything", flush=True)
         while all(s.popen.poll() is None for s in services):
@@ -160,14 +230,16 @@ def up(host: str, prefect_port: int, mlflow_port: int, data_dir: Path, nightly_c
         return 3
     except KeyboardInterrupt:
         return 0
-    except RuntimeError as e:
+    except (RuntimeError, KubeApiError, subprocess.TimeoutExpired) as e:
         print(f"error: {e}", file=sys.stderr)
         return 3
     finally:
         for svc in reversed(services):
             stop(svc)
+        if pool is not None and pool.worker == "cluster":
+            stop_cluster_worker(pool)
         state_path.unlink(missing_ok=True)
-        print("stopped Prefect, MLflow and the deployments", flush=True)
+        print(f"stopped Prefect, MLflow and the {'deployments' if pool is None else 'worker'}", flush=True)
 
 
 GPU_NODE_SLOT = "epdbench-gpu-node"   # Prefect global concurrency limit held by every comparison flow

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from epdbench.cli.common import (EXIT_FAILURES, EXIT_OK, EXIT_REGRESSION, EXIT_UNPUBLISHED, CliError, kube_overrides,
-                                 load_compare_spec, quiet_defaults, regression_settings, results_dir_of,
-                                 tracking_uri_of, with_target)
+                                 load_compare_spec, pool_settings, quiet_defaults, regression_settings,
+                                 results_dir_of, tracking_uri_of, with_target)
 
 
 def cmd_compare(args) -> int:
@@ -88,6 +88,7 @@ def cmd_manifests(args) -> int:
     from epdbench.specs.models import load_spec, spec_to_yaml
 
     spec = with_target(load_spec(args.spec), "kubernetes", kube_overrides(args), args.spec)
+    pool = pool_settings(args, spec.target.kubernetes)
     names = [c.name for c in spec.configurations]
     if args.config and args.config not in names:
         raise CliError(f"--config {args.config}: not in this spec; it has {', '.join(names)}")
@@ -108,7 +109,34 @@ def cmd_manifests(args) -> int:
         jobs = sum(o["kind"] == "Job" for o in objects)
         print(f"{out}/: {len(objects)} objects ({jobs} load generator Job{'s' * (jobs != 1)}), {config.gpus} GPUs, "
               f"valid for Kubernetes {version}")
+    if pool is not None:
+        write_pool_manifests(pool, Path(args.out) / "work-pool", version)
     return EXIT_OK
+
+
+def write_pool_manifests(pool, out: Path, version: str) -> None:
+    """The work pool's objects (flow rights, in-cluster worker), its base job template, and the Job a
+    flow run of the nightly deployment gets from it, all schema-valid."""
+    import json
+
+    from epdbench.manifests.render import ManifestError, manifest_files, manifests_yaml, validate_manifests
+    from epdbench.manifests.workpool import render_pool_objects
+    from epdbench.tasks.workpool import flow_run_job, pool_template
+
+    objects = render_pool_objects(pool, worker_in_cluster=True)
+    template = pool_template(pool)
+    job = flow_run_job(template, {"image": pool.image}, flow_run_name="nightly-sample")
+    try:
+        validate_manifests(objects + [job], version)
+    except ManifestError as e:
+        raise CliError(f"work pool: {e}") from None
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in manifest_files(objects).items():
+        (out / name).write_text(text)
+    (out / "base-job-template.json").write_text(json.dumps(template, indent=2) + "\n")
+    (out / "flow-run-job.yaml").write_text(manifests_yaml([job]))
+    print(f"{out}/: {len(objects)} objects (flow-run rights, worker), base-job-template.json and the Job a flow "
+          f"run gets (flow-run-job.yaml), valid for Kubernetes {version}")
 
 
 def cmd_cleanup(args) -> int:
@@ -218,10 +246,24 @@ def cmd_history(args) -> int:
 
 
 def cmd_up(args) -> int:
+    from pydantic import ValidationError
+
+    from epdbench.specs.models import KubernetesTargetSpec, describe_validation_error
+
+    try:
+        target = KubernetesTargetSpec(**kube_overrides(args))
+    except ValidationError as e:
+        raise CliError(describe_validation_error(e, "up")) from None
+    settings = pool_settings(args, target)
     quiet_defaults()
-    from epdbench.tasks.services import up
+    from epdbench.tasks.services import PoolPlan, up
+
+    if settings is not None and args.host in ("127.0.0.1", "localhost", "::1"):
+        print(f"warning: Prefect and MLflow listen on {args.host} only; pods reach them at {args.advertise} "
+              "only through a tunnel (else pass --host 0.0.0.0)", file=sys.stderr)
+    pool = PoolPlan(settings, target, args.worker) if settings else None
     return up(args.host, args.prefect_port, args.mlflow_port, Path(args.data_dir), args.nightly_cron,
-              args.timezone, args.nightly_preset)
+              args.timezone, args.nightly_preset, pool=pool)
 
 
 def cmd_down(args) -> int:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from pathlib import Path
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_FAILURES, EXIT_REGRESSION = 0, 2, 3, 4
@@ -134,3 +135,39 @@ def tracking_uri_of(args) -> str:
     return args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
 
 
+
+
+POOL_FLAGS = ("image", "advertise", "results_claim")
+
+
+def pool_settings(args, target):
+    """The work pool's settings from `--work-pool` and its flags, and the Kubernetes target `target`
+    (namespace, access, runner image); a missing or malformed one is a CliError naming the flag."""
+    import ipaddress
+
+    from epdbench.manifests.workpool import PoolSettings
+
+    if not args.work_pool:
+        given = [f for f in POOL_FLAGS if getattr(args, f, None)]
+        if given or getattr(args, "worker", "here") != "here":
+            flag = given[0] if given else "worker"
+            raise CliError(f"--{flag.replace('_', '-')}: applies with --work-pool only")
+        return None
+    if not args.advertise:
+        raise CliError("--work-pool needs --advertise ADDRESS: an address of this machine that the cluster's "
+                       "pods reach (Prefect's and MLflow's URLs are built from it)")
+    if not re.fullmatch(r"[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]", args.advertise):
+        raise CliError(f"--advertise {args.advertise}: give a host name or IP address, without scheme or port")
+    try:
+        if ipaddress.ip_address(args.advertise.strip("[]")).is_loopback:
+            raise CliError(f"--advertise {args.advertise}: a loopback address; the cluster's pods cannot reach it")
+    except ValueError:
+        if args.advertise == "localhost":
+            raise CliError("--advertise localhost: the cluster's pods cannot reach it") from None
+    if args.results_claim and not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", args.results_claim):
+        raise CliError(f"--results-claim {args.results_claim}: not a valid PersistentVolumeClaim name")
+    host = args.advertise
+    return PoolSettings(image=args.image or target.runner_image, namespace=target.namespace,
+                        prefect_api=f"http://{host}:{args.prefect_port}/api",
+                        mlflow_uri=f"http://{host}:{args.mlflow_port}", results_claim=args.results_claim,
+                        port_forward=target.access == "port-forward")

@@ -68,6 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--out", required=True, help="directory; one sub-folder of YAML files per configuration")
     m.add_argument("--namespace", default=None, help="namespace written into the objects (default: spec's)")
     m.add_argument("--run", default="preview", help="value of the epdbench/run label (default: preview)")
+    m.add_argument("--prefect-port", type=int, default=4200, help="with --work-pool: Prefect's port (default: 4200)")
+    m.add_argument("--mlflow-port", type=int, default=5000, help="with --work-pool: MLflow's port (default: 5000)")
+    m.add_argument("--work-pool", action="store_true",
+                   help="also write the Prefect work pool's objects (flows as Jobs: see 'up --work-pool')")
+    add_pool_flags(m)
 
     k = sub.add_parser("cleanup", help="delete every Kubernetes object of a run (leftovers of a crashed run)")
     k.add_argument("--run", required=True, help="run id: the epdbench/run label, printed by compare")
@@ -81,6 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--nightly-cron", default="0 2 * * *", help="schedule of nightly-comparison (default: 02:00)")
     u.add_argument("--timezone", default="UTC", help="time zone of the schedule (default: UTC)")
     u.add_argument("--nightly-preset", default="smoke", choices=["smoke", "pd-text", "epd-multimodal", "epd-reuse"])
+    u.add_argument("--work-pool", choices=["kubernetes"], default=None,
+                   help="run the flows as Jobs in the cluster (Prefect work pool epdbench-kubernetes) "
+                        "instead of on this machine")
+    u.add_argument("--worker", choices=["here", "cluster"], default="here",
+                   help="with --work-pool: where the worker that creates the Jobs runs (default: here)")
+    add_pool_flags(u)
+    add_kube_flags(u)
 
     d = sub.add_parser("down", help="stop what 'epdbench up' started")
     d.add_argument("--data-dir", default=".epdbench")
@@ -100,6 +112,17 @@ def add_regression_flags(parser: argparse.ArgumentParser) -> None:
                         help="past runs that form the noise band (default: 10)")
     parser.add_argument("--noise-k", type=float, default=None, metavar="K",
                         help="band half-width in robust standard deviations, 1.4826·MAD (default: 4)")
+
+
+def add_pool_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--image", default=None, help="with --work-pool: the epdbench runner image the flow-run "
+                                                      "Jobs use (default: the spec's target.kubernetes.runner_image)")
+    parser.add_argument("--advertise", default=None,
+                        help="with --work-pool: address of this machine that the cluster's pods reach "
+                             "(their Prefect and MLflow URLs)")
+    parser.add_argument("--results-claim", default=None,
+                        help="with --work-pool: PersistentVolumeClaim for the runs' results folders "
+                             "(default: none; MLflow keeps them)")
 
 
 def add_kube_flags(parser: argparse.ArgumentParser) -> None:

@@ -11,6 +11,7 @@ import ssl
 import subprocess
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Callable
 
@@ -191,7 +192,7 @@ class FakeApiServer:
         if sub == "log":
             return self.kubelet.log(request, ns, name)
         handler = {("GET", False): self._list, ("GET", True): self._get, ("PATCH", True): self._apply,
-                   ("DELETE", True): self._delete}.get((request.method, name is not None))
+                   ("DELETE", True): self._delete, ("POST", False): self._create}.get((request.method, name is not None))
         if handler is None:
             return status_body(405, "MethodNotAllowed", f"{request.method} is not supported here")
         return await handler(request, plural, ns, name)
@@ -229,6 +230,25 @@ class FakeApiServer:
             obj = self.store.write(obj, manager)
             self._reconcile(obj)
         return web.json_response(obj, status=200 if old else 201)
+
+    async def _create(self, request: web.Request, plural: str, ns: str, name: None) -> web.Response:
+        """POST to a collection (as client libraries create objects): metadata.generateName gets a suffix."""
+        obj = json.loads(await request.text())
+        meta = obj.setdefault("metadata", {})
+        if obj.get("kind") != RESOURCES[plural][1]:
+            return status_body(400, "BadRequest", "the kind of the object does not match the URL")
+        if "name" not in meta:
+            if "generateName" not in meta:
+                return status_body(422, "Invalid", "name or generateName is required")
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        if meta.setdefault("namespace", ns) != ns:
+            return status_body(400, "BadRequest", "the namespace of the object does not match the URL")
+        with self.store.lock:
+            if self.store.get(plural, ns, meta["name"]) is not None:
+                return status_body(409, "AlreadyExists", f'{plural} "{meta["name"]}" already exists')
+            obj = self.store.write(obj, request.query.get("fieldManager", "client"))
+            self._reconcile(obj)
+        return web.json_response(obj, status=201)
 
     async def _delete(self, request: web.Request, plural: str, ns: str, name: str) -> web.Response:
         with self.store.lock:

@@ -164,32 +164,44 @@ class Kubelet:
 
     def _start_process(self, pod: dict, life: PodLife) -> bool:
         labels = pod["metadata"]["labels"]
-        config, role = labels["epdbench/config"], labels["epdbench/role"]
-        if role == "router":
-            cmd = self._router_command(pod, config)
-            if cmd is None:
-                return False
-        elif role == "loadgen":
-            cmd = self._loadgen_command(pod)
-            if cmd is None:
-                return False
+        mounts: dict[str, str] = {}
+        if "prefect.io/flow-run-id" in labels:       # a Prefect worker's flow-run Job
+            cmd, mounts = self._flow_run_command(pod)
             life.job = labels.get("job-name")
         else:
-            ordinal = pod["metadata"]["name"].rsplit("-", 1)[1]
-            life.port = free_port()
-            cmd = [sys.executable, "-m", "epdbench.sim.server", "--spec", str(self.spec_path), "--config", config,
-                   "--role", role, "--replica", ordinal, "--port", str(life.port)]
-            if role == "prefill":
-                cmd += ["--bootstrap-port", str(free_port())]
+            cmd = self._epdbench_command(pod, life, labels)
+            if cmd is None:
+                return False
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT),
                **{e["name"]: e["value"] for e in pod["spec"]["containers"][0].get("env", []) if "value" in e},
                **self.env_overrides}
+        for name, value in env.items():       # a path inside a mounted volume: the volume's local folder
+            for mount, local in mounts.items():
+                if value == mount or value.startswith(mount + "/"):
+                    env[name] = local + value[len(mount):]
         life.log_path = self.work_dir / f"{pod['metadata']['name']}.log"
         with open(life.log_path, "ab") as fh:
             life.process = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             env=env, cwd=ROOT, start_new_session=True)
         self._set_status(pod, "Running")
         return True
+
+    def _epdbench_command(self, pod: dict, life: PodLife, labels: dict) -> list[str] | None:
+        """An engine pod runs the simulator, a router pod sim.proxy (once its engines have ports: None until
+        then), a load generator pod `epdbench loadgen`."""
+        config, role = labels["epdbench/config"], labels["epdbench/role"]
+        if role == "router":
+            return self._router_command(pod, config)
+        if role == "loadgen":
+            life.job = labels.get("job-name")
+            return self._loadgen_command(pod)
+        ordinal = pod["metadata"]["name"].rsplit("-", 1)[1]
+        life.port = free_port()
+        cmd = [sys.executable, "-m", "epdbench.sim.server", "--spec", str(self.spec_path), "--config", config,
+               "--role", role, "--replica", ordinal, "--port", str(life.port)]
+        if role == "prefill":
+            cmd += ["--bootstrap-port", str(free_port())]
+        return cmd
 
     def _router_command(self, pod: dict, config: str) -> list[str] | None:
         """sim.proxy in front of the configuration's engines, once every engine process exists."""
@@ -231,6 +243,20 @@ class Kubelet:
                 arg = f"http://127.0.0.1:{port}"
             args.append(arg)
         return [sys.executable, "-m", "epdbench.cli", *container["command"][1:], *args]
+
+    def _flow_run_command(self, pod: dict) -> tuple[list[str], dict[str, str]]:
+        """The container's command and arguments as given (the image's programs are this environment's),
+        each volume mount a local folder."""
+        container = pod["spec"]["containers"][0]
+        base = self.work_dir / pod["metadata"]["name"]
+        mounts = {}
+        for m in container.get("volumeMounts", []):
+            local = base / m["name"]
+            local.mkdir(parents=True, exist_ok=True)
+            mounts[m["mountPath"]] = str(local)
+        cmd = [*container.get("command", []), *container.get("args", [])]
+        programs = Path(sys.executable).parent
+        return [str(programs / c) if (programs / c).exists() else c for c in cmd], mounts
 
     def _service_port(self, ns: str, service: str) -> int | None:
         svc = self.store.get("services", ns, service)

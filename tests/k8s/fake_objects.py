@@ -17,6 +17,8 @@ RESOURCES = {  # plural -> (apiVersion, kind, namespaced)
     "replicasets": ("apps/v1", "ReplicaSet", True), "controllerrevisions": ("apps/v1", "ControllerRevision", True),
     "roles": ("rbac.authorization.k8s.io/v1", "Role", True),
     "rolebindings": ("rbac.authorization.k8s.io/v1", "RoleBinding", True),
+    "clusterroles": ("rbac.authorization.k8s.io/v1", "ClusterRole", False),
+    "clusterrolebindings": ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", False),
     "configmaps": ("v1", "ConfigMap", True), "jobs": ("batch/v1", "Job", True),
 }
 PLURAL_OF = {kind: plural for plural, (_, kind, _) in RESOURCES.items()}
