@@ -20,14 +20,16 @@ def _replicas(config: ConfigurationSpec, role: str) -> int:
 def estimate_cell_seconds(spec: ExperimentSpec, config: ConfigurationSpec, cell: Cell,
                           prompt_tokens: float, output_tokens: int, image_px: int | None,
                           image_reused: bool = False) -> float:
-    """Closed-loop rounds × (batched prefill + KV handoff + decode at the per-replica batch). A reused
-    image is encoded, prefilled and handed off once: later requests find it in the caches."""
+    """Closed-loop rounds × (batched prefill + KV handoff + decode at the per-replica batch); an open-loop
+    cell, its arrivals' span plus one request's latency. A reused image is encoded, prefilled and handed
+    off once: later requests find it in the caches."""
     decode_role = "server" if config.topology == "aggregated" else "decode"
     prefill_role = "server" if config.topology == "aggregated" else "prefill"
     tp_prefill = config.role(prefill_role).tp
     tp_decode = config.role(decode_role).tp
-    per_prefill = max(1, math.ceil(cell.concurrency / _replicas(config, prefill_role)))
-    per_decode = max(1, math.ceil(cell.concurrency / _replicas(config, decode_role)))
+    in_flight = 1 if cell.rate else cell.concurrency
+    per_prefill = max(1, math.ceil(in_flight / _replicas(config, prefill_role)))
+    per_decode = max(1, math.ceil(in_flight / _replicas(config, decode_role)))
     n_tok = int(prompt_tokens)
     prefill = CostModel(spec.model, spec.hardware, tp_prefill)
     decode = CostModel(spec.model, spec.hardware, tp_decode)
@@ -42,6 +44,8 @@ def estimate_cell_seconds(spec: ExperimentSpec, config: ConfigurationSpec, cell:
         handoff_s = per_prefill * transfer_seconds(spec.hardware, config.kv_transport,
                                                    decode.kv_bytes(max(1, n_tok - cached)), rdma)
     decode_s = output_tokens * decode.step_seconds([n_tok] * per_decode, [])
+    if cell.rate:
+        return (cell.n_measured / cell.rate + (cell.n_warmup + 1) * (prefill_s + handoff_s + decode_s))
     rounds = math.ceil((cell.n_warmup + cell.n_measured) / cell.concurrency)
     busy_s = rounds * (prefill_s + handoff_s + decode_s)
     if cell.arrival == "burst":

@@ -1,28 +1,40 @@
-"""Ceiling of tasks.loadgen.LoadGenerator on this machine, against a zero-delay SSE server.
+"""Ceiling of tasks.loadgen.LoadGenerator on this machine against a zero-delay SSE server, and side by side
+with vLLM's benchmark client (`--peer vllm`), interleaved in one run.
 
-A vLLM-format streaming server (child process, 127.0.0.1, free port) answers POST /v1/completions
-with max_tokens content chunks + a usage chunk + [DONE], written back to back with no sleep. Each
-chunk carries the server's send stamp (`t_ns`), also kept per request id and served by GET /stamps,
-so the client's per-chunk receipt stamp can be compared with it.
+A vLLM-format streaming server (child process, 127.0.0.1, free port) answers POST /v1/completions with
+max_tokens content chunks, a usage chunk and [DONE], written back to back with no sleep. It sends what
+vLLM sends for the options each client asks: with stream_options.continuous_usage_stats (epdbench asks)
+every chunk carries the running usage, as vLLM's does. Each chunk also carries the server's send stamp
+(`t_ns`), kept per request id and served by GET /stamps, so every client's receipt stamps can be compared
+with it: TTFT error (first chunk received − first chunk sent) and ITL error (received gap − sent gap).
 
-Clock: both processes use time.perf_counter_ns, which on Linux is CLOCK_MONOTONIC (system-wide),
-so stamps taken in the server and client processes are directly comparable.
+Clock: both processes use time.perf_counter_ns, which on Linux is CLOCK_MONOTONIC (system-wide).
+The peer runs in its own virtual environment under benchmarks/.peers/ (created on first use from PyPI:
+aiohttp at our version, regex, tqdm, and vllm/benchmarks/lib/endpoint_request_func.py from the vllm wheel).
 
-    python benchmarks/loadgen.py [--duration-per-level S] [--max-requests N] [--max-tokens N]
+    python benchmarks/loadgen.py [--peer vllm] [--concurrency 64 256] [--rounds 2] [--duration-per-level S]
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import platform
+import subprocess
 import sys
+import tempfile
 import time
+import zipfile
+from pathlib import Path
 
 import aiohttp
 from aiohttp import web
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PEERS = REPO_ROOT / "benchmarks" / ".peers"
+VLLM_VERSION = "0.33.0"
+VLLM_FILE = "vllm/benchmarks/lib/endpoint_request_func.py"
 CONCURRENCIES = (1, 64, 256)
 
 
@@ -30,17 +42,20 @@ CONCURRENCIES = (1, 64, 256)
 def serve() -> None:
     """Zero-delay completions server; prints 'PORT <n>' once listening, runs until terminated."""
     stamps: dict[str, list[int]] = {}
-    # Pre-formatted chunks keep server CPU per chunk low (the client is what we measure).
-    chunk = 'data: {"id":"%s","object":"text_completion","choices":[{"index":0,"text":" x",' \
-            '"finish_reason":%s}],"t_ns":%d}\n\n'
-    usage = 'data: {"id":"%s","object":"text_completion","choices":[],"usage":{"prompt_tokens":%d,' \
-            '"completion_tokens":%d,"total_tokens":%d},"t_ns":%d}\n\n'
+    # Pre-formatted chunks keep server CPU per chunk low (the clients are what we measure).
+    chunk = '{"id":"%s","object":"text_completion","created":1,"model":"bench-model","choices":[{"index":0,' \
+            '"text":" x","logprobs":null,"finish_reason":%s,"stop_reason":null}]%s,"t_ns":%d}'
+    running = ',"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}'
+    usage = '{"id":"%s","object":"text_completion","created":1,"model":"bench-model","choices":[],' \
+            '"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d},"t_ns":%d}'
 
     async def completions(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         rid = body.get("request_id") or request.headers.get("X-Request-Id", "anon")
         n = int(body.get("max_tokens", 16))
         n_prompt = len(str(body.get("prompt", "")).split())
+        options = body.get("stream_options") or {}
+        continuous = bool(options.get("continuous_usage_stats"))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         ts = stamps.setdefault(rid, [])
@@ -48,8 +63,11 @@ def serve() -> None:
             t = time.perf_counter_ns()
             ts.append(t)
             fin = '"length"' if i == n - 1 else "null"
-            await resp.write((chunk % (rid, fin, t)).encode())
-        await resp.write((usage % (rid, n_prompt, n, n_prompt + n, time.perf_counter_ns())).encode())
+            use = running % (n_prompt, n_prompt + i + 1, i + 1) if continuous else ""
+            await resp.write(b"data: " + (chunk % (rid, fin, use, t)).encode() + b"\n\n")
+        if options.get("include_usage"):
+            await resp.write(b"data: " + (usage % (rid, n_prompt, n_prompt + n, n, time.perf_counter_ns())).encode()
+                             + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
@@ -74,12 +92,25 @@ def serve() -> None:
     asyncio.run(main())
 
 
-# ----------------------------------------------------------------------------- client
+# ----------------------------------------------------------------------------- figures
 def pct(xs: list[float], q: float) -> float:
     if not xs:
         return float("nan")
     s = sorted(xs)
     return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))]
+
+
+def errors(received: dict[str, list[int]], sent: dict[str, list[int]]) -> dict:
+    """TTFT error (µs) per request and |ITL error| (µs) per gap, for requests whose chunk counts match."""
+    ttft, itl, bad = [], [], 0
+    for rid, got in received.items():
+        want = sent.get(rid, [])
+        if not got or len(got) != len(want):
+            bad += 1
+            continue
+        ttft.append((got[0] - want[0]) / 1e3)
+        itl += [abs((b - a) - (d - c)) / 1e3 for a, b, c, d in zip(got, got[1:], want, want[1:])]
+    return {"ttft_p50": pct(ttft, 50), "ttft_p99": pct(ttft, 99), "itl_p99": pct(itl, 99), "bad": bad}
 
 
 def make_requests(n: int, max_tokens: int, start: int = 0):
@@ -91,43 +122,74 @@ def make_requests(n: int, max_tokens: int, start: int = 0):
 
 async def fetch_stamps(base: str) -> dict:
     async with aiohttp.ClientSession() as s:
-        async with s.get(base + "/stamps", timeout=aiohttp.ClientTimeout(total=30)) as r:
+        async with s.get(base + "/stamps", timeout=aiohttp.ClientTimeout(total=60)) as r:
             return await r.json()
 
 
-async def run_level(base: str, conc: int, args) -> dict:
+# ----------------------------------------------------------------------------- clients
+async def run_epdbench(base: str, conc: int, n: int, args, first: int) -> dict:
     from epdbench.tasks.loadgen import LoadGenerator
     async with LoadGenerator(base, "bench-model", args.timeout) as lg:
-        # Pilot (doubles as warm-up): estimate the request rate to size the measured run.
-        pilot_n = max(2 * conc, 20)
-        t0 = time.perf_counter()
-        await asyncio.wait_for(lg.run_cell(make_requests(pilot_n, args.max_tokens), conc), args.timeout * 2)
-        rate = pilot_n / max(time.perf_counter() - t0, 1e-6)
-        n = int(min(args.max_requests, max(conc, rate * args.duration_per_level)))
-        srv_cpu0 = (await fetch_stamps(base))["cpu_s"]   # drops pilot stamps, server CPU baseline
+        await lg.run_cell(make_requests(conc, 8, first), conc)                  # warm the connections
+        await fetch_stamps(base)
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        recs = await asyncio.wait_for(lg.run_cell(make_requests(n, args.max_tokens, first + conc), conc),
+                                      args.duration_per_level * 6 + args.timeout)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    received = {r.request_id: [r.send_ns + o for o in (r.chunk_arrival_ns or r.chunk_offsets_ns)]
+                for r in recs if r.ok}
+    return {"wall": wall, "cpu": cpu, "received": received, "failed": sum(not r.ok for r in recs)}
 
-        cli_cpu0, t0 = time.process_time(), time.perf_counter()
-        # Hard bound: several times the planned duration (plus per-request timeout).
-        recs = await asyncio.wait_for(lg.run_cell(make_requests(n, args.max_tokens, pilot_n), conc),
-                                      args.duration_per_level * 4 + args.timeout)
-        wall = time.perf_counter() - t0
-        cli_cpu = time.process_time() - cli_cpu0
+
+def peer_python(kind: str) -> tuple[Path, Path]:
+    """The peer's venv interpreter and its request-function file; created on first use."""
+    home = PEERS / f"{kind}-{VLLM_VERSION}"
+    python, module = home / "bin" / "python", home / "endpoint_request_func.py"
+    if python.exists() and module.exists():
+        return python, module
+    from importlib.metadata import version
+    print(f"setting up {home} (once) ...", file=sys.stderr, flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(home)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", f"aiohttp=={version('aiohttp')}", "regex", "tqdm"],
+                   check=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([str(python), "-m", "pip", "download", "-q", "--no-deps", f"vllm=={VLLM_VERSION}", "-d", tmp],
+                       check=True)
+        (wheel,) = Path(tmp).glob("vllm-*.whl")
+        with zipfile.ZipFile(wheel) as z:
+            module.write_bytes(z.read(VLLM_FILE))
+    return python, module
+
+
+async def run_vllm(base: str, conc: int, n: int, args, first: int) -> dict:
+    python, module = peer_python("vllm")
+    cmd = [str(python), str(Path(__file__).parent / "peers" / "vllm_client.py"), "--module", str(module),
+           "--url", base, "--concurrency", str(conc), "--max-tokens", str(args.max_tokens)]
+    warm = await asyncio.create_subprocess_exec(*cmd, "--requests", str(conc), "--first-id", str(first),
+                                                stdout=asyncio.subprocess.DEVNULL)
+    await warm.wait()                                                           # (its own process: imports)
+    await fetch_stamps(base)
+    proc = await asyncio.create_subprocess_exec(*cmd, "--requests", str(n), "--first-id", str(first + conc),
+                                                stdout=asyncio.subprocess.PIPE)
+    out, _ = await asyncio.wait_for(proc.communicate(), args.duration_per_level * 6 + args.timeout)
+    res = json.loads(out)
+    received = {r["id"]: r["stamps"] for r in res["requests"] if r["ok"]}
+    return {"wall": res["wall"], "cpu": res["cpu"], "received": received,
+            "failed": sum(not r["ok"] for r in res["requests"])}
+
+
+CLIENTS = {"epdbench": run_epdbench, "vllm": run_vllm}
+
+
+async def measure(client: str, base: str, conc: int, n: int, args, first: int) -> dict:
+    srv0 = (await fetch_stamps(base))["cpu_s"]
+    res = await CLIENTS[client](base, conc, n, args, first)
     srv = await fetch_stamps(base)
-    stamps = srv["stamps"]
-
-    errs, chunks, stamp_err_us, lag_ms = 0, 0, [], []
-    for r in recs:
-        lag_ms.append((r.send_ns - r.scheduled_ns) / 1e6)
-        chunks += len(r.chunk_offsets_ns)
-        srv_ts = stamps.get(r.request_id, [])
-        if not r.ok or len(srv_ts) != len(r.chunk_offsets_ns):   # failed, or chunk count mismatch
-            errs += 1
-            continue
-        stamp_err_us += [(r.send_ns + off - t) / 1e3 for off, t in zip(r.chunk_offsets_ns, srv_ts)]
-    return {"conc": conc, "reqs": len(recs), "chunks": chunks, "wall": wall, "cps": chunks / wall,
-            "e50": pct(stamp_err_us, 50), "e99": pct(stamp_err_us, 99), "emax": max(stamp_err_us, default=float("nan")),
-            "lag99": pct(lag_ms, 99), "cli_cpu": 100 * cli_cpu / wall,
-            "srv_cpu": 100 * (srv["cpu_s"] - srv_cpu0) / wall, "errs": errs}
+    chunks = sum(len(s) for s in res["received"].values())
+    return {"client": client, "conc": conc, "requests": n, "chunks": chunks, "cps": chunks / res["wall"],
+            "cpu_ms_per_1k": 1e6 * res["cpu"] / max(chunks, 1), "cpu_pct": 100 * res["cpu"] / res["wall"],
+            "srv_pct": 100 * (srv["cpu_s"] - srv0) / res["wall"], "failed": res["failed"],
+            **errors(res["received"], srv["stamps"])}
 
 
 async def start_server() -> tuple[asyncio.subprocess.Process, str]:
@@ -141,15 +203,28 @@ async def start_server() -> tuple[asyncio.subprocess.Process, str]:
 
 
 async def main(args) -> int:
-    print(f"Python {platform.python_version()} ({platform.python_implementation()}), "
-          f"CPUs: {os.cpu_count()}, aiohttp {aiohttp.__version__}, max_tokens={args.max_tokens}, "
-          f"target {args.duration_per_level:g} s/level")
+    print(f"Python {platform.python_version()}, CPUs: {os.cpu_count()}, aiohttp {aiohttp.__version__}, "
+          f"{args.loop} loop, max_tokens={args.max_tokens}, ~{args.duration_per_level:g} s per run, {args.rounds} round(s), "
+          f"clients: epdbench{', vLLM ' + VLLM_VERSION + ' (endpoint_request_func)' if args.peer else ''}")
+    clients = ["epdbench"] + ([args.peer] if args.peer else [])
+    if args.peer:
+        peer_python(args.peer)
     proc, base = await start_server()
-    rows = []
+    rows, first = [], 0
     try:
         for conc in args.concurrency:
-            rows.append(await run_level(base, conc, args))
-            print(f"  c={conc} done in {rows[-1]['wall']:.1f} s", file=sys.stderr, flush=True)
+            # size the runs from a pilot of epdbench's client, then interleave the clients round by round
+            pilot_n = max(2 * conc, 20)
+            t0 = time.perf_counter()
+            await run_epdbench(base, conc, pilot_n, args, first)
+            first += 10 * pilot_n
+            n = int(min(args.max_requests, max(conc, pilot_n / (time.perf_counter() - t0) * args.duration_per_level)))
+            for rnd in range(args.rounds):
+                for client in (clients if rnd % 2 == 0 else clients[::-1]):
+                    rows.append({**await measure(client, base, conc, n, args, first), "round": rnd})
+                    first += n + 2 * conc
+                    print(f"  c={conc} round {rnd} {client}: {rows[-1]['cps']:.0f} chunks/s", file=sys.stderr,
+                          flush=True)
     finally:
         proc.terminate()
         try:
@@ -158,35 +233,55 @@ async def main(args) -> int:
             proc.kill()
             await proc.wait()
 
-    hdr = ("conc", "requests", "chunks", "wall s", "chunks/s", "err p50 us", "err p99 us", "err max us",
-           "send lag p99 ms", "client CPU%", "server CPU%", "errors")
-    fmt = "{:>5} {:>9} {:>10} {:>7} {:>9} {:>11} {:>11} {:>11} {:>16} {:>12} {:>12} {:>7}"
-    print()
-    print(fmt.format(*hdr))
-    print("-" * len(fmt.format(*hdr)))
+    hdr = ("conc", "client", "round", "requests", "chunks/s", "CPU ms/1k chunks", "client CPU%", "server CPU%",
+           "TTFT err p50 us", "TTFT err p99 us", "ITL err p99 us", "failed")
+    fmt = "{:>5} {:<9} {:>5} {:>8} {:>9} {:>16} {:>11} {:>11} {:>15} {:>15} {:>14} {:>6}"
+    print("\n" + fmt.format(*hdr))
     for r in rows:
-        print(fmt.format(r["conc"], r["reqs"], r["chunks"], f"{r['wall']:.2f}", f"{r['cps']:.0f}",
-                         f"{r['e50']:.0f}", f"{r['e99']:.0f}", f"{r['emax']:.0f}", f"{r['lag99']:.3f}",
-                         f"{r['cli_cpu']:.0f}", f"{r['srv_cpu']:.0f}", r["errs"]))
-    print("\nerr = client receipt stamp (send_ns + chunk offset) - server send stamp t_ns, per chunk "
-          "(delivery latency + client loop lag).\nsend lag = send_ns - scheduled_ns. "
-          "CPU% is per process (100 = one core).")
-    return 1 if any(r["errs"] for r in rows) else 0
+        print(fmt.format(r["conc"], r["client"], r["round"], r["requests"], f"{r['cps']:.0f}",
+                         f"{r['cpu_ms_per_1k']:.1f}", f"{r['cpu_pct']:.0f}", f"{r['srv_pct']:.0f}",
+                         f"{r['ttft_p50']:.0f}", f"{r['ttft_p99']:.0f}", f"{r['itl_p99']:.0f}",
+                         r["failed"] + r["bad"]))
+    if args.peer:
+        print(f"\nepdbench ÷ {args.peer}, per concurrency (means over rounds; chunks/s also per round, each "
+              "round's two runs back to back):")
+        for conc in args.concurrency:
+            def mean(client, key):
+                vals = [r[key] for r in rows if r["conc"] == conc and r["client"] == client]
+                return sum(vals) / len(vals)
+            paired = [next(r["cps"] for r in rows if r["conc"] == conc and r["round"] == k and r["client"] == "epdbench")
+                      / next(r["cps"] for r in rows if r["conc"] == conc and r["round"] == k and r["client"] == args.peer)
+                      for k in range(args.rounds)]
+            print(f"  c={conc}: chunks/s ×{mean('epdbench', 'cps') / mean(args.peer, 'cps'):.2f} (rounds: "
+                  f"{', '.join(f'×{x:.2f}' for x in paired)}), CPU per chunk "
+                  f"×{mean('epdbench', 'cpu_ms_per_1k') / mean(args.peer, 'cpu_ms_per_1k'):.2f}, TTFT err p99 "
+                  f"{mean('epdbench', 'ttft_p99'):.0f} vs {mean(args.peer, 'ttft_p99'):.0f} us, ITL err p99 "
+                  f"{mean('epdbench', 'itl_p99'):.0f} vs {mean(args.peer, 'itl_p99'):.0f} us")
+    print("\nTTFT err = first chunk received - first chunk sent (server stamp); ITL err = |received gap - sent "
+          "gap|.\nCPU% is per process (100 = one core); the clients and the server share this machine's cores.")
+    return 1 if any(r["failed"] or r["bad"] for r in rows) else 0
 
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--duration-per-level", type=float, default=8.0,
-                   help="target seconds per concurrency level (request count sized from a pilot run)")
-    p.add_argument("--max-requests", type=int, default=20000, help="cap on measured requests per level")
+    p.add_argument("--duration-per-level", type=float, default=6.0,
+                   help="target seconds per run (request count sized from a pilot run)")
+    p.add_argument("--max-requests", type=int, default=20000, help="cap on measured requests per run")
     p.add_argument("--max-tokens", type=int, default=256, help="streamed chunks (tokens) per request")
     p.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCIES), help="levels to run")
+    p.add_argument("--rounds", type=int, default=1, help="runs per client and level, alternating the order")
+    p.add_argument("--peer", choices=["vllm"], default=None, help="also run this client, interleaved")
     p.add_argument("--timeout", type=float, default=60.0, help="per-request timeout passed to LoadGenerator")
+    p.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio",
+                   help="event loop of epdbench's client (the peer runs on asyncio's, as its own driver does)")
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)   # internal: child server mode
     a = p.parse_args()
     if a.serve:
         serve()
         sys.exit(0)
-    sys.path.insert(0, REPO_ROOT)
+    sys.path.insert(0, str(REPO_ROOT))
+    if a.loop == "uvloop":
+        import uvloop
+        sys.exit(uvloop.run(main(a)))
     sys.exit(asyncio.run(main(a)))

@@ -17,6 +17,7 @@ from pathlib import Path
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
+from epdbench.analysis.goodput import goodput_lines
 from epdbench.analysis.metrics import summarize
 from epdbench.analysis.regression import RegressionSettings
 from epdbench.analysis.trials import aggregate_trials
@@ -34,7 +35,7 @@ from epdbench.tasks.results import drop_records, read_records, write_json, write
 from epdbench.tasks.resume import cells_done, missing_cells, noise_of, validate_state_files
 from epdbench.tasks.runstate import RunFolder, end_leftovers
 from epdbench.tasks.history import check_history, log_regression_check
-from epdbench.tasks.report_files import write_report
+from epdbench.tasks.report_files import read_goodput, write_report
 from epdbench.tasks.tracking import Tracker
 
 # Set by the CLI's SIGINT handler: an interrupt that Prefect turns into another exception while a task
@@ -306,6 +307,7 @@ def _compare(spec: ExperimentSpec, run: str, rdir: Path, tracking_uri: str | Non
     outcome["all_verified"] = all(c["verified"] for c in outcome["configs"].values())
     outcome["contaminated_cells"] = int(summary["contaminated"].fillna(False).astype(bool).sum()) if len(summary) else 0
     outcome["meta"], outcome["verdicts"], outcome["regression"] = meta, verdicts, check
+    outcome["goodput"] = goodput_lines(read_goodput(rdir / "goodput.csv"))
     write_json(rdir / "outcome.json", outcome)
     fingerprint = publish.comparison_fingerprint(rdir)
     if tracker and parent and state["parent_published"] != fingerprint:

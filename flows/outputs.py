@@ -83,4 +83,5 @@ def report_meta(spec: ExperimentSpec, run: str, outcomes: dict[str, ConfigOutcom
                            for c in spec.configurations],
         "failures": {n: o.error for n, o in outcomes.items() if o.error},
         "reuse_suites": [s.name for s in spec.suites if getattr(s, "reuse_image", False)],
+        "load": {s.name: s.load_text() for s in spec.suites},
     }

@@ -2,7 +2,8 @@
 state or display backend; the same PNGs go to plots/ (Markdown) and inline into report.html.
 
 Per suite: the ITL CDF of every configuration at the longest shape and highest concurrency; TTFT p50
-and ITL p99 versus concurrency per shape; output throughput per GPU per matched cell.
+and ITL p99 versus concurrency per shape (open-loop rate suites: SLO attainment versus offered rate);
+output throughput per GPU per matched cell.
 """
 from __future__ import annotations
 
@@ -135,18 +136,57 @@ def throughput_per_gpu(suite: str, agg: pd.DataFrame, colors: dict[str, str]) ->
                 png_of(fig), width_in > WIDE_IN)
 
 
-def suite_plots(summary: pd.DataFrame, records: pd.DataFrame, configs: list[str]) -> list[Plot]:
-    """Every plot of the report, suite by suite, one color per configuration throughout."""
+def attainment_vs_rate(suite: str, att: pd.DataFrame, colors: dict[str, str]) -> Plot:
+    """SLO attainment (with its 95% interval) against the offered rate, per shape, with the target."""
+    shapes = list(dict.fromkeys(att["shape"]))
+    width_in = min(MAX_WIDTH_IN, max(5.0, 4.2 * len(shapes)))
+    fig = Figure(figsize=(width_in, 4.2))
+    axes = fig.subplots(1, len(shapes), squeeze=False)[0]
+    for ax, shape in zip(axes, shapes):
+        mine = att[att["shape"] == shape]
+        for config, g in mine.groupby("config", sort=False):
+            g = g.sort_values("rate")
+            y = g["attainment"].astype(float).to_numpy()
+            err = np.maximum(0.0, np.vstack([y - g["attainment_low"].astype(float),
+                                             g["attainment_high"].astype(float) - y]))   # rounding at 0 and 1
+            ax.errorbar(g["rate"].astype(float), y, yerr=err, marker="o", capsize=3, color=colors[config],
+                        label=config)
+        ax.axhline(float(mine["target"].iloc[0]), color="black", linestyle="--", linewidth=1,
+                   label=f"target {float(mine['target'].iloc[0]):.0%}")
+        ax.set_xscale("log")
+        plain_log_axis(ax.xaxis)
+        ax.xaxis.set_minor_formatter(ticker.NullFormatter())     # the swept rates are the labels
+        ax.set_xticks(sorted(mine["rate"].astype(float).unique()))
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.set_title(shape, fontsize=9)
+        ax.set_xlabel("offered rate (requests/s, log scale)")
+        ax.set_ylabel("share of requests meeting the SLO")
+    axes[0].legend(fontsize=8, loc="lower left")
+    return Plot(f"{suite}-attainment-vs-rate.png", suite, f"SLO attainment versus rate, suite {suite}",
+                f"Share of measured requests meeting every SLO bound of suite {suite} at each offered rate, with "
+                "95% Wilson intervals; the goodput is the highest rate at or above the dashed target.",
+                png_of(fig), width_in > WIDE_IN)
+
+
+def suite_plots(summary: pd.DataFrame, records: pd.DataFrame, configs: list[str],
+                attainment: pd.DataFrame | None = None) -> list[Plot]:
+    """Every plot of the report, suite by suite, one color per configuration throughout. A suite with SLO
+    attainment rows (open-loop rates, analysis.goodput) gets attainment versus rate instead of latency
+    versus concurrency."""
     if summary.empty:
         return []
     ordered = list(dict.fromkeys([*configs, *summary["config"]]))
     colors = {c: PALETTE[i % len(PALETTE)] for i, c in enumerate(ordered)}
     agg = aggregate_trials(summary)
+    rated = set(attainment["suite"]) if attainment is not None and len(attainment) else set()
     plots: list[Plot] = []
     for suite in dict.fromkeys(summary["suite"]):
         cell = cdf_cell(summary, suite)
         mine = agg[agg["suite"] == suite]
-        found = [itl_cdf(suite, cell, itl_samples_ms(records, cell), colors),
-                 latency_vs_concurrency(suite, mine, colors), throughput_per_gpu(suite, mine, colors)]
+        middle = (attainment_vs_rate(suite, attainment[attainment["suite"] == suite], colors) if suite in rated
+                  else latency_vs_concurrency(suite, mine, colors))
+        found = [itl_cdf(suite, cell, itl_samples_ms(records, cell), colors), middle,
+                 throughput_per_gpu(suite, mine, colors)]
         plots += [p for p in found if p is not None]
     return plots

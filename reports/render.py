@@ -109,9 +109,11 @@ def plot_groups(plots) -> list[dict]:
 
 
 def report_context(meta: dict, summary: pd.DataFrame, verdicts: dict[str, dict], environment: dict | None = None,
-                   records: pd.DataFrame | None = None, history: dict | None = None, plots=()) -> dict:
+                   records: pd.DataFrame | None = None, history: dict | None = None, plots=(),
+                   goodput: dict | None = None) -> dict:
     """Everything both templates show. `environment` from reports.environment, `records` the raw request
-    rows (prompt fit, early stops), `history` a regression check result, `plots` from reports.plots."""
+    rows (prompt fit, early stops), `history` a regression check result, `plots` from reports.plots,
+    `goodput` from reports.goodput.goodput_view."""
     records = records if records is not None else pd.DataFrame()
     comparisons = compare(summary)
     agg = aggregate_trials(summary)
@@ -126,6 +128,7 @@ def report_context(meta: dict, summary: pd.DataFrame, verdicts: dict[str, dict],
         "suites": suite_tables(summary, comparisons),
         "verdict": verdict_view(comparisons),
         "contamination": contamination_line(summary, meta),
+        "goodput": goodput,
         "headline": [headline_sentence(f) for f in headline(changes)],
         "headline_min_factor": f"{MIN_HEADLINE_FACTOR:g}×",
         "n_compared": int(summary["config"].nunique()) if not summary.empty else 0,
@@ -146,9 +149,10 @@ def render_markdown(context: dict) -> str:
 
 
 def render_report(meta: dict, summary: pd.DataFrame, verdicts: dict[str, dict], environment: dict | None = None,
-                  records: pd.DataFrame | None = None, history: dict | None = None, plots=()) -> str:
+                  records: pd.DataFrame | None = None, history: dict | None = None, plots=(),
+                  goodput: dict | None = None) -> str:
     """report.md straight from the data."""
-    return render_markdown(report_context(meta, summary, verdicts, environment, records, history, plots))
+    return render_markdown(report_context(meta, summary, verdicts, environment, records, history, plots, goodput))
 
 
 def render_html(context: dict) -> str:

@@ -15,14 +15,14 @@ from pydantic import Field, ValidationError, model_validator
 
 from epdbench.specs.base import KvTransport, RoleName, Strict, Topology
 from epdbench.specs.node import EngineSpec, HardwareSpec, ModelSpec, VisionSpec
-from epdbench.specs.suites import (CellCounts, FixedSuite, ImageCell, MixedSuite, MultimodalSuite, Shape, StreamSpec,
-                                   Suite)
+from epdbench.specs.suites import (CellCounts, FixedSuite, ImageCell, MixedSuite, MultimodalSuite, RateSuite, Shape,
+                                   Slo, StreamSpec, Suite)
 from epdbench.specs.targets import (EmptyDirModelCache, HostPathModelCache, KubeEngineSpec, KubeNodeSpec,
                                     KubeRouterSpec, KubernetesTargetSpec, PvcModelCache, SimFaults, SimTargetSpec,
                                     TargetSpec)
 from epdbench.specs.topology import ConfigurationSpec, RoleSpec
 
-__all__ = ["CellCounts", "ConfigurationSpec", "EmptyDirModelCache", "EngineSpec", "ExperimentSpec", "FixedSuite",
+__all__ = ["RateSuite", "Slo", "CellCounts", "ConfigurationSpec", "EmptyDirModelCache", "EngineSpec", "ExperimentSpec", "FixedSuite",
            "HardwareSpec", "HostPathModelCache", "ImageCell", "KubeEngineSpec", "KubeNodeSpec", "KubeRouterSpec",
            "KubernetesTargetSpec", "KvTransport", "MixedSuite", "ModelSpec", "MultimodalSuite", "PvcModelCache",
            "RoleName", "RoleSpec", "Shape", "SimFaults", "SimTargetSpec", "SpecError", "StreamSpec", "Strict", "Suite",

@@ -11,7 +11,7 @@ from epdbench.specs.models import ExperimentSpec, SpecError, load_spec, parse_sp
 
 Preset = Literal["smoke", "pd-text", "epd-multimodal", "epd-reuse"]
 ConfigName = Literal["aggregated", "pd-tcp", "pd-rdma", "epd", "epd-rdma"]
-SuiteName = Literal["fixed", "mixed", "mm-context", "mm-mixed", "mm-reuse"]
+SuiteName = Literal["fixed", "mixed", "capacity", "mm-context", "mm-mixed", "mm-reuse"]
 
 
 class RunRequest(BaseModel):

@@ -1,4 +1,4 @@
-"""Workload suites: fixed shapes, multimodal cells and mixed multi-stream windows."""
+"""Workload suites: fixed shapes, multimodal cells, mixed multi-stream windows and open-loop rate sweeps."""
 from __future__ import annotations
 
 from typing import Annotated, Literal, Union
@@ -26,8 +26,20 @@ class CellCounts(Strict):
         default_factory=dict, title="Measured requests by concurrency",
         description="Overrides n_measured for the given concurrencies, e.g. {16: 64}.")
 
+    first_wave_spread_s: float = Field(
+        0.1, ge=0, le=60, title="First-wave spread (s)",
+        description="Closed loop: the first request of each worker is sent at a seeded random instant within "
+                    "this long after the cell starts, so the workers' prefills do not all land in the same "
+                    "engine steps (in lockstep, TTFT p50 flips between two modes from run to run). 0: all at once.")
+
     def measured_for(self, concurrency: int) -> int:
         return self.n_measured_by_concurrency.get(concurrency, self.n_measured)
+
+    def load_text(self) -> str:
+        """How the suite offers its load, in words (the report says it per suite)."""
+        spread = (f", each worker's first request sent at a seeded random instant within "
+                  f"{self.first_wave_spread_s:g} s" if self.first_wave_spread_s > 0 else ", all workers starting at once")
+        return f"closed loop: each worker sends its next request when the last ends{spread}"
 
 
 class FixedSuite(CellCounts):
@@ -59,6 +71,59 @@ class MultimodalSuite(CellCounts):
                               description="Send the same image with every request (encoder-cache reuse).")
     image_format: Literal["png", "jpeg"] = Field("png", title="Image format",
                                                  description="Encoding of the synthetic images in the data URL.")
+
+
+class Slo(Strict):
+    """Service-level objective of a rate suite: per-request bounds and the share of requests that must meet
+    them all (DistServe's attainment; 0.9 makes each bound a p90, 0.99 a p99)."""
+    ttft_ms: float | None = Field(None, gt=0, title="TTFT bound (ms)",
+                                  description="Time from the request's scheduled arrival to its first token.")
+    tpot_ms: float | None = Field(None, gt=0, title="TPOT bound (ms)",
+                                  description="(last token − first token) / (output tokens − 1) of the request.")
+    itl_ms: float | None = Field(None, gt=0, title="ITL bound (ms)",
+                                 description="Largest gap between two consecutive tokens of the request.")
+    attainment: float = Field(0.9, gt=0, le=1, title="Attainment target",
+                              description="Share of measured requests (failed ones included, as misses) that "
+                                          "must meet every bound for a rate to count as sustained.")
+
+    @model_validator(mode="after")
+    def _some_bound(self) -> "Slo":
+        if self.ttft_ms is None and self.tpot_ms is None and self.itl_ms is None:
+            raise ValueError("slo: give at least one of ttft_ms, tpot_ms, itl_ms")
+        return self
+
+
+class RateSuite(Strict):
+    kind: Literal["rate"] = Field("rate", title="Kind",
+                                  description="Open-loop arrivals at offered request rates (a sweep per shape).")
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,40}$", title="Suite name", description="e.g. capacity.")
+    shapes: list[Shape] = Field(min_length=1, title="Shapes", description="input/output token shapes.")
+    rates: list[float] = Field(min_length=1, title="Request rates (req/s)",
+                               description="Offered rates of the sweep; each shape runs at each.")
+    arrival: Literal["poisson", "constant"] = Field(
+        "poisson", title="Arrival process",
+        description="poisson: seeded exponential gaps at the rate; constant: one request every 1/rate s.")
+    n_warmup: int = Field(2, ge=0, le=1000, title="Warm-up requests per cell",
+                          description="Sent closed loop, one at a time, before the arrivals start.")
+    n_measured: int = Field(64, ge=1, le=1000000, title="Measured requests per rate",
+                            description="Arrivals per cell; the cell lasts about n_measured / rate seconds.")
+    max_in_flight: int = Field(1024, ge=1, le=65536, title="Most requests in flight",
+                               description="The client's cap; an arrival finding it reached waits, and that wait "
+                                           "counts in its TTFT (from scheduled arrival) and in the send lag.")
+    slo: Slo | None = Field(None, title="SLO", description="Bounds for goodput: the highest rate sustained.")
+
+    def load_text(self) -> str:
+        process = "Poisson arrivals (seeded)" if self.arrival == "poisson" else "one arrival every 1/rate s"
+        return (f"open loop: {process} at {', '.join(f'{r:g}' for r in self.rates)} req/s, at most "
+                f"{self.max_in_flight} in flight (an arrival finding them all busy waits, and its wait counts)")
+
+    @model_validator(mode="after")
+    def _rates(self) -> "RateSuite":
+        if any(not 0 < r <= 100000 for r in self.rates):
+            raise ValueError(f"rates must be in (0, 100000] req/s: {self.rates}")
+        if sorted(set(self.rates)) != self.rates:
+            raise ValueError(f"rates must be increasing and distinct: {self.rates}")
+        return self
 
 
 class StreamSpec(Strict):
@@ -107,6 +172,12 @@ class MixedSuite(Strict):
     n_warmup: int = Field(0, ge=0, le=1000, title="Warm-up requests per stream",
                           description="Sent (closed loop) before the window opens; excluded from statistics.")
 
+    def load_text(self) -> str:
+        parts = [f"{st.name}: " + (f"closed loop at concurrency {st.concurrency}" if st.arrival == "closed" else
+                                   f"bursts of {st.burst_size} every {st.burst_interval_s:g} s, at most "
+                                   f"{st.concurrency} in flight") for st in self.streams]
+        return "streams at once — " + "; ".join(parts)
+
     @model_validator(mode="after")
     def _unique(self) -> "MixedSuite":
         names = [s.name for s in self.streams]
@@ -115,4 +186,4 @@ class MixedSuite(Strict):
         return self
 
 
-Suite = Annotated[Union[FixedSuite, MultimodalSuite, MixedSuite], Field(discriminator="kind")]
+Suite = Annotated[Union[FixedSuite, MultimodalSuite, MixedSuite, RateSuite], Field(discriminator="kind")]

@@ -17,7 +17,7 @@ import random
 from dataclasses import dataclass, field
 
 from epdbench.physics.costmodel import image_tokens
-from epdbench.specs.models import ExperimentSpec, FixedSuite, MixedSuite, MultimodalSuite, StreamSpec
+from epdbench.specs.models import ExperimentSpec, FixedSuite, MixedSuite, MultimodalSuite, RateSuite, StreamSpec
 
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar "
          "papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu river stone cloud amber "
@@ -34,9 +34,11 @@ class Cell:
     n_warmup: int
     n_measured: int
     stream: str = "main"
-    arrival: str = "closed"            # closed | burst
+    arrival: str = "closed"            # closed | burst | poisson | constant
     burst_size: int = 1
     burst_interval_s: float = 0.0
+    rate: float | None = None          # offered requests/s (open-loop poisson | constant)
+    first_wave_spread_s: float = 0.0   # closed loop: the first wave's sends spread over this (seeded)
 
     @property
     def cell_id(self) -> str:
@@ -59,7 +61,8 @@ class RequestSpec:
     prompt_hash: str
     image_px: int | None = None
     image_hash: str | None = None
-    offset_s: float | None = None   # scheduled send time from the start of the phase (burst arrival only)
+    offset_s: float | None = None   # scheduled send time from the start of the phase (open loop, bursts, and
+                                    # the first wave of a closed loop); None: as soon as a worker is free
 
 
 @dataclass(frozen=True)
@@ -86,12 +89,43 @@ def plan_cells(spec: ExperimentSpec) -> list[Cell]:
                                   st.burst_size if st.arrival == "burst" else 1,
                                   st.burst_interval_s if st.arrival == "burst" else 0.0))
             continue
+        if isinstance(suite, RateSuite):
+            for shape in suite.shapes:
+                for rate in suite.rates:
+                    cells.append(Cell(suite.name, suite.kind, rate_workload(shape.workload, rate), suite.max_in_flight,
+                                      suite.n_warmup, suite.n_measured, arrival=suite.arrival, rate=rate))
+            continue
         workloads = ([s.workload for s in suite.shapes] if isinstance(suite, FixedSuite)
                      else [c.workload for c in suite.cells])
         for w in workloads:
             for conc in suite.concurrencies:
-                cells.append(Cell(suite.name, suite.kind, w, conc, suite.n_warmup, suite.measured_for(conc)))
+                cells.append(Cell(suite.name, suite.kind, w, conc, suite.n_warmup, suite.measured_for(conc),
+                                  first_wave_spread_s=suite.first_wave_spread_s))
     return cells
+
+
+def rate_workload(shape: str, rate: float) -> str:
+    """A rate cell's workload: its shape at its offered rate, e.g. 1024/128@4/s."""
+    return f"{shape}@{rate:g}/s"
+
+
+def arrival_offsets(cell: Cell, seed: int, trial: int) -> list[float | None]:
+    """Scheduled send offsets (s from the phase start) of a cell's measured requests, seeded: open-loop
+    arrivals at the cell's rate, bursts, or (closed loop) the first wave spread at random and the rest None."""
+    n = cell.n_measured
+    if cell.arrival == "burst":
+        return [(i // cell.burst_size) * cell.burst_interval_s for i in range(n)]
+    rng = _rng(seed, cell.cell_id, trial, "arrivals")
+    if cell.arrival == "constant":
+        return [i / cell.rate for i in range(n)]
+    if cell.arrival == "poisson":
+        t, out = 0.0, []
+        for _ in range(n):
+            out.append(t)
+            t += rng.expovariate(cell.rate)
+        return out
+    first = min(cell.concurrency, n) if cell.first_wave_spread_s > 0 else 0
+    return sorted(rng.uniform(0, cell.first_wave_spread_s) for _ in range(first)) + [None] * (n - first)
 
 
 def _rng(*parts) -> random.Random:
@@ -140,8 +174,8 @@ class _Shape:
 
 def _shape_for(spec: ExperimentSpec, cell: Cell, rng: random.Random) -> _Shape:
     suite = next(s for s in spec.suites if s.name == cell.suite)
-    if isinstance(suite, FixedSuite):
-        shape = next(s for s in suite.shapes if s.workload == cell.workload)
+    if isinstance(suite, (FixedSuite, RateSuite)):
+        shape = next(s for s in suite.shapes if cell.workload in (s.workload, rate_workload(s.workload, cell.rate or 0)))
         return _Shape(None, shape.input_tokens, shape.output_tokens, None, False, "png")
     if isinstance(suite, MultimodalSuite):
         mm = next(c for c in suite.cells if c.workload == cell.workload)
@@ -162,14 +196,13 @@ def build_requests(spec: ExperimentSpec, cell: Cell, trial: int = 0, seed: int |
     out: list[RequestSpec] = []
     images: dict[object, tuple[bytes, str]] = {}
     chat_overhead = spec.model.chat_overhead_tokens
+    offsets = arrival_offsets(cell, seed, trial)
     for i in range(cell.n_warmup + cell.n_measured):
         phase = "warmup" if i < cell.n_warmup else "measured"
         rng = _rng(seed, cell.suite, cell.workload, cell.concurrency, cell.stream, i)
         shape = _shape_for(spec, cell, rng)
         nonce = f"req{_hash(str(seed), cell.cell_id, str(i), str(trial))}"
-        offset_s = None
-        if phase == "measured" and cell.arrival == "burst":
-            offset_s = ((i - cell.n_warmup) // cell.burst_size) * cell.burst_interval_s
+        offset_s = offsets[i - cell.n_warmup] if phase == "measured" else None
         if shape.image_px is None:
             target = shape.prompt_tokens
             prompt = synth_text(rng, cal.words_for("completions", None, target, 0), nonce)

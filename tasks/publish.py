@@ -189,9 +189,11 @@ def publish_comparison(tracker: Tracker, parent: str, rdir: Path, all_verified: 
     no longer in the folder are deleted (with their cell runs). Returns the run id (truthy: published)."""
     rdir = Path(rdir)
     for name in PARENT_ARTIFACTS:
-        tracker.log_artifacts(parent, rdir / name)
+        if (rdir / name).exists():   # goodput.csv is absent from folders written before it existed
+            tracker.log_artifacts(parent, rdir / name)
     if (rdir / "plots").exists():
         tracker.log_artifacts(parent, rdir / "plots", "plots")
+    goodput_metrics(tracker, parent, rdir / "goodput.csv")
     outcome = read_json(rdir / "outcome.json")
     tracker.set_tags(parent, {"epdbench.all_verified": all_verified, "epdbench.all_ok": all_ok,
                               "epdbench.contaminated_cells": (outcome or {}).get("contaminated_cells", 0)})
@@ -204,6 +206,23 @@ def publish_comparison(tracker: Tracker, parent: str, rdir: Path, all_verified: 
             tracker.delete(r.info.run_id)
     tracker.finish(parent, ok=all_ok)
     return parent
+
+
+def goodput_metrics(tracker: Tracker, parent: str, path: Path) -> None:
+    """goodput_req_s[_per_gpu].<config>.<suite>.<shape> on the comparison run, from goodput.csv."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    import pandas as pd
+
+    table = pd.read_csv(path)
+    metrics = {}
+    for _, r in table.iterrows():
+        key = f"{r['config']}.{r['suite']}.{r['shape']}"
+        for column in ("goodput_req_s", "goodput_req_s_per_gpu"):
+            if not pd.isna(r[column]):
+                metrics[f"{column}.{key}"] = float(r[column])
+    if metrics:
+        tracker.log_metrics(parent, metrics)
 
 
 def sync_results(rdir: Path, tracking_uri: str | None) -> str:

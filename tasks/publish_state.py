@@ -21,7 +21,7 @@ experiment; another store starts from nothing), a fingerprint of what was publis
                          TTFT, E2E, output tokens)
     parent_published     sha256 of outcome.json without its mlflow_* / tracking_uri fields, and of the other
                          files of the comparison run (summary.csv, summary_trials.csv, summary.parquet,
-                         records.parquet, report.md, report.html, spec.yaml, calibration.json, plots/)
+                         goodput.csv, records.parquet, report.md, report.html, spec.yaml, calibration.json, plots/)
 A piece is pending when its fingerprint differs from the one recorded. The old format (a list of names,
 a boolean) loads as "fingerprint unknown", i.e. pending.
 """
@@ -38,7 +38,7 @@ from epdbench.tasks.tracking import default_tracking_uri
 
 STATE = "state.json"
 PARENT_ARTIFACTS = ("report.md", "report.html", "summary.csv", "summary_trials.csv", "summary.parquet",
-                    "records.parquet", "spec.yaml", "calibration.json", "outcome.json")
+                    "goodput.csv", "records.parquet", "spec.yaml", "calibration.json", "outcome.json")
 # outcome.json fields about MLflow itself: written after publishing, so not part of what is published
 MLFLOW_OUTCOME_FIELDS = ("mlflow_pending", "mlflow_run_id", "mlflow_url", "tracking_uri")
 RECORD_FINGERPRINT_COLUMNS = ["request_id", "cell", "trial", "phase", "ok", "status", "prompt_hash", "send_ns",

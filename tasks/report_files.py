@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from epdbench.analysis.goodput import attainment, goodput, rate_cells
 from epdbench.analysis.metrics import summarize
 from epdbench.reports.environment import environment
+from epdbench.reports.goodput import goodput_view
 from epdbench.reports.plots import suite_plots
 from epdbench.reports.render import render_html, render_markdown, report_context
-from epdbench.specs.models import SpecError, load_spec
+from epdbench.specs.models import RateSuite, SpecError, load_spec
 from epdbench.tasks.results import read_records
 from epdbench.tasks.resume import noise_of
 
@@ -42,16 +44,43 @@ def write_plots(rdir: Path, plots) -> None:
         (pdir / p.name).write_bytes(p.png)
 
 
+def write_goodput(rdir: Path, records: pd.DataFrame, gpus: dict[str, int]) -> tuple[pd.DataFrame, dict | None]:
+    """goodput.csv (header only without rate suites with an SLO) from the records and the resolved spec;
+    returns the attainment rows (for the plot) and the report's Goodput view."""
+    try:
+        spec = load_spec(str(rdir / "spec.yaml"))
+    except (SpecError, OSError):
+        spec = None
+    cells = rate_cells(spec) if spec is not None else {}
+    att = attainment(records, cells)
+    table = goodput(att, gpus)
+    table.to_csv(rdir / "goodput.csv", index=False)
+    slos = {s.name: s.slo for s in spec.suites if isinstance(s, RateSuite) and s.slo} if spec is not None else {}
+    return att, goodput_view(table, slos)
+
+
+def read_goodput(path: Path) -> pd.DataFrame:
+    """goodput.csv as written by write_goodput (empty when absent or without rows)."""
+    from epdbench.analysis.goodput import GOODPUT_COLUMNS
+
+    if not path.is_file():
+        return pd.DataFrame(columns=GOODPUT_COLUMNS)
+    table = pd.read_csv(path, keep_default_na=True)
+    return table.astype(object).where(table.notna(), None)
+
+
 def write_report(rdir: Path, meta: dict, verdicts: dict, regression: dict | None = None,
                  summary: pd.DataFrame | None = None) -> list[Path]:
-    """report.md, report.html and plots/ from the directory's records; returns the report paths."""
+    """report.md, report.html, plots/ and goodput.csv from the directory's records; returns the report paths."""
     records = read_records(rdir / "records.parquet")
+    gpus = {c["name"]: c["gpus"] for c in meta["configurations"]}
     if summary is None:
-        summary = summarize(records, {c["name"]: c["gpus"] for c in meta["configurations"]},
-                            noise_of(rdir, [c["name"] for c in meta["configurations"]]))
-    plots = suite_plots(summary, records, [c["name"] for c in meta["configurations"]])
+        summary = summarize(records, gpus, noise_of(rdir, [c["name"] for c in meta["configurations"]]))
+    att, goodput_table = write_goodput(rdir, records, gpus)
+    plots = suite_plots(summary, records, [c["name"] for c in meta["configurations"]], att)
     write_plots(rdir, plots)
-    context = report_context(meta, summary, verdicts, load_environment(rdir), records, regression, plots)
+    context = report_context(meta, summary, verdicts, load_environment(rdir), records, regression, plots,
+                             goodput_table)
     (rdir / "report.md").write_text(render_markdown(context))
     (rdir / "report.html").write_text(render_html(context))
     return [rdir / name for name in REPORT_FILES]

@@ -360,6 +360,9 @@ class Tracker:
     def set_tags(self, run_id: str, tags: dict) -> None:
         self._log(run_id, tags=tags)
 
+    def log_metrics(self, run_id: str, metrics: dict) -> None:
+        self._log(run_id, metrics=metrics)
+
     def finish(self, run_id: str, ok: bool = True) -> None:
         self.client.set_terminated(run_id, "FINISHED" if ok else "FAILED")
 

@@ -12,7 +12,10 @@ KEYS = {"config", "suite", "workload", "concurrency", "stream", "n_warmup", "n_m
 def test_plan_lists_every_cell_of_every_configuration():
     spec = load_spec("pd-text")
     rows = plan(spec)
-    assert len(rows) == 3 * (16 + 2)
+    assert len(rows) == 3 * (16 + 2 + 5)        # fixed, mixed streams, capacity rates
+    capacity = [r for r in rows if r["suite"] == "capacity"]
+    # an open-loop cell lasts about its arrivals' span: 48 requests at 0.5 req/s take over 96 s
+    assert min(r["est_seconds"] for r in capacity if r["workload"].endswith("@0.5/s")) > 96
     assert all(set(r) == KEYS for r in rows)
     fixed16 = [r for r in rows if r["suite"] == "fixed" and r["concurrency"] == 16]
     assert {r["n_measured"] for r in fixed16} == {64} and {r["n_warmup"] for r in fixed16} == {4}

@@ -19,7 +19,7 @@ MAX_REQUESTS_PER_CELL = 8
 
 def shape_of(spec: ExperimentSpec, cell: Cell, rng) -> tuple[int, int]:
     """(target prompt tokens, max_tokens) of one request, read from the cell's workload name."""
-    text, out = cell.workload.rsplit("/", 1)
+    text, out = cell.workload.split("@", 1)[0].rsplit("/", 1)     # a rate cell: 4096/128@2/s
     image = re.search(r"(\d+)px\+(\d+)", text)
     if image:
         px, words = int(image.group(1)), int(image.group(2))

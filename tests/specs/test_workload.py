@@ -223,3 +223,55 @@ def test_each_trial_has_fresh_nonces_and_images_but_the_same_shapes():
     mm = next(c for c in plan_cells(spec) if c.kind == "multimodal")
     assert {r.image_hash for r in build_requests(spec, mm, trial=0)}.isdisjoint(
         {r.image_hash for r in build_requests(spec, mm, trial=1)})
+
+
+def rate_spec(arrival="poisson", rates=(2.0, 8.0), n=400):
+    data = load_spec("smoke").model_dump(mode="json")
+    data["suites"] = [{"kind": "rate", "name": "cap", "shapes": [{"input_tokens": 256, "output_tokens": 16}],
+                       "rates": list(rates), "arrival": arrival, "n_measured": n, "n_warmup": 1}]
+    return parse_spec(data, "rate")
+
+
+def test_rate_cells_offer_seeded_open_loop_arrivals_at_their_rate():
+    from epdbench.specs.workload import arrival_offsets
+    spec = rate_spec()
+    cells = plan_cells(spec)
+    assert [(c.workload, c.rate, c.concurrency) for c in cells] == [("256/16@2/s", 2.0, 1024), ("256/16@8/s", 8.0, 1024)]
+    reqs = build_requests(spec, cells[1])
+    assert reqs[0].phase == "warmup" and reqs[0].offset_s is None            # warm-up: closed loop
+    offsets = [r.offset_s for r in reqs[1:]]
+    assert offsets == sorted(offsets) and offsets[0] == 0.0
+    assert 0.8 < (len(offsets) - 1) / offsets[-1] / 8.0 < 1.2               # the Poisson process runs at 8 req/s
+    assert offsets == [r.offset_s for r in build_requests(spec, cells[1])[1:]]       # seeded: the same every time
+    assert offsets != arrival_offsets(cells[1], spec.seed, trial=1)          # another trial, other arrivals
+    constant = build_requests(rate_spec("constant"), plan_cells(rate_spec("constant"))[0])
+    assert [r.offset_s for r in constant[1:4]] == [0.0, 0.5, 1.0]
+
+
+def test_a_closed_loop_first_wave_is_spread_seeded_and_the_rest_follow_as_workers_free():
+    spec = load_spec("smoke")
+    cell = next(c for c in plan_cells(spec) if c.concurrency == 8 and c.suite == "fixed")
+    assert cell.first_wave_spread_s == 0.1
+    measured = [r for r in build_requests(spec, cell) if r.phase == "measured"]
+    first = [r.offset_s for r in measured[:8]]
+    assert all(0 <= x < 0.1 for x in first) and first == sorted(first) and len(set(first)) == 8
+    assert all(r.offset_s is None for r in measured[8:])
+    data = spec.model_dump(mode="json")
+    data["suites"][0]["first_wave_spread_s"] = 0
+    flat = parse_spec(data, "t")
+    cell = next(c for c in plan_cells(flat) if c.concurrency == 8 and c.suite == "fixed")
+    assert all(r.offset_s is None for r in build_requests(flat, cell))
+
+
+@pytest.mark.parametrize("rates", [[4, 2], [0], [1, 1]])
+def test_rates_must_be_positive_increasing_and_distinct(rates):
+    with pytest.raises(Exception, match="rates"):
+        rate_spec(rates=rates)
+
+
+def test_each_suite_says_how_it_offers_its_load():
+    smoke = {s.name: s.load_text() for s in load_spec("smoke").suites}
+    assert smoke["fixed"].startswith("closed loop") and "within 0.1 s" in smoke["fixed"]
+    assert "burst: bursts of 2 every 1 s, at most 2 in flight" in smoke["mixed"]
+    assert rate_spec().suites[0].load_text().startswith("open loop: Poisson arrivals (seeded) at 2, 8 req/s, "
+                                                        "at most 1024 in flight")

@@ -115,10 +115,20 @@ def test_content_of_accepts_chunks_and_rejects_odd_shapes():
 # ---------------------------------------------------------------- send() with a scripted session
 
 
+class _Body:
+    """A response body whose reads are the scripted generator's items (aiohttp's StreamReader.iter_any)."""
+
+    def __init__(self, items):
+        self.items = items
+
+    def iter_any(self):
+        return self.items
+
+
 class _Resp:
     def __init__(self, status, content):
         self.status = status
-        self.content = content
+        self.content = _Body(content)
 
     async def text(self, errors="strict"):
         return "x"
