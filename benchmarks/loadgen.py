@@ -29,7 +29,6 @@ import zipfile
 from pathlib import Path
 
 import aiohttp
-from aiohttp import web
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PEERS = REPO_ROOT / "benchmarks" / ".peers"
@@ -40,53 +39,70 @@ CONCURRENCIES = (1, 64, 256)
 
 # ----------------------------------------------------------------------------- server (child)
 def serve() -> None:
-    """Zero-delay completions server; prints 'PORT <n>' once listening, runs until terminated."""
+    """Zero-delay completions server on a bare asyncio protocol (HTTP/1.1 keep-alive, chunked responses), so
+    its CPU per chunk stays well below any client's; prints 'PORT <n>' once listening, runs until terminated."""
     stamps: dict[str, list[int]] = {}
-    # Pre-formatted chunks keep server CPU per chunk low (the clients are what we measure).
+    # Pre-formatted chunks, vLLM's fields; continuous usage when the request asks for it, as vLLM does.
     chunk = '{"id":"%s","object":"text_completion","created":1,"model":"bench-model","choices":[{"index":0,' \
             '"text":" x","logprobs":null,"finish_reason":%s,"stop_reason":null}]%s,"t_ns":%d}'
     running = ',"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}'
     usage = '{"id":"%s","object":"text_completion","created":1,"model":"bench-model","choices":[],' \
             '"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d},"t_ns":%d}'
+    head = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n")
 
-    async def completions(request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        rid = body.get("request_id") or request.headers.get("X-Request-Id", "anon")
+    def framed(event: str) -> bytes:
+        payload = b"data: " + event.encode() + b"\n\n"
+        return b"%x\r\n%s\r\n" % (len(payload), payload)
+
+    def completions(write, body: dict, headers: dict) -> None:
+        rid = body.get("request_id") or headers.get("x-request-id", "anon")
         n = int(body.get("max_tokens", 16))
         n_prompt = len(str(body.get("prompt", "")).split())
         options = body.get("stream_options") or {}
         continuous = bool(options.get("continuous_usage_stats"))
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await resp.prepare(request)
+        write(head)
         ts = stamps.setdefault(rid, [])
-        for i in range(n):                       # one write (and drain) per chunk, no sleep
+        for i in range(n):                       # one write per chunk, no sleep
             t = time.perf_counter_ns()
             ts.append(t)
             fin = '"length"' if i == n - 1 else "null"
             use = running % (n_prompt, n_prompt + i + 1, i + 1) if continuous else ""
-            await resp.write(b"data: " + (chunk % (rid, fin, use, t)).encode() + b"\n\n")
+            write(framed(chunk % (rid, fin, use, t)))
         if options.get("include_usage"):
-            await resp.write(b"data: " + (usage % (rid, n_prompt, n_prompt + n, n, time.perf_counter_ns())).encode()
-                             + b"\n\n")
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
-        return resp
+            write(framed(usage % (rid, n_prompt, n_prompt + n, n, time.perf_counter_ns())))
+        write(framed("[DONE]") + b"0\r\n\r\n")
 
-    async def get_stamps(request: web.Request) -> web.Response:
-        """All stamps since the last call (then cleared) plus this process's CPU seconds."""
-        out = {"stamps": dict(stamps), "cpu_s": time.process_time()}
-        stamps.clear()
-        return web.json_response(out)
+    class Http(asyncio.Protocol):
+        def connection_made(self, transport):
+            self.transport, self.buf = transport, b""
+
+        def data_received(self, data):
+            self.buf += data
+            while True:
+                end = self.buf.find(b"\r\n\r\n")
+                if end < 0:
+                    return
+                lines = self.buf[:end].decode("latin-1").split("\r\n")
+                headers = {k.strip().lower(): v.strip() for k, v in (x.split(":", 1) for x in lines[1:] if ":" in x)}
+                size = int(headers.get("content-length", 0))
+                if len(self.buf) < end + 4 + size:
+                    return
+                body, self.buf = self.buf[end + 4:end + 4 + size], self.buf[end + 4 + size:]
+                method, path = lines[0].split(" ")[:2]
+                if method == "POST" and path == "/v1/completions":
+                    completions(self.transport.write, json.loads(body), headers)
+                elif path == "/stamps":
+                    out = json.dumps({"stamps": dict(stamps), "cpu_s": time.process_time()}).encode()
+                    stamps.clear()
+                    self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                                         b"Content-Length: %d\r\n\r\n%s" % (len(out), out))
+                else:
+                    self.transport.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
 
     async def main() -> None:
-        app = web.Application(client_max_size=1 << 20)
-        app.add_routes([web.post("/v1/completions", completions), web.get("/stamps", get_stamps)])
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        print(f"PORT {port}", flush=True)
+        server = await asyncio.get_running_loop().create_server(Http, "127.0.0.1", 0, backlog=1024)
+        print(f"PORT {server.sockets[0].getsockname()[1]}", flush=True)
         await asyncio.Event().wait()             # parent terminates us
 
     asyncio.run(main())
@@ -210,6 +226,13 @@ async def main(args) -> int:
     if args.peer:
         peer_python(args.peer)
     proc, base = await start_server()
+    if args.pin and len(os.sched_getaffinity(0)) >= 2:
+        # the server on the last core, the clients (this process, the peer's) on the others: a client is
+        # measured on cores it does not share with the server it reads from
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(proc.pid, {cores[-1]})
+        os.sched_setaffinity(0, set(cores[:-1]))
+        print(f"server pinned to core {cores[-1]}, clients to {cores[:-1]}")
     rows, first = [], 0
     try:
         for conc in args.concurrency:
@@ -258,7 +281,7 @@ async def main(args) -> int:
                   f"{mean('epdbench', 'ttft_p99'):.0f} vs {mean(args.peer, 'ttft_p99'):.0f} us, ITL err p99 "
                   f"{mean('epdbench', 'itl_p99'):.0f} vs {mean(args.peer, 'itl_p99'):.0f} us")
     print("\nTTFT err = first chunk received - first chunk sent (server stamp); ITL err = |received gap - sent "
-          "gap|.\nCPU% is per process (100 = one core); the clients and the server share this machine's cores.")
+          "gap|.\nCPU% is per process (100 = one core).")
     return 1 if any(r["failed"] or r["bad"] for r in rows) else 0
 
 
@@ -275,6 +298,8 @@ if __name__ == "__main__":
     p.add_argument("--timeout", type=float, default=60.0, help="per-request timeout passed to LoadGenerator")
     p.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio",
                    help="event loop of epdbench's client (the peer runs on asyncio's, as its own driver does)")
+    p.add_argument("--no-pin", dest="pin", action="store_false",
+                   help="do not pin the server and the clients to separate cores")
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)   # internal: child server mode
     a = p.parse_args()
     if a.serve:
