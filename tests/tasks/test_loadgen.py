@@ -210,3 +210,30 @@ def test_stamps_that_cannot_be_checked_against_arrival_fall_back_to_arrival(stre
     clock = ScriptedClock(start=1_000, step=500)
     rec = _filled(stream, 1_000, clock)
     assert rec.timing == "arrival" and rec.chunk_offsets_ns == [500, 1000] and rec.chunk_arrival_ns == []
+
+
+def test_scheduled_first_wave_then_closed_loop_and_open_loop_arrivals_are_kept(fake_server):
+    """Requests with offsets are sent at their slots (scheduled_ns = phase start + offset), the rest as
+    soon as a worker frees; an open-loop arrival that finds every worker busy waits, and its lag is recorded."""
+    import dataclasses
+    handler, _ = fake_server
+
+    async def go(reqs, concurrency):
+        async with serving(handler) as port:
+            async with LoadGenerator(f"http://127.0.0.1:{port}", "m", timeout_s=10) as lg:
+                return await lg.run_cell(reqs, concurrency=concurrency)
+
+    first_wave = [0.06, 0.0, 0.03]
+    reqs = [dataclasses.replace(_request(i), offset_s=first_wave[i] if i < 3 else None) for i in range(6)]
+    recs = sorted(asyncio.run(go(reqs, 3)), key=lambda r: r.index)
+    start = min(r.scheduled_ns for r in recs[:3]) - int(min(first_wave) * 1e9)
+    for r, offset in zip(recs[:3], first_wave):
+        assert r.scheduled_ns == start + int(offset * 1e9) and r.send_ns >= r.scheduled_ns
+        assert (r.send_ns - r.scheduled_ns) / 1e6 < 20                   # sent at its slot
+    later = recs[3:]
+    assert all(r.send_ns >= min(x.send_ns + x.done_ms * 1e6 for x in recs[:3]) - 1e6 for r in later)
+    # one worker, arrivals 5 ms apart, each request ~12 ms long: later arrivals wait for the worker
+    burst = [dataclasses.replace(_request(i), offset_s=0.005 * i) for i in range(4)]
+    recs = sorted(asyncio.run(go(burst, 1)), key=lambda r: r.index)
+    lags_ms = [(r.send_ns - r.scheduled_ns) / 1e6 for r in recs]
+    assert lags_ms[0] < 5 and lags_ms[-1] > 10 and all(r.ok for r in recs)
