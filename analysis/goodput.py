@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from epdbench.analysis.chunks import Lists, largest_gap
 from epdbench.specs.models import ExperimentSpec, RateSuite, Slo
 from epdbench.specs.workload import plan_cells
 
@@ -67,8 +68,8 @@ def requests_meeting(rows: pd.DataFrame, slo: Slo) -> np.ndarray:
             tpot = np.where(out >= 2, (e2e - ttft) / (out - 1), 0.0)
         met &= np.nan_to_num(tpot, nan=np.inf) <= slo.tpot_ms
     if slo.itl_ms is not None:
-        worst = np.array([np.diff(np.asarray(o, dtype=np.int64)).max() / 1e6 if o is not None and len(o) > 1 else 0.0
-                          for o in rows["chunk_offsets_ns"]])
+        offsets = Lists(rows["chunk_offsets_ns"])
+        worst = largest_gap(offsets.flat(), offsets.lengths) / 1e6
         met &= worst <= slo.itl_ms
     return met
 

@@ -1,18 +1,19 @@
-"""Per-cell statistics from raw request records (pure pandas; no I/O).
+"""Per-cell statistics from raw request records (pure pandas and NumPy; no I/O).
 
 Definitions (DESIGN.md): measured requests only; TTFT = send → first content chunk; ITL = every gap
 between consecutive content chunks, pooled over the cell; TPOT = (E2E − TTFT)/(output − 1) per
 request; throughput over the cell window (first send → last completion). No data → null, never 0.
+Computed on arrays: the records' figures read once, each cell's chunk lists laid end to end
+(analysis.chunks), no Python loop over requests or chunks.
 """
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import pandas as pd
 
-from epdbench.analysis.noise import (SAMPLE_CI_METRICS, cell_noise, delivery_lag_p99_ms, is_contaminated,
-                                     percentile_ci_half, timing_of)
+from epdbench.analysis.chunks import Lists, gaps
+from epdbench.analysis.noise import (SAMPLE_CI_METRICS, cell_noise, delivery_lags_ns, finite_values, is_contaminated,
+                                     percentile_ci_half, samples_p99_ms, timing_of)
 
 CELL_KEYS = ["config", "suite", "workload", "concurrency", "stream", "trial"]
 METRIC_KEYS = ["ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "tpot_p50_ms", "itl_p99_ms", "itl_max_ms",
@@ -31,74 +32,91 @@ HIGHER_IS_BETTER = {"output_tok_s", "req_s", "requests_ok", "output_tok_s_per_gp
 
 
 def percentile(values, q: float) -> float | None:
-    arr = np.asarray([v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))],
-                     dtype=float)
+    arr = finite_values(values)
     if arr.size == 0:
         return None
     return float(np.percentile(arr, q))
 
 
-def _max(values) -> float | None:
-    arr = [v for v in values if v is not None]
-    return float(max(arr)) if arr else None
+def pooled_itl_ms(chunk_offsets) -> list[float]:
+    offsets = Lists(chunk_offsets)
+    return (gaps(offsets.flat(), offsets.lengths) / 1e6).tolist()
 
 
-def pooled_itl_ms(chunk_offsets: pd.Series) -> list[float]:
-    out: list[float] = []
-    for offs in chunk_offsets:
-        if offs is None:
-            continue
-        offs = list(offs)
-        out.extend((b - a) / 1e6 for a, b in zip(offs, offs[1:]))
-    return out
+class Requests:
+    """The per-request figures of a frame of records as arrays over its rows (positions), read once."""
+
+    def __init__(self, df: pd.DataFrame):
+        self.measured = (df["phase"] == "measured").to_numpy(dtype=bool, na_value=False)
+        self.ok = self.measured & df["ok"].astype(bool).to_numpy(dtype=bool)
+        self.ttft, self.e2e, self.output, self.prompt, self.target = (
+            _floats(df[c]) for c in ("ttft_ms", "e2e_ms", "output_tokens", "prompt_tokens", "target_prompt_tokens"))
+        self.done_ns = np.nan_to_num(_floats(df["done_ms"]), nan=0.0) * 1e6
+        self.send, self.scheduled = _ints(df["send_ns"]), _ints(df["scheduled_ns"])
+        self.offsets, self.tokens = Lists(df["chunk_offsets_ns"]), Lists(df["chunk_tokens"])
+        self.arrival = Lists(df["chunk_arrival_ns"]) if "chunk_arrival_ns" in df else None
+        self.timing = df["timing"].to_numpy(dtype=object) if "timing" in df else None
+
+    def window_ns(self, measured: np.ndarray) -> tuple[int, int] | None:
+        """(first send, last completion) of the `measured` rows."""
+        if not len(measured):
+            return None
+        send = self.send[measured]
+        return int(send.min()), int((send.astype(float) + self.done_ns[measured]).max())
 
 
-def tpot_ms(row) -> float | None:
-    out = row["output_tokens"]
-    if row["ttft_ms"] is None or row["e2e_ms"] is None or out is None or pd.isna(out) or out < 2:
-        return None
-    return (row["e2e_ms"] - row["ttft_ms"]) / (out - 1)
+def _floats(col: pd.Series) -> np.ndarray:
+    return pd.to_numeric(col, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+
+
+def _ints(col: pd.Series) -> np.ndarray:
+    """Integers stay exact (ns stamps); anything missing makes the column float."""
+    num = pd.to_numeric(col, errors="coerce")
+    return num.to_numpy(dtype=np.int64) if num.dtype.kind in "iub" else num.to_numpy(dtype=float, na_value=np.nan)
 
 
 def measured_window_ns(df: pd.DataFrame) -> tuple[int, int] | None:
     """(first send, last completion) of the measured requests of `df`."""
-    m = df[df["phase"] == "measured"]
-    if m.empty:
-        return None
-    done = pd.to_numeric(m["done_ms"], errors="coerce").fillna(0) * 1e6
-    return int(m["send_ns"].min()), int((m["send_ns"] + done).max())
+    req = Requests(df)
+    return req.window_ns(np.flatnonzero(req.measured))
 
 
 def summarize_cell(df: pd.DataFrame, window_ns: tuple[int, int] | None = None) -> dict:
     """Statistics of one cell's records (any phases; only measured ones count). `window_ns` overrides
     the cell's own window (streams of a mixed suite share the whole mixed window)."""
-    m = df[df["phase"] == "measured"]
-    ok = m[m["ok"].astype(bool)]
-    total = int(len(m))
-    n_ok = int(len(ok))
-    itls = pooled_itl_ms(ok["chunk_offsets_ns"])
-    tpots = [tpot_ms(r) for _, r in ok.iterrows()]
-    window = window_ns or measured_window_ns(df)
+    return cell_stats(Requests(df), np.arange(len(df)), window_ns)
+
+
+def cell_stats(req: Requests, rows: np.ndarray, window_ns: tuple[int, int] | None = None) -> dict:
+    """summarize_cell of the records at positions `rows` (ascending) of the frame `req` was read from."""
+    m = rows[req.measured[rows]]
+    ok = rows[req.ok[rows]]
+    total, n_ok = len(m), len(ok)
+    itls = gaps(req.offsets.flat(ok), req.offsets.lengths[ok]) / 1e6
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = req.output[ok]
+        tpots = finite_values(np.where(out >= 2, (req.e2e[ok] - req.ttft[ok]) / (out - 1), np.nan))
+    ttfts = finite_values(req.ttft[ok])
+    window = window_ns or req.window_ns(m)
     window_s = (window[1] - window[0]) / 1e9 if window and window[1] > window[0] else None
-    out_tokens = ok["output_tokens"].dropna()
+    out_tokens = finite_values(out)
     out_sum = int(out_tokens.sum()) if len(out_tokens) else None
-    multi = None
-    if n_ok:
-        multi = int(sum(sum(1 for t in (tk if tk is not None else []) if t > 1) for tk in ok["chunk_tokens"]))
-    lag = ((m["send_ns"] - m["scheduled_ns"]) / 1e6).tolist() if total else []
-    prompt = ok["prompt_tokens"].dropna()
+    multi = int((req.tokens.flat(ok) > 1).sum()) if n_ok else None
+    lag = (req.send[m] - req.scheduled[m]) / 1e6
+    prompt, target = finite_values(req.prompt[ok]), finite_values(req.target[m])
+    lags = delivery_lags_ns(req.offsets, req.arrival, ok) if req.arrival is not None and n_ok else None
     return {
         "n_ttft_samples": n_ok,
         "n_itl_samples": len(itls),
         "requests_ok": n_ok,
         "requests_total": total,
         "requests_failed": total - n_ok,
-        "ttft_p50_ms": percentile(ok["ttft_ms"], 50),
-        "ttft_p95_ms": percentile(ok["ttft_ms"], 95),
-        "ttft_p99_ms": percentile(ok["ttft_ms"], 99),
+        "ttft_p50_ms": percentile(ttfts, 50),
+        "ttft_p95_ms": percentile(ttfts, 95),
+        "ttft_p99_ms": percentile(ttfts, 99),
         "tpot_p50_ms": percentile(tpots, 50),
         "itl_p99_ms": percentile(itls, 99),
-        "itl_max_ms": _max(itls),
+        "itl_max_ms": float(itls.max()) if len(itls) else None,
         "output_tok_s": (out_sum / window_s) if (out_sum is not None and window_s) else None,
         "req_s": (n_ok / window_s) if (window_s and n_ok) else None,
         "window_s": window_s,
@@ -106,13 +124,12 @@ def summarize_cell(df: pd.DataFrame, window_ns: tuple[int, int] | None = None) -
         "chunks_multi_token": multi,
         "client_lag_p99_ms": percentile(lag, 99),
         "prompt_tokens_mean": float(prompt.mean()) if len(prompt) else None,
-        "target_prompt_tokens": float(m["target_prompt_tokens"].mean()) if total else None,
-        "timing": timing_of(ok["timing"]) if "timing" in ok else None,
-        **{f"{m}_sample_ci95": percentile_ci_half(ok["ttft_ms"] if m.startswith("ttft") else
+        "target_prompt_tokens": float(target.mean()) if len(target) else None,
+        "timing": timing_of(pd.unique(req.timing[ok])) if req.timing is not None else None,
+        **{f"{m}_sample_ci95": percentile_ci_half(ttfts if m.startswith("ttft") else
                                                   tpots if m.startswith("tpot") else itls, q)
            for m, q in SAMPLE_CI_METRICS.items()},
-        "delivery_lag_p99_ms": (delivery_lag_p99_ms(ok["chunk_offsets_ns"], ok["chunk_arrival_ns"])
-                                if "chunk_arrival_ns" in ok and n_ok else None),
+        "delivery_lag_p99_ms": samples_p99_ms(lags / 1e9) if lags is not None and len(lags) else None,
     }
 
 
@@ -124,18 +141,37 @@ def summarize(records: pd.DataFrame, gpus: dict[str, int] | None = None, noise: 
     contaminated it (analysis.noise)."""
     if records.empty:
         return pd.DataFrame(columns=SUMMARY_COLUMNS)
-    mixed = records[records["stream"] != "main"]
-    shared = {key: measured_window_ns(g) for key, g in mixed.groupby(["config", "suite", "trial"], sort=False)}
-    rows = []
-    for key, group in records.groupby(CELL_KEYS, sort=False):
+    req = Requests(records)
+    mixed = np.flatnonzero((records["stream"] != "main").to_numpy(dtype=bool))
+    shared = {key: req.window_ns(rows[req.measured[rows]])
+              for key, rows in _groups(records, ["config", "suite", "trial"], mixed)}
+    cells = records["cell"] if "cell" in records.columns else None
+    rows_out = []
+    for key, rows in _groups(records, CELL_KEYS):
         k = dict(zip(CELL_KEYS, key))
         window = shared.get((k["config"], k["suite"], k["trial"])) if k["stream"] != "main" else None
-        cell_id = group["cell"].iloc[0] if "cell" in group.columns else None
-        rows.append({**k, **summarize_cell(group, window), **cell_noise(noise, k["config"], cell_id, k["trial"])})
-    out = pd.DataFrame(rows)
+        cell_id = cells.iloc[rows[0]] if cells is not None else None
+        rows_out.append({**k, **cell_stats(req, rows, window), **cell_noise(noise, k["config"], cell_id, k["trial"])})
+    out = pd.DataFrame(rows_out)
     out["gpus"] = out["config"].map(gpus) if gpus else None
     out["output_tok_s_per_gpu"] = [(t / g) if (t is not None and g and not pd.isna(t)) else None
                                    for t, g in zip(out["output_tok_s"], out["gpus"])]
-    out["contaminated"] = [is_contaminated(r) for _, r in out.iterrows()]
+    out["contaminated"] = [is_contaminated(r) for r in out.to_dict("records")]
     out = out[SUMMARY_COLUMNS]
     return out.astype(object).where(out.notna(), None)
+
+
+def _groups(df: pd.DataFrame, keys: list[str], rows: np.ndarray | None = None):
+    """(key, ascending positions) of each group of `df`'s `rows` (None: all) by `keys`, in order of first
+    appearance, rows with a missing key left out: what df.groupby(keys, sort=False) iterates over."""
+    frame = df[keys] if rows is None else df[keys].iloc[rows]
+    if frame.empty:
+        return
+    positions = np.arange(len(df)) if rows is None else rows
+    codes = frame.groupby(keys, sort=False).ngroup().fillna(-1).to_numpy(dtype=np.int64)
+    order = np.argsort(codes, kind="stable")
+    parts = np.split(order, np.flatnonzero(np.diff(codes[order])) + 1)
+    firsts = [part[0] for part in parts]
+    for part, key in zip(parts, frame.iloc[firsts].to_numpy(dtype=object)):
+        if codes[part[0]] >= 0:
+            yield tuple(key), positions[part]

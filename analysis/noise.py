@@ -20,6 +20,10 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+import pandas as pd
+
+from epdbench.analysis.chunks import Lists
 from epdbench.analysis.prom import parse_prometheus
 
 STEP_LAG = "epdbench_sim_step_lag_seconds"
@@ -52,6 +56,25 @@ def finite(v) -> float | None:
     except (TypeError, ValueError):
         return None
     return None if math.isnan(f) else f
+
+
+def finite_values(values) -> np.ndarray:
+    """The numbers among `values` as a float array, without None and NaN."""
+    if isinstance(values, pd.Series) and values.dtype.kind in "biuf":
+        arr = values.to_numpy(dtype=float, na_value=np.nan)
+    elif isinstance(values, np.ndarray) and values.dtype.kind in "biuf":
+        arr = values.astype(float, copy=False)
+    else:
+        arr = np.asarray([v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))],
+                         dtype=float)
+    nan = np.isnan(arr)
+    return arr[~nan] if nan.any() else arr
+
+
+def _order_stats(xs: np.ndarray, ranks) -> list[float]:
+    """The values of ranks (0-based) in sorted `xs`, without sorting it all."""
+    part = np.partition(xs, sorted(set(ranks)))
+    return [float(part[r]) for r in ranks]
 
 
 def histogram_buckets(text: str, name: str) -> dict[float, float]:
@@ -103,28 +126,29 @@ def emulation_lag_p99_ms(before: dict[str, str], after: dict[str, str], name: st
 
 
 def samples_p99_ms(samples_s) -> float | None:
-    xs = sorted(float(x) for x in samples_s)
-    if not xs:
+    xs = np.asarray(samples_s if isinstance(samples_s, np.ndarray) else list(samples_s), dtype=float)
+    if not xs.size:
         return None
     k = (len(xs) - 1) * 0.99
     lo = math.floor(k)
-    hi = min(lo + 1, len(xs) - 1)
-    return 1e3 * (xs[lo] + (xs[hi] - xs[lo]) * (k - lo))
+    a, b = _order_stats(xs, [lo, min(lo + 1, len(xs) - 1)])
+    return 1e3 * (a + (b - a) * (k - lo))
 
 
 def percentile_ci_half(values, q: float) -> float | None:
     """Half-width (the larger side) of the distribution-free 95% CI of the q-th percentile of `values`: the
     order statistics at n·p ∓ z·√(n·p·(1−p)) (normal approximation of the binomial); None below 2 values."""
-    xs = sorted(float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v)))
+    xs = finite_values(values)
     n = len(xs)
     if n < 2:
         return None
     p = q / 100
     spread = Z95 * math.sqrt(n * p * (1 - p))
-    lo = xs[max(0, math.floor(n * p - spread) - 1)]
-    hi = xs[min(n - 1, math.ceil(n * p + spread))]
     k = (n - 1) * p
-    mid = xs[math.floor(k)] + (xs[min(n - 1, math.floor(k) + 1)] - xs[math.floor(k)]) * (k - math.floor(k))
+    f = math.floor(k)
+    lo, hi, a, b = _order_stats(xs, [max(0, math.floor(n * p - spread) - 1), min(n - 1, math.ceil(n * p + spread)),
+                                     f, min(n - 1, f + 1)])
+    mid = a + (b - a) * (k - f)
     return max(hi - mid, mid - lo)
 
 
@@ -155,9 +179,17 @@ def timing_of(values) -> str | None:
 
 def delivery_lag_p99_ms(modelled_offsets, arrival_offsets) -> float | None:
     """p99 over every token of (arrival − modelled emission), ms, from requests timed by modelled stamps."""
-    lags = [a - m for mo, ar in zip(modelled_offsets, arrival_offsets) if mo is not None and ar is not None
-            and len(mo) == len(ar) for m, a in zip(mo, ar)]
-    return samples_p99_ms([x / 1e9 for x in lags]) if lags else None
+    lags = delivery_lags_ns(Lists(modelled_offsets), Lists(arrival_offsets))
+    return samples_p99_ms(lags / 1e9) if len(lags) else None
+
+
+def delivery_lags_ns(modelled: Lists, arrival: Lists, rows: np.ndarray | None = None) -> np.ndarray:
+    """Arrival − modelled emission of every chunk of `rows` (None: all) that has both, end to end."""
+    n_mod = modelled.lengths if rows is None else modelled.lengths[rows]
+    n_arr = arrival.lengths if rows is None else arrival.lengths[rows]
+    both = np.flatnonzero((n_mod == n_arr) & (n_mod > 0))
+    pick = both if rows is None else rows[both]
+    return arrival.flat(pick) - modelled.flat(pick)
 
 
 def band(row, metric: str) -> float:

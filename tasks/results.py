@@ -5,8 +5,10 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 RECORD_SCHEMA = pa.schema([
@@ -21,6 +23,8 @@ RECORD_SCHEMA = pa.schema([
     ("status", pa.int32()), ("ok", pa.bool_()), ("error", pa.string()),
     ("timing", pa.string()), ("chunk_arrival_ns", pa.list_(pa.int64())),
 ])
+READ_BATCH_ROWS = 65_536
+READ_BUFFER = 1 << 20        # bytes read from the file at a time, rather than whole column chunks
 
 
 def _atomic_write_parquet(table: pa.Table, path: Path) -> None:
@@ -52,10 +56,45 @@ def drop_records(path: Path, config: str, cells: set[tuple[str, int]]) -> int:
 
 
 def read_records(path: Path) -> pd.DataFrame:
+    """The records: scalar columns as the Python objects pandas makes of them (None for null); the per-chunk
+    list columns Arrow-backed (pd.ArrowDtype: a list per row on access, <NA> for a missing one), not an array
+    per request. Read a batch at a time, so memory stays near the records' own size."""
     if not path.exists():
         return pd.DataFrame({f.name: pd.Series(dtype="object") for f in RECORD_SCHEMA})
-    df = pq.read_table(path, schema=RECORD_SCHEMA).to_pandas()
-    return df.astype(object).where(df.notna(), None)
+    columns = _read_columns(path)
+    for name, col in columns.items():           # one at a time: a scalar column's Arrow copy goes as it converts
+        columns[name] = (pd.Series(pd.arrays.ArrowExtensionArray(col), copy=False) if pa.types.is_list(col.type)
+                         else pd.Series(_objects(col), dtype=object))
+    pa.default_memory_pool().release_unused()   # the reader's buffers, kept by the allocator otherwise
+    return pd.DataFrame(columns, copy=False)
+
+
+def _objects(col: pa.ChunkedArray) -> np.ndarray:
+    """A scalar column as the Python objects pandas makes of it (integers with nulls as floats; None for null
+    and NaN); a column of few distinct values with one object per value."""
+    head = col.slice(0, 4096)
+    if len(head) and pc.count_distinct(head, mode="all").as_py() * 8 > len(head):    # stamps, ids: as they are
+        s = col.to_pandas().astype(object)
+        return s.where(s.notna(), None).to_numpy(dtype=object)
+    enc = pc.dictionary_encode(col).combine_chunks()
+    distinct = enc.dictionary
+    if col.null_count and pa.types.is_integer(col.type):
+        distinct = distinct.cast(pa.float64(), safe=False)   # as pandas does
+    values = distinct.to_pandas().astype(object)
+    values = np.append(values.where(values.notna(), None).to_numpy(dtype=object), None)
+    return values[pc.fill_null(enc.indices, -1).to_numpy()]
+
+
+def _read_columns(path: Path) -> dict[str, pa.ChunkedArray]:
+    """The file's columns as RECORD_SCHEMA has them: null where the file lacks one, else of the schema's type."""
+    with pq.ParquetFile(path, buffer_size=READ_BUFFER, pre_buffer=False) as f:
+        table = pa.Table.from_batches(f.iter_batches(batch_size=READ_BATCH_ROWS), schema=f.schema_arrow)
+    out = {}
+    for field in RECORD_SCHEMA:
+        col = table.column(field.name) if field.name in table.column_names else None
+        out[field.name] = (pa.chunked_array([pa.nulls(len(table), field.type)]) if col is None
+                           else col if col.type.equals(field.type) else col.cast(field.type))
+    return out
 
 
 def write_summary(run_dir: Path, summary: pd.DataFrame) -> None:
