@@ -1,7 +1,8 @@
 """Did every measured request cross every stage it must? (pure: lines and counters in, dicts out)
 
 From each role's log, in the real formats only (analysis.logformats): uvicorn access lines (completions,
-renders, errors) and vLLM's `Received request <id>` lines (`--enable-log-requests`), so the fraction of
+renders, errors), vLLM's `Received request <id>` lines and its `Request <body request_id> JSON body:` lines
+(`--enable-log-requests`; behind vllm-router only the latter carry the client's id), so the fraction of
 measured request ids seen at each role is known. From vLLM's own /metrics deltas over the same window:
 requests finished per role and, on decode pods, prompt tokens computed locally rather than received by
 KV transfer — a decode pod that prefilled a request itself (the router skipped the prefill stage)
@@ -15,6 +16,10 @@ from collections.abc import Iterable
 from epdbench.analysis.logformats import parse_line
 
 RECEIVED = re.compile(r"Received request (?:chatcmpl|cmpl)-([\w.:-]+?)(?:[:,\s]|$)")
+# vLLM names a request by its X-Request-Id header before the body's request_id, and vllm-router sends its
+# own header to each leg; the body's request_id (the client's) is in the request-body line, which vLLM
+# writes with --enable-log-requests at VLLM_REQUEST_BODY_LOG_LEVEL (the engines run with INFO).
+BODY = re.compile(r"Request ([\w.:-]+) JSON body: ")
 CHOICE_SUFFIX = re.compile(r"-\d+$")
 COMPLETION_PATHS = ("/v1/completions", "/v1/chat/completions")
 RENDER_PATHS = ("/tokenize", "/detokenize", "/v1/chat/completions/render", "/v1/completions/render")
@@ -35,9 +40,13 @@ def stage_counts(lines: Iterable[str]) -> dict:
                 out["completions" if line.status == 200 else "errors"] += 1
             elif path in RENDER_PATHS:
                 out["renders"] += 1
-        elif line.kind == "vllm" and line.file == "logger.py" and (m := RECEIVED.match(line.message)):
+        elif line.kind != "vllm":
+            continue
+        elif line.file in ("logger.py", "request_logger.py") and (m := RECEIVED.match(line.message)):
             # vLLM logs completions as cmpl-<id>-<choice index>; keep both forms so either matches.
             out["request_ids"].update({m.group(1), CHOICE_SUFFIX.sub("", m.group(1))})
+        elif line.file == "request_logger.py" and (m := BODY.match(line.message)):
+            out["request_ids"].add(m.group(1))
     return out
 
 

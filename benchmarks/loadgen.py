@@ -9,7 +9,7 @@ every chunk carries the running usage, as vLLM's does. Each chunk also carries t
 with it: TTFT error (first chunk received − first chunk sent) and ITL error (received gap − sent gap).
 
 Clock: both processes use time.perf_counter_ns, which on Linux is CLOCK_MONOTONIC (system-wide).
-The peer runs in its own virtual environment under benchmarks/.peers/ (created on first use from PyPI:
+The peer runs in its own virtual environment under ~/.cache/epdbench/peers/ (created on first use from PyPI:
 aiohttp at our version, regex, tqdm, and vllm/benchmarks/lib/endpoint_request_func.py from the vllm wheel).
 
     python benchmarks/loadgen.py [--peer vllm] [--concurrency 64 256] [--rounds 2] [--duration-per-level S]
@@ -31,7 +31,7 @@ from pathlib import Path
 import aiohttp
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-PEERS = REPO_ROOT / "benchmarks" / ".peers"
+PEERS = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "epdbench" / "peers"
 VLLM_VERSION = "0.33.0"
 VLLM_FILE = "vllm/benchmarks/lib/endpoint_request_func.py"
 CONCURRENCIES = (1, 64, 256)

@@ -72,8 +72,10 @@ def selector_labels(config: ConfigurationSpec, role: str) -> dict[str, str]:
 
 
 def engine_env(spec: ExperimentSpec, config: ConfigurationSpec, role: str) -> list[dict]:
-    """Environment that makes pods produce the evidence we verify (Mooncake metrics, forced TCP)."""
-    env = [{"name": "HF_HOME", "value": HF_HOME}]
+    """Environment that makes pods produce the evidence we verify (request bodies with the client's id,
+    Mooncake metrics, forced TCP)."""
+    env = [{"name": "HF_HOME", "value": HF_HOME},
+           {"name": "VLLM_REQUEST_BODY_LOG_LEVEL", "value": commands.REQUEST_BODY_LOG_LEVEL}]
     secret = spec.target.kubernetes.engine.hf_token_secret
     if secret:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret, "key": "HF_TOKEN"}}})

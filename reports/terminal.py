@@ -30,6 +30,8 @@ def print_summary(outcome: dict, console: Console | None = None) -> None:
                           f"{r['requests_ok']}/{r['requests_total']}",
                           *[fmt(None if pd.isna(r[m]) else r[m], m) for m, _ in TERMINAL_METRICS])
             console.print(t)
+    for line in outcome.get("goodput") or []:
+        console.print(line)
     for name, c in outcome["configs"].items():
         state = "ok" if c["ok"] else f"{c.get('status', 'failed').upper()}: {c['error']}"
         console.print(f"{name}: {state}; transport {c['transport']}, stages {c['stages']}")

@@ -20,6 +20,8 @@ from epdbench.timer import precise_sleep
 from epdbench.sim.metrics import Counters, prometheus_text
 from epdbench.sim.prefix_cache import PrefixCache
 from epdbench.sim.tokenizer import chat_parts, image_end_positions, image_hash, prompt_ids
+from epdbench.sim.validate import BadRequest, check_body, empty_prompt, request_id_of
+from epdbench.specs.commands import MAX_LOG_LEN
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
 
 
@@ -108,22 +110,36 @@ class Replica:
         if self.requests_seen >= faults.kill_after_requests:
             os.kill(os.getpid(), signal.SIGKILL)
 
+    def refuse(self, problem: BadRequest) -> web.Response:
+        """vLLM's error response; the reason in the API server's log."""
+        self.api_log(f"{problem.type}: {problem.message}".replace("\n", " "), level="WARNING", file="serving.py")
+        return web.json_response(problem.body(), status=problem.status)
+
     async def generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         self.maybe_die()
         try:
             body = await request.json()
+            problem = check_body(body, self.spec.model.name, chat)
+            if problem:
+                return self.refuse(problem)
             ids, images, image_ends = self.parse(body, chat)
             prompt_tokens = len(ids)
-        except (ValueError, json.JSONDecodeError, OSError) as e:
-            return web.json_response({"error": {"message": f"bad request: {e}", "code": 400}}, status=400)
+        except (ValueError, TypeError, json.JSONDecodeError, OSError) as e:
+            return self.refuse(BadRequest(400, "BadRequestError", f"bad request: {e}"))
+        if prompt_tokens == 0:
+            return self.refuse(empty_prompt())
         if images and self.spec.model.vision is None:
-            return web.json_response({"error": {"message": "model is not multimodal", "code": 400}}, status=400)
-        max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+            return self.refuse(BadRequest(400, "BadRequestError", "model is not multimodal"))
+        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 16
         if prompt_tokens + max_tokens > self.spec.engine.max_model_len:
             msg = (f"This model's maximum context length is {self.spec.engine.max_model_len} tokens. However, "
                    f"you requested {prompt_tokens + max_tokens} tokens.")
-            return web.json_response({"error": {"message": msg, "code": 400}}, status=400)
-        client_id = body.get("request_id") or request.headers.get("X-Request-Id") or uuid.uuid4().hex
+            return self.refuse(BadRequest(400, "BadRequestError", msg))
+        body_id = body.get("request_id") or uuid.uuid4().hex
+        # as vLLM with --enable-log-requests and VLLM_REQUEST_BODY_LOG_LEVEL=INFO (request_logger.py)
+        self.api_log(f"Request {body_id} JSON body: {json.dumps(body, separators=(',', ':'))[:MAX_LOG_LEN]}",
+                     file="request_logger.py", line=85)
+        client_id = request_id_of(request.headers.get("X-Request-Id"), body) or body_id
         prefix = "chatcmpl" if chat else "cmpl"
         rid = f"{prefix}-{client_id}"
         kvp = body.get("kv_transfer_params") or {}

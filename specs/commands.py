@@ -34,6 +34,11 @@ def ec_transfer_config(spec: ExperimentSpec, config: ConfigurationSpec, role: st
             "ec_role": "ec_producer" if role == "encode" else "ec_consumer"}
 
 
+MAX_LOG_LEN = 256      # logged request bodies cut to this many characters (an image's base64 stays out of the log)
+# vLLM logs each request body (with the client's request_id) at this level; INFO puts it in the pod log.
+REQUEST_BODY_LOG_LEVEL = "INFO"
+
+
 def engine_args(spec: ExperimentSpec, config: ConfigurationSpec, role: RoleSpec) -> list[str]:
     """`vllm serve` arguments of one role: model, TP, the WORKLOADS.md engine limits, evidence logging."""
     args = [spec.model.name, "--host", "0.0.0.0", "--port", str(ENGINE_PORT),
@@ -42,7 +47,7 @@ def engine_args(spec: ExperimentSpec, config: ConfigurationSpec, role: RoleSpec)
             "--max-num-seqs", str(spec.engine.max_num_seqs),
             "--max-num-batched-tokens", str(spec.engine.max_num_batched_tokens),
             "--gpu-memory-utilization", str(spec.engine.gpu_memory_utilization),
-            "--enable-request-id-headers", "--enable-log-requests"]
+            "--enable-request-id-headers", "--enable-log-requests", "--max-log-len", str(MAX_LOG_LEN)]
     if role.role == "encode":
         args.append("--enforce-eager")
     if role.role == "encode" or not spec.engine.enable_prefix_caching:

@@ -50,7 +50,8 @@ class SimTargetSpec(Strict):
 
 
 K8S_NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
-RESERVED_ENGINE_ENV = {"HF_HOME", "HF_TOKEN", "MC_TE_METRIC", "MC_TE_METRIC_INTERVAL_SECONDS", "MC_FORCE_TCP",
+RESERVED_ENGINE_ENV = {"HF_HOME", "HF_TOKEN", "VLLM_REQUEST_BODY_LOG_LEVEL", "MC_TE_METRIC",
+                       "MC_TE_METRIC_INTERVAL_SECONDS", "MC_FORCE_TCP",
                        "VLLM_MOONCAKE_BOOTSTRAP_PORT", "VLLM_NIXL_SIDE_CHANNEL_PORT"}
 K8S_QUANTITY = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$"
 K8S_CPU = r"^([0-9]+(\.[0-9]+)?|[0-9]+m)$"
@@ -74,7 +75,8 @@ class KubeEngineSpec(Strict):
     env: dict[str, str] = Field(default_factory=dict, title="Extra engine environment",
                                 description="Added to every engine container, e.g. MC_GID_INDEX, MC_IB_TC or "
                                             "NCCL_IB_GID_INDEX on a RoCE cluster. The variables epdbench sets "
-                                            "for its evidence (HF_HOME, HF_TOKEN, MC_TE_METRIC, "
+                                            "for its evidence (HF_HOME, HF_TOKEN, VLLM_REQUEST_BODY_LOG_LEVEL, "
+                                            "MC_TE_METRIC, "
                                             "MC_TE_METRIC_INTERVAL_SECONDS, MC_FORCE_TCP, "
                                             "VLLM_MOONCAKE_BOOTSTRAP_PORT, VLLM_NIXL_SIDE_CHANNEL_PORT) cannot be "
                                             "overridden.")

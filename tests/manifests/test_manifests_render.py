@@ -318,10 +318,10 @@ def test_manifests_command_renders_every_configuration_of_both_presets(tmp_path,
         assert sorted(p.name for p in (tmp_path / preset).iterdir()) == sorted(configs)
     files = sorted(p.name for p in (tmp_path / "pd-text" / "pd-rdma").iterdir())
     assert files[0] == "00-serviceaccount-epdbench-pd-rdma.yaml" and files[6] == "06-deployment-pd-rdma-router.yaml"
-    # then the in-cluster load generator: its ConfigMap and one Job per suite (fixed, mixed)
+    # then the in-cluster load generator: its ConfigMap and one Job per suite (fixed, mixed, capacity)
     assert files[7:] == ["07-configmap-pd-rdma-loadgen.yaml", "08-job-pd-rdma-loadgen-fixed.yaml",
-                         "09-job-pd-rdma-loadgen-mixed.yaml"]
-    assert "pd-rdma/: 10 objects (2 load generator Jobs), 6 GPUs, valid for Kubernetes 1.31" in capsys.readouterr().out
+                         "09-job-pd-rdma-loadgen-mixed.yaml", "10-job-pd-rdma-loadgen-capacity.yaml"]
+    assert "pd-rdma/: 11 objects (3 load generator Jobs), 6 GPUs, valid for Kubernetes 1.31" in capsys.readouterr().out
 
 
 def test_loadgen_jobs_run_the_spec_they_carry_against_the_routers_service_with_no_rights(tmp_path):

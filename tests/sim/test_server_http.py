@@ -2,6 +2,7 @@
 EPD through the built-in proxy, evidence lines, and clean teardown."""
 import asyncio
 import json
+import re
 import urllib.request
 
 import pytest
@@ -77,11 +78,15 @@ def test_pd_tcp_through_vllm_router(deploy, tiny_spec):
     assert not bad.ok and bad.status and bad.status >= 400      # error kept as a record
     prefill = dep.by_role("prefill")[0]
     decode = dep.by_role("decode")[0]
-    # KV really crossed processes: prefill sent, decode received, for each measured request id.
+    # KV really crossed processes: prefill sent, decode received, for each measured request. As vLLM, each
+    # leg is named by vllm-router's X-Request-Id header; the client's id is in the logged request body.
     plog, dlog = prefill.log_path.read_text(), decode.log_path.read_text()
     for r in ok:
-        assert f"Sent KV of cmpl-{r.request_id}" in plog
-        assert f"Received KV for cmpl-{r.request_id}" in dlog
+        assert f"Request {r.request_id} JSON body: " in plog and f"Request {r.request_id} JSON body: " in dlog
+        assert f"cmpl-{r.request_id}" not in plog                         # the header names the leg
+    sent = re.findall(r"Sent KV of (cmpl-\S+) ", plog)
+    received = re.findall(r"Received KV for (cmpl-\S+) ", dlog)
+    assert len(sent) == len(received) == 4 and sorted(sent) == sorted(received)   # 3 requests and the probe
     assert "MC_FORCE_TCP is set" in plog and "[emulated by epdbench sim" in plog
     metrics = get(prefill.metrics_url)
     assert 'vllm:prompt_tokens_total{engine="0"' in metrics
