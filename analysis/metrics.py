@@ -24,7 +24,8 @@ SUMMARY_COLUMNS = CELL_KEYS + ["requests_ok", "requests_total", "requests_failed
                                "window_s", "output_tokens", "chunks_multi_token", "client_lag_p99_ms",
                                "prompt_tokens_mean", "target_prompt_tokens", "n_ttft_samples", "n_itl_samples",
                                "gpus", "output_tok_s_per_gpu", "timing", "emulation_lag_p99_ms", "loop_lag_p99_ms",
-                               "delivery_lag_p99_ms", "contaminated"] + [f"{m}_sample_ci95" for m in SAMPLE_CI_METRICS]
+                               "delivery_lag_p99_ms", "coalesced_share", "contaminated"] + [
+                                   f"{m}_sample_ci95" for m in SAMPLE_CI_METRICS]
 # Direction of "better" for the comparison.
 LOWER_IS_BETTER = {"ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "tpot_p50_ms", "itl_p99_ms", "itl_max_ms",
                    "requests_failed"}
@@ -105,6 +106,7 @@ def cell_stats(req: Requests, rows: np.ndarray, window_ns: tuple[int, int] | Non
     lag = (req.send[m] - req.scheduled[m]) / 1e6
     prompt, target = finite_values(req.prompt[ok]), finite_values(req.target[m])
     lags = delivery_lags_ns(req.offsets, req.arrival, ok) if req.arrival is not None and n_ok else None
+    arrived = arrival_gaps(req, ok)
     return {
         "n_ttft_samples": n_ok,
         "n_itl_samples": len(itls),
@@ -130,7 +132,18 @@ def cell_stats(req: Requests, rows: np.ndarray, window_ns: tuple[int, int] | Non
                                                   tpots if m.startswith("tpot") else itls, q)
            for m, q in SAMPLE_CI_METRICS.items()},
         "delivery_lag_p99_ms": samples_p99_ms(lags / 1e9) if lags is not None and len(lags) else None,
+        "coalesced_share": float((arrived == 0).mean()) if len(arrived) else None,
     }
+
+
+def arrival_gaps(req: Requests, rows: np.ndarray) -> np.ndarray:
+    """Gaps (ns) between consecutive content chunks as the client read them: a modelled request's arrival
+    stamps, another's offsets. A zero gap is a token read together with the one before it."""
+    if req.arrival is None:
+        return gaps(req.offsets.flat(rows), req.offsets.lengths[rows])
+    has = req.arrival.lengths[rows] > 0
+    return np.concatenate([gaps(req.arrival.flat(rows[has]), req.arrival.lengths[rows[has]]),
+                           gaps(req.offsets.flat(rows[~has]), req.offsets.lengths[rows[~has]])])
 
 
 def summarize(records: pd.DataFrame, gpus: dict[str, int] | None = None, noise: dict | None = None) -> pd.DataFrame:

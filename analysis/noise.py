@@ -158,7 +158,12 @@ def lag_ms(row) -> float:
 
 
 def is_contaminated(row) -> bool:
-    """Lag p99 above CONTAMINATION_FRACTION of the smallest latency figure of the cell host load can move."""
+    """Lag p99 above CONTAMINATION_FRACTION of the smallest latency figure of the cell host load can move,
+    or more than that share of its tokens arriving in the same read as the token before (the client, or
+    something between it and the engine, fell behind: those gaps are unknown, not zero)."""
+    coalesced = finite(row.get("coalesced_share"))
+    if coalesced is not None and coalesced > CONTAMINATION_FRACTION and row.get("timing") != "modelled":
+        return True
     lag = lag_ms(row)
     movable = [m for m in LATENCY_METRICS if not (row.get("timing") == "modelled" and m in ARRIVAL_ONLY)]
     figures = [x for x in (finite(row.get(m)) for m in movable) if x is not None and x > 0]

@@ -21,7 +21,8 @@ def contamination_line(summary: pd.DataFrame, meta: dict) -> str | None:
     fix = (f"; raise target.sim.time_scale (now {meta.get('time_scale', 1):g}) or run on a quieter host"
            if meta.get("target") == "sim" else "; run the load generator on a quieter host")
     return (f"{len(bad)} of {len(summary)} cells contaminated by host load (emulation or client lag p99 above "
-            f"{100 * CONTAMINATION_FRACTION:g}% of a latency it reports: {where}{more}): they name no winner{fix}.")
+            f"{100 * CONTAMINATION_FRACTION:g}% of a latency it reports, or over {100 * CONTAMINATION_FRACTION:g}% of "
+            f"tokens read together with the one before: {where}{more}): they name no winner{fix}.")
 
 
 VERDICT_TEXT = {TIE: "tie", CONTAMINATED: "contaminated", None: "—"}

@@ -140,3 +140,17 @@ def test_summarize_one_row_per_cell_with_summary_columns():
 def test_summarize_of_no_records_is_empty_with_columns():
     out = summarize(pd.DataFrame(columns=["config"]))
     assert out.empty and list(out.columns) == SUMMARY_COLUMNS
+
+
+def test_tokens_read_together_are_counted_and_contaminate_an_arrival_timed_cell():
+    from epdbench.analysis.noise import is_contaminated
+    spaced = [rec((10, 20, 30, 40, 50)) for _ in range(9)]
+    bunched = rec((10, 20, 20, 20, 50))                        # two tokens read with the one before
+    s = cell(*spaced, bunched)
+    assert s["coalesced_share"] == pytest.approx(2 / 40)
+    assert not is_contaminated({**s, "timing": "arrival"})     # 5%: at the limit, not over it
+    s = cell(*spaced[:4], bunched)
+    assert s["coalesced_share"] == pytest.approx(2 / 20)
+    assert is_contaminated({**s, "timing": "arrival"})
+    assert not is_contaminated({**s, "timing": "modelled"})    # timed by the engine's stamps, not by arrival
+    assert cell(rec((10,)))["coalesced_share"] is None          # one chunk: no gap to judge
