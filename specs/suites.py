@@ -104,7 +104,7 @@ class RateSuite(Strict):
         "poisson", title="Arrival process",
         description="poisson: seeded exponential gaps at the rate; constant: one request every 1/rate s.")
     n_warmup: int = Field(2, ge=0, le=1000, title="Warm-up requests per cell",
-                          description="Sent closed loop, one at a time, before the arrivals start.")
+                          description="Sent together, and awaited, before the arrivals start.")
     n_measured: int = Field(64, ge=1, le=1000000, title="Measured requests per rate",
                             description="Arrivals per cell; the cell lasts about n_measured / rate seconds.")
     max_in_flight: int = Field(1024, ge=1, le=65536, title="Most requests in flight",

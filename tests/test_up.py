@@ -39,6 +39,31 @@ def browse(url: str, tmp: Path, screenshot: Path) -> str:
                           text=True, timeout=120).stdout
 
 
+def start_up(args: list[str], cwd: Path, env: dict) -> tuple[subprocess.Popen, str]:
+    """`epdbench up ARGS` started; its output up to the MLflow UI line (bounded wait)."""
+    up = subprocess.Popen([sys.executable, "-m", "epdbench.cli", "up", *args], cwd=cwd, env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    lines, deadline = [], time.monotonic() + 240
+    while time.monotonic() < deadline:
+        line = up.stdout.readline()
+        lines.append(line)
+        if not line or line.startswith("MLflow UI:"):
+            break
+    return up, "".join(lines)
+
+
+def stop_up(up: subprocess.Popen, data: Path, cwd: Path, env: dict) -> subprocess.CompletedProcess:
+    """`epdbench down`, then `up` awaited (killed past a minute); returns down's result."""
+    down = subprocess.run([sys.executable, "-m", "epdbench.cli", "down", "--data-dir", str(data)], cwd=cwd,
+                          env=env, capture_output=True, text=True, timeout=120)
+    try:
+        up.wait(timeout=60)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    return down
+
+
 def test_up_adhoc_run_from_the_prefect_api_and_down(tmp_path):
     from mlflow.tracking import MlflowClient
     from prefect.client.orchestration import get_client
@@ -49,17 +74,9 @@ def test_up_adhoc_run_from_the_prefect_api_and_down(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "EPDBENCH_TEST_MARK": mark}
     env.pop("PREFECT_API_URL", None)
     data = tmp_path / ".epdbench"
-    up = subprocess.Popen([sys.executable, "-m", "epdbench.cli", "up", "--prefect-port", str(pp), "--mlflow-port",
-                           str(mp), "--data-dir", str(data)], cwd=tmp_path, env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    up, out = start_up(["--prefect-port", str(pp), "--mlflow-port", str(mp), "--data-dir", str(data)], tmp_path, env)
     try:
-        lines, deadline = [], time.monotonic() + 240
-        while time.monotonic() < deadline:
-            line = up.stdout.readline()
-            lines.append(line)
-            if not line or line.startswith("MLflow UI:"):
-                break
-        assert any(f"http://127.0.0.1:{mp}" in line for line in lines), "".join(lines)
+        assert f"http://127.0.0.1:{mp}" in out, out
         api = f"http://127.0.0.1:{pp}/api"
         with temporary_settings({PREFECT_API_URL: api}):
             with get_client(sync_client=True) as client:
@@ -100,13 +117,7 @@ def test_up_adhoc_run_from_the_prefect_api_and_down(tmp_path):
             dom = browse(run_page, tmp_path, ARTIFACTS / "mlflow-comparison-run.png")
             assert runs[0].info.run_name in dom
     finally:
-        down = subprocess.run([sys.executable, "-m", "epdbench.cli", "down", "--data-dir", str(data)], cwd=tmp_path,
-                              env=env, capture_output=True, text=True, timeout=120)
-        try:
-            up.wait(timeout=60)
-        finally:
-            if up.poll() is None:
-                up.kill()
+        down = stop_up(up, data, tmp_path, env)
     assert down.returncode == 0 and up.returncode == 0, down.stdout + down.stderr
     time.sleep(1)
     assert not marked_processes(mark), "a process started by `up` is still running"

@@ -5,8 +5,6 @@ the flow, which lands in MLflow with its results folder on the pod's results vol
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,7 +12,7 @@ import pytest
 
 from tests.k8s.fake_apiserver import FakeApiServer, wait_until
 from tests.processes import marked_processes
-from tests.test_up import free_port
+from tests.test_up import free_port, start_up, stop_up
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]     # Prefect, MLflow, a worker and a flow-run pod: minutes
 ROOT = Path(__file__).parents[2]
@@ -38,18 +36,10 @@ def test_up_with_a_kubernetes_work_pool_runs_an_adhoc_flow_as_a_job(tmp_path):
            "PREFECT_WORKER_QUERY_SECONDS": "2"}
     env.pop("PREFECT_API_URL", None)
     data = tmp_path / ".epdbench"
-    up = subprocess.Popen([sys.executable, "-m", "epdbench.cli", "up", "--prefect-port", str(pp), "--mlflow-port",
-                           str(mp), "--data-dir", str(data), "--work-pool", "kubernetes", "--advertise", ADVERTISED,
-                           "--image", "registry.example/epdbench:0.1.0", "--kubeconfig", str(kubeconfig)],
-                          cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    up, out = start_up(["--prefect-port", str(pp), "--mlflow-port", str(mp), "--data-dir", str(data), "--work-pool",
+                        "kubernetes", "--advertise", ADVERTISED, "--image", "registry.example/epdbench:0.1.0",
+                        "--kubeconfig", str(kubeconfig)], tmp_path, env)
     try:
-        lines, deadline = [], time.monotonic() + 240
-        while time.monotonic() < deadline:
-            line = up.stdout.readline()
-            lines.append(line)
-            if not line or line.startswith("MLflow UI:"):
-                break
-        out = "".join(lines)
         assert "work pool epdbench-kubernetes: created" in out and "worker on this machine" in out, out
         assert {"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"} <= \
             {o["kind"] for o in fake.objects() if o["metadata"]["name"].startswith("epdbench-flow")}
@@ -95,13 +85,7 @@ def test_up_with_a_kubernetes_work_pool_runs_an_adhoc_flow_as_a_job(tmp_path):
         (folder,) = results.iterdir()                                          # <preset>-sim-<date>-<time>
         assert folder.name.startswith(fr.name) and (folder / "summary.csv").exists()
     finally:
-        down = subprocess.run([sys.executable, "-m", "epdbench.cli", "down", "--data-dir", str(data)], cwd=tmp_path,
-                              env=env, capture_output=True, text=True, timeout=120)
-        try:
-            up.wait(timeout=60)
-        finally:
-            if up.poll() is None:
-                up.kill()
+        down = stop_up(up, data, tmp_path, env)
         fake.stop()
     assert down.returncode == 0 and up.returncode == 0, down.stdout + down.stderr
     time.sleep(1)
