@@ -108,13 +108,18 @@ def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run:
     live = LiveCell()
     scale = spec.time_scale
 
+    client: dict = {}
+
     async def measured(work):
-        """Run one cell's (or mixed window's) work; returns (its result, its noise figures)."""
+        """Run one cell's (or mixed window's) work; returns (its result, its noise figures). The client's
+        loop lag is this loop's and, with worker processes, theirs."""
         before = await asyncio.to_thread(lag_probe) if lag_probe else None
         async with LoopLag(scale) as loop_lag:
             result = await work
         after = await asyncio.to_thread(lag_probe) if lag_probe else None
-        return result, {"loop_lag_p99_ms": samples_p99_ms(loop_lag.samples_s),
+        lg = client["lg"]
+        samples, lg.worker_lag_s = [*loop_lag.samples_s, *lg.worker_lag_s], []
+        return result, {"loop_lag_p99_ms": samples_p99_ms(samples),
                         "emulation_lag_p99_ms": emulation_lag_p99_ms(before, after) if lag_probe else None,
                         "emit_lag_p99_ms": (emulation_lag_p99_ms(before, after, EMIT_LAG) if lag_probe else None)}
 
@@ -156,7 +161,8 @@ def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run:
 
     async def go():
         async with LoadGenerator(endpoint, spec.model.name, spec.request_timeout_s, run_tag=run[-8:],
-                                 time_scale=scale) as lg:
+                                 time_scale=scale, processes=spec.client_processes) as lg:
+            client["lg"] = lg
             for trial in range(spec.trials):
                 if all((c.cell_id, trial) in skip for c in cells):
                     say(f"  [{config}] {suite} trial {trial}: already recorded, skipped (resume)")

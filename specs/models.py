@@ -57,6 +57,9 @@ class ExperimentSpec(Strict):
                                                    "--resume). 0: any failed request degrades the cell.")
     request_timeout_s: float = Field(300, gt=0, le=3600, title="Request timeout (s)",
                                      description="A request slower than this is recorded as an error.")
+    client_processes: int = Field(1, ge=1, le=64, title="Load generator processes",
+                                  description="Processes sharing each cell's concurrency (one event loop each), "
+                                              "for ingest beyond one core; stamps stay on one system-wide clock.")
     model: ModelSpec = Field(title="Model", description="Served model and its architecture figures.")
     hardware: HardwareSpec = Field(title="Hardware", description="The GPU node.")
     engine: EngineSpec = Field(default_factory=EngineSpec, title="Engine limits", description="vLLM limits.")

@@ -29,7 +29,8 @@ async def run_suite_lines(spec: ExperimentSpec, suite: str, url: str, calibratio
     cal = Calibration({k: tuple(v) for k, v in (calibration or {}).items()})
     out = LoadgenOutput()
     batches = [cells] if cells[0].kind == "mixed" else [[c] for c in cells]
-    async with LoadGenerator(url, spec.model.name, spec.request_timeout_s, run_tag=run[-8:]) as lg:
+    async with LoadGenerator(url, spec.model.name, spec.request_timeout_s, run_tag=run[-8:],
+                             processes=spec.client_processes) as lg:
         for trial in range(spec.trials):
             for batch in batches:
                 if only is not None and not any(f"{c.cell_id}#t{trial}" in only for c in batch):
@@ -44,8 +45,9 @@ async def run_suite_lines(spec: ExperimentSpec, suite: str, url: str, calibratio
                         await lg.run_streams([(r, c.concurrency) for r, c in zip(requests, batch)], on_record)
                     else:
                         await lg.run_cell(requests[0], batch[0].concurrency, on_record)
+                samples, lg.worker_lag_s = [*lag.samples_s, *lg.worker_lag_s], []
                 for c in batch:
-                    write(out.cell(c.cell_id, trial, {"loop_lag_p99_ms": samples_p99_ms(lag.samples_s)}))
+                    write(out.cell(c.cell_id, trial, {"loop_lag_p99_ms": samples_p99_ms(samples)}))
     write(out.end())
     return out.records
 

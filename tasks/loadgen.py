@@ -1,7 +1,8 @@
-"""Streaming load generator: one aiohttp session, closed-loop workers, warm-up then measured.
+"""Streaming load generator: one aiohttp session, closed-loop or scheduled workers, warm-up then measured
+(optionally in several processes sharing the concurrency: tasks.loadgen_procs).
 
-The clock is injected (perf_counter_ns by default) and read once per SSE event; each request
-keeps its raw chunk offsets and tokens per chunk, server usage and any error, so every metric is
+The clock is injected (perf_counter_ns by default) and read once per received buffer (tasks.sse); each
+request keeps its raw chunk offsets and tokens per chunk, server usage and any error, so every metric is
 derived later from records.
 
 On the simulator each chunk also carries when its token was emitted on the modelled timeline (CLOCK_MONOTONIC
@@ -13,242 +14,19 @@ the engine and this process cannot bend its token times) and the arrivals are ke
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import time
 import traceback
 import uuid
 from dataclasses import asdict, dataclass, field
-from typing import AsyncIterator, Callable
+from typing import Callable
 
 import aiohttp
 
-from epdbench.analysis.logformats import MODELLED_FIELD
-
-try:                     # a C JSON parser where installed (5–10× json's speed on chunk-sized events)
-    from orjson import loads
-except ImportError:      # pragma: no cover - orjson is a dependency; json is the fallback
-    from json import loads
+from epdbench.tasks.sse import Clock, StreamTiming, _fail, _is_int, consume_stream, derive_timing
 from epdbench.specs.workload import RequestSpec
 
-Clock = Callable[[], int]
-
-
-@dataclass
-class StreamTiming:
-    """What one streamed response yielded, times in ns relative to send."""
-    chunk_offsets_ns: list[int] = field(default_factory=list)   # content-bearing chunks only
-    chunk_tokens: list[int] = field(default_factory=list)
-    done_ns: int | None = None                                   # [DONE] or end of stream
-    usage: dict | None = None
-    saw_done: bool = False
-    error: str | None = None
-    chunk_modelled_ns: list[int] = field(default_factory=list)   # modelled emission of each content chunk
-    modelled_missing: bool = False                               # a content chunk came without one
-
-
-class MalformedEvent(ValueError):
-    """One SSE event whose shape is not that of a (chat) completions chunk."""
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def content_of(event: dict) -> str:
-    """Generated text carried by one completions or chat-completions chunk ('' if none).
-    Raises MalformedEvent when the event does not have a chunk's shape."""
-    if not isinstance(event, dict):
-        raise MalformedEvent("not a JSON object")
-    choices = event.get("choices")
-    if choices is None:
-        return ""
-    if not isinstance(choices, list):
-        raise MalformedEvent("choices is not a list")
-    if not choices:
-        return ""
-    c = choices[0]
-    if not isinstance(c, dict):
-        raise MalformedEvent("choices[0] is not an object")
-    if "text" in c:
-        text = c["text"]
-        where = "choices[0].text"
-    else:
-        delta = c.get("delta")
-        if delta is None:
-            return ""
-        if not isinstance(delta, dict):
-            raise MalformedEvent("choices[0].delta is not an object")
-        text = delta.get("content")
-        where = "choices[0].delta.content"
-    if text is None:
-        return ""
-    if not isinstance(text, str):
-        raise MalformedEvent(f"{where} is not a string")
-    return text
-
-
-def _usage_of(event: dict) -> dict | None:
-    """The event's usage block (None if absent); MalformedEvent if any field used later is ill-typed."""
-    usage = event.get("usage")
-    if usage is None:
-        return None
-    if not isinstance(usage, dict):
-        raise MalformedEvent("usage is not an object")
-    for k in ("prompt_tokens", "completion_tokens"):
-        if usage.get(k) is not None and not _is_int(usage[k]):
-            raise MalformedEvent(f"usage.{k} is not an integer")
-    details = usage.get("prompt_tokens_details")
-    if details is not None:
-        if not isinstance(details, dict):
-            raise MalformedEvent("usage.prompt_tokens_details is not an object")
-        if details.get("cached_tokens") is not None and not _is_int(details["cached_tokens"]):
-            raise MalformedEvent("usage.prompt_tokens_details.cached_tokens is not an integer")
-    return usage
-
-
-def _server_error(err) -> str:
-    """A short text for an in-stream {"error": ...} event, whatever the type of its payload."""
-    if isinstance(err, dict) and isinstance(err.get("message"), str):
-        text = err["message"]
-    elif isinstance(err, str):
-        text = err
-    else:
-        try:
-            text = json.dumps(err)
-        except (TypeError, ValueError):
-            text = repr(err)
-    return f"server error event: {text}"[:300]
-
-
-def _fail(t: StreamTiming, error: str) -> None:
-    """Record the request's first error (the root cause); later ones do not overwrite it."""
-    if t.error is None:
-        t.error = error[:300]
-
-
-class _Progress:
-    """Running state of one stream's events: completion tokens counted so far."""
-    __slots__ = ("completion",)
-
-    def __init__(self) -> None:
-        self.completion = 0
-
-
-def _event(data: bytes, now: int, send_ns: int, t: StreamTiming, progress: _Progress,
-           modelled_scale: float | None) -> None:
-    """One `data:` payload (not [DONE]) stamped `now`: its content chunk, usage and modelled stamp, or
-    its error (MalformedEvent, server error event) on `t`."""
-    try:
-        try:
-            event = loads(data)
-        except UnicodeDecodeError:
-            raise MalformedEvent("invalid UTF-8") from None
-        except (ValueError, RecursionError):
-            try:
-                data.decode("utf-8")
-            except UnicodeDecodeError:
-                raise MalformedEvent("invalid UTF-8") from None
-            raise MalformedEvent("not JSON") from None
-        if type(event) is not dict:
-            raise MalformedEvent("not a JSON object")
-        if "error" in event:
-            _fail(t, _server_error(event["error"]))
-            return
-        # Fast paths for well-formed chunks (the checks of _usage_of / content_of, inlined); anything
-        # unusual goes through those, which name what is wrong.
-        usage = event.get("usage")
-        if usage is not None and (type(usage) is not dict or "prompt_tokens_details" in usage
-                                  or type(usage.get("completion_tokens", 0)) is not int
-                                  or type(usage.get("prompt_tokens", 0)) is not int):
-            usage = _usage_of(event)
-        choices = event.get("choices")
-        first = choices[0] if type(choices) is list and choices else None
-        content = first.get("text") if type(first) is dict else None
-        if type(content) is not str:
-            content = content_of(event)
-    except MalformedEvent as e:
-        _fail(t, f"malformed SSE event: {e}: {data[:80]!r}")
-        return
-    except Exception as e:  # a bug in parsing one event: fail the request, never the stream reader
-        _fail(t, f"malformed SSE event: {type(e).__name__}: {e}: {data[:80]!r}")
-        return
-    if usage:
-        t.usage = usage
-    if not content:
-        return
-    t.chunk_offsets_ns.append(now - send_ns)
-    if modelled_scale is not None:
-        stamp = event.get(MODELLED_FIELD)
-        if _is_int(stamp):
-            t.chunk_modelled_ns.append(int(stamp / modelled_scale) - send_ns)
-        else:
-            t.modelled_missing = True
-    completion = (usage or {}).get("completion_tokens")
-    if completion is not None and completion > progress.completion:
-        t.chunk_tokens.append(completion - progress.completion)
-        progress.completion = completion
-    else:
-        t.chunk_tokens.append(1)
-        progress.completion += 1
-
-
-async def consume_stream(buffers: AsyncIterator[bytes], send_ns: int, clock: Clock,
-                         t: StreamTiming | None = None, modelled_scale: float | None = None) -> StreamTiming:
-    """Read an SSE body as it arrives, in buffers of any size (`resp.content.iter_any()`); the clock is read
-    once per received buffer and stamps every event completed in it. Fills `t` as it goes, so a stream cut
-    by an exception leaves its partial timings behind.
-
-    Lines are split on LF (a CR before it is dropped); a line that is not `data:` (comments, `event:`,
-    blank) is skipped; a line cut by the end of a buffer waits for the next one. A malformed event (bad
-    UTF-8, not JSON, not an object, ill-shaped choices/usage) or a server error event sets `t.error` and
-    contributes nothing itself; chunks before it are kept and the stream is read on to [DONE] or its end
-    (so done_ns is still the stream's end). Exceptions raised by `buffers` itself (connection errors,
-    timeouts, cancellation) propagate to the caller. With `modelled_scale` (the clock is CLOCK_MONOTONIC ns
-    divided by it), each content chunk's modelled emission stamp is kept as an offset from the send on the
-    same clock."""
-    t = t if t is not None else StreamTiming()
-    progress = _Progress()
-    tail = b""
-    ended = False
-    async for buf in buffers:
-        now = clock()
-        if not isinstance(buf, (bytes, bytearray)):
-            _fail(t, f"malformed SSE event: TypeError: read a {type(buf).__name__}, not bytes")
-            continue
-        lines = (tail + buf if tail else buf).split(b"\n")
-        tail = lines.pop()
-        if _lines(lines, now, send_ns, t, progress, modelled_scale):
-            ended = True
-            break
-    if not ended and tail:                      # a last line without its newline
-        _lines([tail], clock(), send_ns, t, progress, modelled_scale)
-    if t.done_ns is None:
-        t.done_ns = clock() - send_ns
-    return t
-
-
-def _lines(lines: list[bytes], now: int, send_ns: int, t: StreamTiming, progress: _Progress,
-           modelled_scale: float | None) -> bool:
-    """The complete lines of one buffer; True once [DONE] is read (t.done_ns set)."""
-    for line in lines:
-        if not line.startswith(b"data:"):
-            continue
-        data = line[5:].strip()
-        if data == b"[DONE]":
-            t.saw_done = True
-            t.done_ns = now - send_ns
-            return True
-        _event(data, now, send_ns, t, progress, modelled_scale)
-    return False
-
-
-def derive_timing(t: StreamTiming) -> dict:
-    """TTFT, E2E (last content chunk) and ITLs in ns; latency − TTFT == Σ ITL exactly."""
-    offs = t.chunk_offsets_ns
-    if not offs:
-        return {"ttft_ns": None, "e2e_ns": None, "itl_ns": []}
-    return {"ttft_ns": offs[0], "e2e_ns": offs[-1], "itl_ns": [b - a for a, b in zip(offs, offs[1:])]}
+PROCESS_START_MARGIN_S = 0.05   # worker processes start a phase together this long after it is handed out
 
 
 @dataclass
@@ -321,9 +99,11 @@ def _fill(rec: Record, t: StreamTiming) -> None:
 
 class LoadGenerator:
     def __init__(self, base_url: str, model: str, timeout_s: float, clock: Clock = time.perf_counter_ns,
-                 run_tag: str = "", time_scale: float = 1.0):
+                 run_tag: str = "", time_scale: float = 1.0, processes: int = 1):
         """`time_scale` > 1 (a dilated simulator): every stamp is taken on a clock running that many times
-        slower, so records hold modelled durations; arrival offsets and the timeout stretch by it."""
+        slower, so records hold modelled durations; arrival offsets and the timeout stretch by it.
+        `processes` > 1: phases run in that many worker processes sharing the concurrency
+        (tasks.loadgen_procs); their event-loop lag samples collect in `worker_lag_s`."""
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.time_scale = time_scale
@@ -333,6 +113,9 @@ class LoadGenerator:
         self.modelled_scale = time_scale if clock is time.perf_counter_ns else None
         self.run_tag = run_tag or uuid.uuid4().hex[:8]
         self.on_record_errors = 0   # exceptions raised by on_record callbacks (logged once, then counted)
+        self.processes = processes
+        self.pool = None
+        self.worker_lag_s: list[float] = []
 
     async def send(self, session: aiohttp.ClientSession, req: RequestSpec, scheduled_ns: int) -> Record:
         """One streamed request. Never raises except asyncio.CancelledError: every failure (HTTP error,
@@ -393,16 +176,27 @@ class LoadGenerator:
                       file=sys.stderr, end="", flush=True)
 
     async def run_phase(self, session, requests: list[RequestSpec], concurrency: int,
-                        on_record: Callable[[Record], None] | None = None) -> list[Record]:
+                        on_record: Callable[[Record], None] | None = None, start_ns: int | None = None
+                        ) -> list[Record]:
         """`concurrency` workers, each sends its next request as soon as the last ends (closed loop), or
-        not before the request's scheduled offset (bursts); scheduled vs actual send time is recorded.
-        Every finished request is returned and passed to `on_record` as soon as it finishes."""
+        not before the request's scheduled offset from `start_ns` (default now); scheduled vs actual send
+        time is recorded. Every finished request is returned and passed to `on_record` as soon as it
+        finishes (with worker processes, as each process ends its share)."""
+        if self.pool is not None and len(requests) > 1:
+            def batch(recs, lags):
+                self.worker_lag_s += lags
+                for rec in recs:
+                    self._notify(on_record, rec)
+            start = self.clock() + int(PROCESS_START_MARGIN_S * 1e9)
+            return sorted(await self.pool.run_phase(requests, concurrency, start, batch), key=lambda r: r.index)
+        if start_ns is not None and start_ns > self.clock():     # a worker process waits for the common start
+            await asyncio.sleep((start_ns - self.clock()) / 1e9 * self.time_scale)
         queue: asyncio.Queue[RequestSpec] = asyncio.Queue()
         # scheduled ones first, in order of their slots (a closed loop's first wave), then the rest by index
         for r in sorted(requests, key=lambda r: (r.offset_s if r.offset_s is not None else float("inf"), r.index)):
             queue.put_nowait(r)
         records: list[Record] = []
-        start_ns = self.clock()
+        start_ns = self.clock() if start_ns is None else start_ns
 
         async def worker():
             while True:
@@ -429,10 +223,17 @@ class LoadGenerator:
 
     async def __aenter__(self) -> "LoadGenerator":
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        if self.processes > 1:
+            from epdbench.tasks.loadgen_procs import Settings, WorkerPool
+            self.pool = WorkerPool(Settings(self.base_url, self.model, self.timeout_s / self.time_scale,
+                                            self.run_tag, self.time_scale), self.processes)
+            await asyncio.to_thread(self.pool.start)
         return self
 
     async def __aexit__(self, *exc) -> None:
         await self.session.close()
+        if self.pool is not None:
+            await asyncio.to_thread(self.pool.close)
 
     async def run_streams(self, streams: list[tuple[list[RequestSpec], int]],
                           on_record: Callable[[Record], None] | None = None) -> list[list[Record]]:

@@ -1,5 +1,5 @@
-"""Goodput end to end on the simulator: a rate suite with an SLO swept open loop over two configurations;
-compare prints each configuration's goodput (per GPU), the report has the Goodput section and the
+"""Goodput end to end on the simulator: a rate suite with an SLO swept open loop over two configurations,
+the arrivals sent by two load generator processes; compare prints each configuration's goodput (per GPU), the report has the Goodput section and the
 attainment-versus-rate plot, and MLflow holds goodput.csv and the goodput metrics."""
 import os
 import subprocess
@@ -19,6 +19,7 @@ def test_compare_prints_goodput_per_configuration_and_gpu_with_its_plot(tmp_path
 
     spec = yaml.safe_load(tiny_spec_path.read_text())
     spec["name"] = "tiny-goodput"
+    spec["client_processes"] = 2          # the open-loop arrivals shared by two load generator processes
     spec["configurations"] = [c for c in spec["configurations"] if c["name"] in ("aggregated", "pd-tcp")]
     spec["suites"] = [{"kind": "rate", "name": "capacity", "shapes": [{"input_tokens": 2048, "output_tokens": 16}],
                        "rates": [2, 16, 128], "n_measured": 24, "n_warmup": 1,
@@ -30,6 +31,11 @@ def test_compare_prints_goodput_per_configuration_and_gpu_with_its_plot(tmp_path
                            "--tracking-uri", db], cwd=tmp_path, capture_output=True, text=True, timeout=500,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = pd.read_parquet(out / "records.parquet")
+    measured = records[records["phase"] == "measured"]
+    assert len(measured) == 2 * 3 * 24 and measured["request_id"].is_unique
+    for _, cell in measured.groupby(["config", "workload"]):     # one schedule across both processes
+        assert (cell["send_ns"] - cell["scheduled_ns"]).max() < 50e6
     table = pd.read_csv(out / "goodput.csv").set_index("config")
     assert set(table.index) == {"aggregated", "pd-tcp"}
     for config, row in table.iterrows():

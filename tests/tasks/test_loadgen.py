@@ -6,7 +6,8 @@ import pytest
 from aiohttp import web
 
 from epdbench.specs.workload import RequestSpec
-from epdbench.tasks.loadgen import LoadGenerator, consume_stream, derive_timing
+from epdbench.tasks.loadgen import LoadGenerator
+from epdbench.tasks.sse import consume_stream, derive_timing
 
 
 class ScriptedClock:
@@ -177,7 +178,8 @@ def stamped_chunk(text, modelled_ns):
 
 
 def _filled(stream, send_ns, clock, scale=1.0):
-    from epdbench.tasks.loadgen import Record, StreamTiming, _fill
+    from epdbench.tasks.loadgen import Record, _fill
+    from epdbench.tasks.sse import StreamTiming
     t = asyncio.run(consume_stream(lines(stream), send_ns, clock, StreamTiming(), modelled_scale=scale))
     rec = Record("r", 0, "measured", "completions", 1, 3, "h", None, None, send_ns, send_ns, 0.0)
     _fill(rec, t)

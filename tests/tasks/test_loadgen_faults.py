@@ -8,8 +8,8 @@ import pytest
 from aiohttp import web
 
 from epdbench.specs.workload import RequestSpec
-from epdbench.tasks.loadgen import (LoadGenerator, MalformedEvent, Record, _fill, consume_stream,
-                                    content_of, derive_timing)
+from epdbench.tasks.loadgen import LoadGenerator, Record, _fill
+from epdbench.tasks.sse import MalformedEvent, consume_stream, content_of, derive_timing
 from tests.tasks.test_loadgen import ScriptedClock, lines
 
 
