@@ -250,8 +250,12 @@ def cmd_up(args) -> int:
 
     from epdbench.specs.models import KubernetesTargetSpec, describe_validation_error
 
+    overrides = kube_overrides(args)
+    if overrides and not args.work_pool:
+        flag = next(f for f in ("namespace", "kubeconfig", "kube_context") if getattr(args, f, None))
+        raise CliError(f"--{flag.replace('_', '-')}: applies with --work-pool only")
     try:
-        target = KubernetesTargetSpec(**kube_overrides(args))
+        target = KubernetesTargetSpec(**overrides)
     except ValidationError as e:
         raise CliError(describe_validation_error(e, "up")) from None
     settings = pool_settings(args, target)

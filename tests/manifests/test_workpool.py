@@ -144,3 +144,14 @@ def test_manifests_work_pool_writes_the_pool_objects_template_and_a_flow_run_job
 def test_work_pool_flags_are_checked(tmp_path, capsys, argv, message):
     assert cli_main(["manifests", "--out", str(tmp_path / "m"), *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--namespace", "bench"], "--namespace: applies with --work-pool only"),
+    (["--worker", "cluster"], "--worker: applies with --work-pool only"),
+    (["--work-pool", "kubernetes", "--image", "x"], "--work-pool needs --advertise"),
+])
+def test_up_refuses_work_pool_flags_out_of_place(tmp_path, capsys, argv, message):
+    assert cli_main(["up", "--data-dir", str(tmp_path / "d"), *argv]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()                          # refused before anything started
