@@ -117,8 +117,7 @@ def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run:
         async with LoopLag(scale) as loop_lag:
             result = await work
         after = await asyncio.to_thread(lag_probe) if lag_probe else None
-        lg = client["lg"]
-        samples, lg.worker_lag_s = [*loop_lag.samples_s, *lg.worker_lag_s], []
+        samples = [*loop_lag.samples_s, *client["lg"].take_worker_lag()]
         return result, {"loop_lag_p99_ms": samples_p99_ms(samples),
                         "emulation_lag_p99_ms": emulation_lag_p99_ms(before, after) if lag_probe else None,
                         "emit_lag_p99_ms": (emulation_lag_p99_ms(before, after, EMIT_LAG) if lag_probe else None)}

@@ -45,7 +45,7 @@ async def run_suite_lines(spec: ExperimentSpec, suite: str, url: str, calibratio
                         await lg.run_streams([(r, c.concurrency) for r, c in zip(requests, batch)], on_record)
                     else:
                         await lg.run_cell(requests[0], batch[0].concurrency, on_record)
-                samples, lg.worker_lag_s = [*lag.samples_s, *lg.worker_lag_s], []
+                samples = [*lag.samples_s, *lg.take_worker_lag()]
                 for c in batch:
                     write(out.cell(c.cell_id, trial, {"loop_lag_p99_ms": samples_p99_ms(samples)}))
     write(out.end())

@@ -154,6 +154,11 @@ class LoadGenerator:
             rec.done_ms = (self.clock() - send_ns) / 1e6
         return rec
 
+    def take_worker_lag(self) -> list[float]:
+        """The worker processes' loop-lag samples since the last call (empty with one process)."""
+        samples, self.worker_lag_s = self.worker_lag_s, []
+        return samples
+
     def _broken_record(self, req: RequestSpec, scheduled_ns: int, e: Exception) -> Record:
         """A failed Record for a request that could not even be sent (e.g. an ill-formed RequestSpec)."""
         g = lambda name, default=None: getattr(req, name, default)  # noqa: E731

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from epdbench.analysis.goodput import attainment, goodput, rate_cells
+from epdbench.analysis.goodput import GOODPUT_COLUMNS, attainment, goodput, rate_cells
 from epdbench.analysis.metrics import summarize
 from epdbench.reports.environment import environment
 from epdbench.reports.goodput import goodput_view
@@ -26,10 +26,10 @@ class ResultsError(Exception):
     """A results directory (or MLflow run) the report cannot be rendered from; one line."""
 
 
-def load_environment(rdir: Path) -> dict | None:
-    """The Environment section's data from the resolved spec; None when it no longer loads."""
+def resolved_spec(rdir: Path):
+    """The run's resolved spec.yaml; None when it no longer loads (the report then goes without it)."""
     try:
-        return environment(load_spec(str(rdir / "spec.yaml")))
+        return load_spec(str(rdir / "spec.yaml"))
     except (SpecError, OSError):
         return None
 
@@ -44,15 +44,10 @@ def write_plots(rdir: Path, plots) -> None:
         (pdir / p.name).write_bytes(p.png)
 
 
-def write_goodput(rdir: Path, records: pd.DataFrame, gpus: dict[str, int]) -> tuple[pd.DataFrame, dict | None]:
+def write_goodput(rdir: Path, spec, records: pd.DataFrame, gpus: dict[str, int]) -> tuple[pd.DataFrame, dict | None]:
     """goodput.csv (header only without rate suites with an SLO) from the records and the resolved spec;
     returns the attainment rows (for the plot) and the report's Goodput view."""
-    try:
-        spec = load_spec(str(rdir / "spec.yaml"))
-    except (SpecError, OSError):
-        spec = None
-    cells = rate_cells(spec) if spec is not None else {}
-    att = attainment(records, cells)
+    att = attainment(records, rate_cells(spec) if spec is not None else {})
     table = goodput(att, gpus)
     table.to_csv(rdir / "goodput.csv", index=False)
     slos = {s.name: s.slo for s in spec.suites if isinstance(s, RateSuite) and s.slo} if spec is not None else {}
@@ -61,8 +56,6 @@ def write_goodput(rdir: Path, records: pd.DataFrame, gpus: dict[str, int]) -> tu
 
 def read_goodput(path: Path) -> pd.DataFrame:
     """goodput.csv as written by write_goodput (empty when absent or without rows)."""
-    from epdbench.analysis.goodput import GOODPUT_COLUMNS
-
     if not path.is_file():
         return pd.DataFrame(columns=GOODPUT_COLUMNS)
     table = pd.read_csv(path, keep_default_na=True)
@@ -76,11 +69,12 @@ def write_report(rdir: Path, meta: dict, verdicts: dict, regression: dict | None
     gpus = {c["name"]: c["gpus"] for c in meta["configurations"]}
     if summary is None:
         summary = summarize(records, gpus, noise_of(rdir, [c["name"] for c in meta["configurations"]]))
-    att, goodput_table = write_goodput(rdir, records, gpus)
+    spec = resolved_spec(rdir)
+    att, goodput_table = write_goodput(rdir, spec, records, gpus)
     plots = suite_plots(summary, records, [c["name"] for c in meta["configurations"]], att)
     write_plots(rdir, plots)
-    context = report_context(meta, summary, verdicts, load_environment(rdir), records, regression, plots,
-                             goodput_table)
+    context = report_context(meta, summary, verdicts, environment(spec) if spec is not None else None, records,
+                             regression, plots, goodput_table)
     (rdir / "report.md").write_text(render_markdown(context))
     (rdir / "report.html").write_text(render_html(context))
     return [rdir / name for name in REPORT_FILES]

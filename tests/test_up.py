@@ -52,6 +52,16 @@ def start_up(args: list[str], cwd: Path, env: dict) -> tuple[subprocess.Popen, s
     return up, "".join(lines)
 
 
+def wait_final(client, run_id, timeout_s: float):
+    """The flow run once it reached a final state (or as it stands at the deadline), polled every 2 s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        fr = client.read_flow_run(run_id)
+        if (fr.state and fr.state.is_final()) or time.monotonic() >= deadline:
+            return fr
+        time.sleep(2)
+
+
 def stop_up(up: subprocess.Popen, data: Path, cwd: Path, env: dict) -> subprocess.CompletedProcess:
     """`epdbench down`, then `up` awaited (killed past a minute); returns down's result."""
     down = subprocess.run([sys.executable, "-m", "epdbench.cli", "down", "--data-dir", str(data)], cwd=cwd,
@@ -95,12 +105,7 @@ def test_up_adhoc_run_from_the_prefect_api_and_down(tmp_path):
             run = run_deployment("adhoc-comparison/adhoc-comparison", timeout=0, parameters={
                 "request": {"preset": "smoke", "configurations": ["pd-tcp"], "suites": ["mm-context"]}})
             with get_client(sync_client=True) as client:
-                deadline = time.monotonic() + 300
-                while time.monotonic() < deadline:
-                    fr = client.read_flow_run(run.id)
-                    if fr.state and fr.state.is_final():
-                        break
-                    time.sleep(2)
+                fr = wait_final(client, run.id, 300)
                 assert fr.state_name == "Completed", fr.state
                 assert fr.name == f"smoke-sim-{dt.date.today().isoformat()}"
                 keys = {a.key for a in client.read_artifacts()}

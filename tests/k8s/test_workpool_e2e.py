@@ -12,7 +12,7 @@ import pytest
 
 from tests.k8s.fake_apiserver import FakeApiServer, wait_until
 from tests.processes import marked_processes
-from tests.test_up import free_port, start_up, stop_up
+from tests.test_up import free_port, start_up, stop_up, wait_final
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]     # Prefect, MLflow, a worker and a flow-run pod: minutes
 ROOT = Path(__file__).parents[2]
@@ -58,12 +58,7 @@ def test_up_with_a_kubernetes_work_pool_runs_an_adhoc_flow_as_a_job(tmp_path):
             run = run_deployment("adhoc-comparison/adhoc-comparison", timeout=0, parameters={"request": {
                 "preset": "smoke", "configurations": ["pd-tcp"], "suites": ["mm-context"], "target": "sim"}})
             with get_client(sync_client=True) as client:
-                deadline = time.monotonic() + 360
-                while time.monotonic() < deadline:
-                    fr = client.read_flow_run(run.id)
-                    if fr.state and fr.state.is_final():
-                        break
-                    time.sleep(2)
+                fr = wait_final(client, run.id, 360)
                 worker_log = (data / "logs" / "worker.log").read_text(errors="replace")[-3000:]
                 assert fr.state_name == "Completed", f"{fr.state}\n{worker_log}"
         jobs = [j for j in fake.objects("Job") if j["metadata"]["labels"].get("prefect.io/flow-run-id") == str(run.id)]

@@ -28,9 +28,10 @@ def children() -> set[int]:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        cmdline = (stat.parent / "cmdline").read_bytes() if int(fields[1]) == os.getpid() else b""
+        if int(fields[1]) != os.getpid() or fields[0] == "Z":
+            continue
         # multiprocessing's resource tracker stays for the parent's life and leaves with it
-        if int(fields[1]) == os.getpid() and fields[0] != "Z" and b"resource_tracker" not in cmdline:
+        if b"resource_tracker" not in (stat.parent / "cmdline").read_bytes():
             found.add(int(stat.parent.name))
     return found
 
