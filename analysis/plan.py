@@ -37,12 +37,13 @@ def estimate_cell_seconds(spec: ExperimentSpec, config: ConfigurationSpec, cell:
     cached = img_tok if image_reused else 0
     prefill_s = prefill.step_seconds([], [PrefillChunk(cached, max(1, n_tok - cached))] * per_prefill)
     if img_tok and not image_reused:
-        prefill_s += prefill.encode_seconds(img_tok * per_prefill)
+        prefill_s += prefill.encode_seconds([img_tok] * per_prefill)
     handoff_s = 0.0
     if config.topology != "aggregated":
         rdma = config.role("prefill").rdma_interfaces
         handoff_s = per_prefill * transfer_seconds(spec.hardware, config.kv_transport,
-                                                   decode.kv_bytes(max(1, n_tok - cached)), rdma)
+                                                   decode.kv_bytes(max(1, n_tok - cached)), rdma,
+                                                   decode.kv_descriptors)
     decode_s = output_tokens * decode.step_seconds([n_tok] * per_decode, [])
     if cell.rate:
         return (cell.n_measured / cell.rate + (cell.n_warmup + 1) * (prefill_s + handoff_s + decode_s))

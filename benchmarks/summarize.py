@@ -3,7 +3,7 @@
 Writes N synthetic request records shaped like the load generator's (configurations × cells × trials, a
 mixed suite whose streams share a window, warm-up and measured phases, a few failed requests, cells timed by
 modelled stamps with their chunks' arrivals on record) to records.parquet with the results folder's schema,
-then reads them back with tasks.results.read_records and summarises them with analysis.metrics.summarize,
+then reads back the columns the summary needs with tasks.results.read_records and summarises them with analysis.metrics.summarize,
 each in a fresh process, printing seconds and peak RSS.
 
     python benchmarks/summarize.py [--records 1000000] [--chunks 64] [--cells 48] [--file /tmp/records.parquet]
@@ -131,11 +131,11 @@ def generate(path: Path, records: int, chunks: int, cells: int, seed: int = 0) -
 
 def measure(path: Path) -> dict:
     """Read, then summarise: seconds and peak RSS (MB) after each (run in a fresh process)."""
-    from epdbench.analysis.metrics import summarize
+    from epdbench.analysis.metrics import RECORD_COLUMNS, summarize
     from epdbench.tasks.results import read_records
     base = peak_rss_mb()
     t0 = time.perf_counter()
-    records = read_records(path)
+    records = read_records(path, RECORD_COLUMNS)      # as flows.compare reads them for the summary
     t1 = time.perf_counter()
     read_mb = peak_rss_mb()
     summary = summarize(records)

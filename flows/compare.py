@@ -18,7 +18,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from epdbench.analysis.goodput import goodput_lines
-from epdbench.analysis.metrics import summarize
+from epdbench.analysis.metrics import RECORD_COLUMNS, summarize
 from epdbench.analysis.regression import RegressionSettings
 from epdbench.analysis.trials import aggregate_trials
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, spec_to_yaml
@@ -184,21 +184,23 @@ def run_name_for(spec: ExperimentSpec, now: dt.datetime | None = None) -> str:
 class Progress:
     """Cells done / total as a Prefect progress artifact (visible live in the UI)."""
 
-    def __init__(self, total: int):
+    def __init__(self, total: int, also: str | None = None):
+        """`also`: the id of a progress artifact of the calling flow run (a deployment's), updated as well."""
         self.total, self.done = max(1, total), 0
-        self.artifact_id = None
+        self.artifact_ids = [also] if also else []
         try:
             from prefect.artifacts import create_progress_artifact
-            self.artifact_id = create_progress_artifact(0.0, key="epdbench-progress",
-                                                        description=f"cells done of {self.total}")
+            self.artifact_ids.append(create_progress_artifact(0.0, key="epdbench-progress",
+                                                              description=f"cells done of {self.total}"))
         except Exception:  # noqa: BLE001 - no flow-run context: progress shows in the terminal only
-            self.artifact_id = None
+            pass
 
     def cell_done(self, n: int = 1) -> None:
         self.done += n
-        if self.artifact_id is not None:
+        if self.artifact_ids:
             from prefect.artifacts import update_progress_artifact
-            update_progress_artifact(self.artifact_id, 100.0 * self.done / self.total)
+            for artifact_id in self.artifact_ids:
+                update_progress_artifact(artifact_id, 100.0 * self.done / self.total)
 
 
 _MLFLOW_NOTICE = publish.MlflowNotice()   # one line per run about MLflow failures (reset by each run)
@@ -219,8 +221,9 @@ def _try_mlflow(what: str, fn, *args):
 @flow(name="compare", flow_run_name="{spec.name}-{trigger}")
 def compare(spec: ExperimentSpec, out_dir: str | None = None, tracking_uri: str | None = None,
             trigger: str = "cli", run_name: str | None = None, resume: bool = False,
-            regression: RegressionSettings | None = None) -> dict:
-    """Compare every configuration of the spec on matched workloads; returns the outcome. With
+            regression: RegressionSettings | None = None, progress_artifact: str | None = None) -> dict:
+    """Compare every configuration of the spec on matched workloads; returns the outcome (a calling flow's
+    progress artifact, `progress_artifact`, is updated too). With
     `resume`, cells already recorded in the results directory are skipped and configurations
     already finished are not run again. The results folder is held exclusively for the whole run
     (FolderLocked when another live process holds it); what a killed earlier run left running is ended
@@ -239,7 +242,7 @@ def compare(spec: ExperimentSpec, out_dir: str | None = None, tracking_uri: str 
                 say(f"Ended {len(ended)} process(es) an earlier run of {run} left running: "
                     + ", ".join(f"{e['what']} pid {e['pid']}" for e in ended))
         hold.register_descendants("prefect")
-        return _compare(spec, run, rdir, tracking_uri, trigger, resume, regression)
+        return _compare(spec, run, rdir, tracking_uri, trigger, resume, regression, progress_artifact)
     finally:
         if not held:
             RUN_FOLDER = None
@@ -247,7 +250,7 @@ def compare(spec: ExperimentSpec, out_dir: str | None = None, tracking_uri: str 
 
 
 def _compare(spec: ExperimentSpec, run: str, rdir: Path, tracking_uri: str | None, trigger: str, resume: bool,
-             regression: RegressionSettings | None) -> dict:
+             regression: RegressionSettings | None, progress_artifact: str | None = None) -> dict:
     if not resume or not (rdir / "spec.yaml").exists():
         (rdir / "spec.yaml").write_text(spec_to_yaml(spec))
     uri = publish.resolve_tracking_uri(tracking_uri, spec)
@@ -261,7 +264,7 @@ def _compare(spec: ExperimentSpec, run: str, rdir: Path, tracking_uri: str | Non
     cells = plan_cells(spec)
     say(f"Run {run}: {len(spec.configurations)} configurations × {len(cells)} cells × "
         f"{spec.trials} trial(s) → {rdir}" + (" (resuming)" if resume else ""))
-    progress = Progress(len(spec.configurations) * len(cells) * spec.trials)
+    progress = Progress(len(spec.configurations) * len(cells) * spec.trials, progress_artifact)
     outcomes: dict[str, ConfigOutcome] = {}
     for config in spec.configurations:
         if INTERRUPTED.is_set():
@@ -289,7 +292,7 @@ def _compare(spec: ExperimentSpec, run: str, rdir: Path, tracking_uri: str | Non
                 state["published"][config.name] = fingerprint
                 publish.save_state(rdir, state)
 
-    summary = summarize(read_records(rdir / "records.parquet"), {c.name: c.gpus for c in spec.configurations},
+    summary = summarize(read_records(rdir / "records.parquet", RECORD_COLUMNS), {c.name: c.gpus for c in spec.configurations},
                         noise_of(rdir, [c.name for c in spec.configurations]))
     write_summary(rdir, summary)
     aggregate_trials(summary).to_csv(rdir / "summary_trials.csv", index=False)

@@ -122,11 +122,13 @@ def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run:
                         "emulation_lag_p99_ms": emulation_lag_p99_ms(before, after) if lag_probe else None,
                         "emit_lag_p99_ms": (emulation_lag_p99_ms(before, after, EMIT_LAG) if lag_probe else None)}
 
-    async def bounded(label: str, n_requests: int, work, finished: list, on_timeout):
-        """Run `work`; past the limit, the requests that finished (collected in `finished`) are kept."""
+    async def bounded(label: str, requests: list, work, finished: list, on_timeout):
+        """Run `work` (of `requests`); past the limit, the requests that finished (collected in `finished`) are
+        kept."""
         cell_limit = spec.cell_timeout_s and spec.cell_timeout_s * scale
         limits = [x for x in (cell_limit, deadline and deadline - time.monotonic()) if x]
-        live.reset(f"[{config}] {label}", n_requests)
+        warmup = sum(1 for r in requests if r.phase == "warmup")
+        live.reset(f"[{config}] {label}", len(requests) - warmup, warmup)
         try:
             return await asyncio.wait_for(work, timeout=min(limits) if limits else None)
         except asyncio.TimeoutError:
@@ -172,7 +174,7 @@ def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run:
                     requests = [build_requests(spec, c, trial, calibration=cal) for c in cells]
                     finished, on_record = collector()
                     recs, noise = await measured(bounded(
-                        f"{suite} (mixed) trial {trial}", sum(map(len, requests)),
+                        f"{suite} (mixed) trial {trial}", [r for rs in requests for r in rs],
                         lg.run_streams([(r, c.concurrency) for r, c in zip(requests, cells)], on_record), finished,
                         keep_partial(list(zip(cells, requests)), trial)))
                     finish([(c, rows_of(c, trial, rs)) for c, rs in zip(cells, recs)], trial, noise)
@@ -185,7 +187,7 @@ def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run:
                     requests = build_requests(spec, cell, trial, calibration=cal)
                     finished, on_record = collector()
                     recs, noise = await measured(bounded(
-                        f"{suite} {cell.workload} c={cell.concurrency} trial {trial}", len(requests),
+                        f"{suite} {cell.workload} c={cell.concurrency} trial {trial}", requests,
                         lg.run_cell(requests, cell.concurrency, on_record), finished,
                         keep_partial([(cell, requests)], trial)))
                     finish([(cell, rows_of(cell, trial, recs))], trial, noise)

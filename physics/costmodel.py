@@ -5,13 +5,25 @@ Pure functions of the model and hardware figures in the spec: no fitting to any 
 - Decode is bandwidth-bound: weights plus the KV of every running sequence read once per step,
   over achievable HBM bandwidth × TP.
 - A step costs the larger of the two (roofline), plus TP all-reduces over NVLink, plus a fixed overhead.
-- A KV transfer costs bytes / link bandwidth + latency; an image costs its vision FLOPs.
+- A TP all-reduce is a ring (NCCL): NCCL's latency for the ring's 2·(TP−1) steps, plus 2·(TP−1)/TP of the
+  activations over the per-direction NVLink bandwidth; two per layer per step.
+- A KV transfer costs a setup (over Mooncake TCP per transfer and per descriptor, measured) and its bytes over
+  the sending pod's link, whose bandwidth the transfers in flight share (sim.link).
+- An image costs the FLOPs of the vision tower as Qwen2.5-VL builds it (patch embedding, blocks attending within
+  windows or over the whole image, gated MLPs, patch merger), or reading the tower's weights if longer.
+- Before that, the API server's CPU decodes and preprocesses each image: a fixed cost plus one per pixel (less
+  for an image whose processed output vLLM's processor cache holds: it is only decoded and hashed).
+- The KV cache holds what GPU memory leaves after the weights; the encoder cache what vLLM allots it.
 """
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from epdbench.specs.models import HardwareSpec, ModelSpec
+from epdbench.specs.models import EngineSpec, HardwareSpec, ModelSpec, VisionSpec
+
+RGB_CHANNELS = 3   # Qwen2.5-VL vision_config.in_channels
 
 
 @dataclass(frozen=True)
@@ -28,6 +40,78 @@ def image_tokens(model: ModelSpec, width_px: int, height_px: int) -> int:
     w = max(edge, round(width_px / edge) * edge)
     h = max(edge, round(height_px / edge) * edge)
     return (w // edge) * (h // edge)
+
+
+def max_mm_item_tokens(model: ModelSpec, max_model_len: int) -> int:
+    """Tokens of the largest multimodal item, as vLLM 0.33 computes them for the Qwen2-VL family
+    (vllm/model_executor/models/qwen2_vl.py `get_mm_max_tokens_per_item`): an image of max_pixels, or a video
+    of as many frame pairs of that size as fit in max_model_len (at least one, at most 7:
+    `_MAX_FRAMES_PER_VIDEO = 14` frames, two per temporal patch)."""
+    if model.vision is None:
+        return 0
+    image = model.vision.max_pixels // model.vision.pixels_per_token ** 2
+    video = image * max(1, min(7, max_model_len // image))
+    return max(image, video)
+
+
+def token_grid(tokens: int) -> tuple[int, int]:
+    """Rows and columns of LM tokens of an image known by its token count: the squarest grid (the workloads'
+    images are square; only the windowed attention, under 1% of the tower's FLOPs, depends on the shape)."""
+    rows = max(1, math.isqrt(tokens))
+    return rows, -(-tokens // rows)
+
+
+def _window_pairs(v: VisionSpec, rows: int, cols: int) -> int:
+    """Σ over attention windows of (patches in the window)², for an image of rows × cols LM tokens: windows of
+    window_size px tile the token grid from its corner, the last row and column of windows cut short
+    (vLLM qwen2_5_vl.py `get_window_index_thw`; 112 px = 4×4 tokens = 8×8 patches)."""
+    edge = max(1, v.window_size // v.spatial_merge_size // v.patch_size)   # window edge in LM tokens
+
+    def squares(n: int) -> int:          # Σ over the windows along one edge of (their tokens along it)²
+        return edge * edge * (n // edge) + (n % edge) ** 2
+    return v.spatial_merge_size ** 4 * squares(rows) * squares(cols)
+
+
+def vision_flops(v: VisionSpec, rows: int, cols: int) -> float:
+    """FLOPs of the vision tower on one image of rows × cols LM tokens, as vLLM runs Qwen2.5-VL's
+    (vllm/model_executor/models/qwen2_5_vl.py Qwen2_5_VisionTransformer; one temporal patch per image):
+    - patch embedding: a linear map of each patch's 3 · temporal · patch² pixels to hidden_size;
+    - per block and patch: qkv (hidden → 3·hidden) and output projection (hidden → hidden), the gated MLP
+      (hidden → 2·intermediate, intermediate → hidden); attention QKᵀ and AV, 4 · hidden FLOPs per pair of
+      patches that attend: within each window (pairs grow with the image's area) or, in the
+      fullatt_block_indexes blocks, over the whole image (pairs grow with its area squared);
+    - patch merger per LM token: merge² patches (merge²·hidden) → merge²·hidden → out_hidden_size (embed_dim).
+    Norms, activations and rotary embeddings are left out (a few FLOPs per element, not per weight)."""
+    d, m = v.hidden_size, v.spatial_merge_size
+    tokens = rows * cols
+    patches = tokens * m * m
+    embed = 2 * RGB_CHANNELS * v.temporal_patch_size * v.patch_size ** 2 * d
+    block = 2 * (3 * d * d + d * d + 3 * d * v.intermediate_size)
+    merged = m * m * d
+    merger = 2 * (merged * merged + merged * v.embed_dim)
+    full = len(v.fullatt_block_indexes)
+    attention = 4 * d * (full * patches ** 2 + (v.depth - full) * _window_pairs(v, rows, cols))
+    return float(patches * (embed + v.depth * block) + tokens * merger + attention)
+
+
+def image_preprocess_seconds(hw: HardwareSpec, sizes: Iterable[tuple[int, int]],
+                             cached: Iterable[tuple[int, int]] = ()) -> float:
+    """API-server CPU time on images of these (width, height) before their request reaches the engine: per image,
+    hardware.image_preprocess_ms plus image_preprocess_ms_per_mp per megapixel; for the `cached` ones, whose
+    processed output vLLM's multimodal processor cache holds, image_decode_ms_per_mp instead (they are still
+    decoded and hashed). Figures from benchmarks/image_preprocess.py."""
+    full = sum(hw.image_preprocess_ms + hw.image_preprocess_ms_per_mp * w * h / 1e6 for w, h in sizes)
+    hits = sum(hw.image_preprocess_ms + hw.image_decode_ms_per_mp * w * h / 1e6 for w, h in cached)
+    return (full + hits) / 1e3
+
+
+def encoder_cache_tokens(model: ModelSpec, engine: EngineSpec) -> int:
+    """Encoder cache size of one engine in image tokens: vLLM 0.33 gives it max_num_batched_tokens, raised to the
+    largest multimodal item (vllm/v1/core/encoder_cache_manager.py `compute_mm_encoder_budget`)."""
+    if model.vision is None:
+        return 0
+    return max(engine.encoder_cache_tokens or engine.max_num_batched_tokens,
+               max_mm_item_tokens(model, engine.max_model_len))
 
 
 @dataclass(frozen=True)
@@ -51,18 +135,25 @@ class CostModel:
         return 4.0 * m.n_layers * m.n_heads * m.head_dim * tokens * avg_ctx
 
     def allreduce_s(self, tokens: int) -> float:
+        """The step's TP all-reduces: two per layer (after attention and after the MLP) of the tokens' activations,
+        each a ring all-reduce as NCCL models it (src/graph/tuning.cc): base latency + 2·(TP−1) ring steps of
+        NVLink latency, and 2·(TP−1)/TP of the bytes through each GPU's link in one direction, at half the
+        bidirectional NVLink figure (H100 SXM5 datasheet: 900 GB/s total, 450 GB/s each way)."""
         if self.tp == 1 or tokens == 0:
             return 0.0
-        m = self.model
-        per_allreduce = tokens * m.hidden_size * m.dtype_bytes * 2 * (self.tp - 1) / self.tp
-        return 2 * m.n_layers * per_allreduce / (self.hw.nvlink_gb_s * 1e9)
+        m, hw = self.model, self.hw
+        ring_steps = 2 * (self.tp - 1)
+        latency_s = (hw.allreduce_latency_us + ring_steps * hw.nvlink_hop_latency_us) / 1e6
+        ring_bytes = tokens * m.hidden_size * m.dtype_bytes * ring_steps / self.tp
+        per_allreduce = latency_s + ring_bytes / (hw.nvlink_gb_s / 2 * 1e9)
+        return 2 * m.n_layers * per_allreduce
 
     def step_seconds(self, decode_contexts: list[int], prefill: list[PrefillChunk],
-                     encoder_tokens: int = 0) -> float:
-        """Duration of one continuous-batching step."""
+                     encoder_images: Sequence[int] = ()) -> float:
+        """Duration of one continuous-batching step; `encoder_images` are the LM tokens of each image it encodes."""
         m = self.model
         n_tokens = len(decode_contexts) + sum(c.tokens for c in prefill)
-        if n_tokens == 0 and encoder_tokens == 0:
+        if n_tokens == 0 and not any(encoder_images):
             return 0.0
         flops = 2.0 * m.params_b * 1e9 * n_tokens
         flops += sum(self.attention_flops(c.start, c.tokens) for c in prefill)
@@ -72,22 +163,68 @@ class CostModel:
         compute_s = flops / self.flops_per_s
         memory_s = bytes_read / self.bytes_per_s
         return (max(compute_s, memory_s) + self.allreduce_s(n_tokens)
-                + self.encode_seconds(encoder_tokens) + self.hw.step_overhead_ms / 1e3)
+                + self.encode_seconds(encoder_images) + self.hw.step_overhead_ms / 1e3)
 
-    def encode_seconds(self, image_tokens_total: int) -> float:
-        """Vision tower compute for images worth `image_tokens_total` LM tokens (4 patches per token)."""
-        if image_tokens_total == 0 or self.model.vision is None:
+    def encode_seconds(self, image_tokens: int | Iterable[int]) -> float:
+        """One vision-tower pass over images of these LM-token counts (an int: one image): their FLOPs
+        (vision_flops) at the achievable FLOP/s, or reading the tower's weights once at the achievable HBM
+        bandwidth if that is longer (the roofline of a step). Each image attends only within itself (vLLM's
+        cu_seqlens), so full attention grows with each image's area squared, not with the batch's."""
+        v = self.model.vision
+        counts = [image_tokens] if isinstance(image_tokens, int) else [n for n in image_tokens if n]
+        if v is None or not any(counts):
             return 0.0
-        patches = image_tokens_total * 4
-        return 2.0 * self.model.vision.params_b * 1e9 * patches / self.flops_per_s
+        flops = sum(vision_flops(v, *token_grid(n)) for n in counts if n)
+        weights = v.params_b * 1e9 * self.model.dtype_bytes
+        return max(flops / self.flops_per_s, weights / self.bytes_per_s)
 
     def kv_bytes(self, tokens: int) -> int:
         return self.model.kv_bytes_per_token * tokens
+
+    @property
+    def kv_descriptors(self) -> int:
+        """Descriptors of one KV transfer as vLLM's MooncakeConnector sends it (mooncake_connector.py
+        `_build_transfer_params`): one per layer and K/V region for each run of blocks contiguous on both sides. A
+        sequence's blocks are taken as one run (a fragmented cache has more); vLLM's example metrics line
+        "Avg number of descriptors=56.0" is 2 × 28 layers of Qwen2.5-VL-7B."""
+        return 2 * self.model.n_layers
+
+    def kv_capacity_tokens(self, gpu_memory_utilization: float) -> int:
+        """KV cache of one engine in tokens: the memory vLLM may use on its TP GPUs (HBM × gpu_memory_utilization
+        × TP) less the weights, over the KV bytes of one token. (vLLM's profiling run also subtracts the peak
+        activations and CUDA graphs, which this leaves out.)"""
+        total = self.hw.hbm_gb * 1e9 * gpu_memory_utilization * self.tp
+        return max(0, int((total - self.model.weight_bytes) / self.model.kv_bytes_per_token))
 
     def embedding_bytes(self, image_tokens_total: int) -> int:
         if self.model.vision is None:
             return 0
         return image_tokens_total * self.model.vision.embed_dim * self.model.dtype_bytes
+
+
+# How Mooncake's TCP transport moves a batch of transfer requests (kvcache-ai/Mooncake snapshot 3b5a594,
+# 2026-08-22, mooncake-transfer-engine/src/transport/tcp_transport/, plus PR #3569, in v0.3.13, which turns the
+# connection pool on by default; the installed 0.3.13.post1 behaves so):
+# - `TcpTransport::submitTransfer` makes one Slice per request (`prepareTransfer`): TCP does not cut a request
+#   into slices as RDMA does (MC_SLICE_SIZE); each request goes whole over one connection. vLLM's
+#   MooncakeConnector sends a request's KV as one batch of CostModel.kv_descriptors requests.
+# - `startTransfer` → `enqueuePooledTransfer` (tcp_transport_lane_impl.h): requests to one peer queue, first come
+#   first served (`runGroupPump` hands the queue's front to an idle lane), for MC_TCP_LANES_PER_PEER (4) kept
+#   connections (lanes) per peer. On its lane a ClientSession (tcp_transport_session_impl.h) writes a 17-byte
+#   header and the body in async_writes of MC_TCP_SLICE_SIZE (64 KiB, `getChunkSize`), and completes when the
+#   receiver's 8-byte status frame says the last chunk landed (protocol v2). With MC_TCP_ENABLE_CONNECTION_POOL=0
+#   each request opens a connection of its own instead (`getConnection`, in the submitting thread).
+# - Threads: one per engine (`install` starts `TcpTransport::worker`, running the engine's asio io_context): every
+#   lane's writes, and every accepted session's reads (`TcpContext::doAccept`, `ServerSession::readBody`), are
+#   handlers on that one thread, interleaved chunk by chunk.
+# benchmarks/mooncake_tcp.py measured it with the real engine (2026-12-01): a setup per transfer and per further
+# descriptor (HardwareSpec.tcp_setup_ms, tcp_descriptor_ms); transfers in flight neither add up nor serialise but
+# share (aggregate throughput flat, all end together after about N times one alone); to one peer only 4 at a time
+# (the 5th waits for a lane), so two KV transfers of 56 descriptors to one peer go one after the other, and to
+# two peers share. RDMA (rdma_transport.cpp, worker_pool.cpp) cuts requests into 64 KiB slices posted over queue
+# pairs of endpoints kept per peer: one latency per transfer, no lanes; its transfers share the NICs.
+
+MOONCAKE_TCP_LANES_PER_PEER = 4   # tcp_transport.h ConnectionLaneState::lanes_per_peer (MC_TCP_LANES_PER_PEER)
 
 
 def link_bytes_per_s(hw: HardwareSpec, transport: str, rdma_interfaces: int = 1) -> float:
@@ -96,9 +233,26 @@ def link_bytes_per_s(hw: HardwareSpec, transport: str, rdma_interfaces: int = 1)
     return hw.tcp_gb_s * 1e9
 
 
-def transfer_seconds(hw: HardwareSpec, transport: str, n_bytes: int, rdma_interfaces: int = 1) -> float:
-    latency_ms = hw.rdma_latency_ms if transport == "rdma" else hw.tcp_latency_ms
-    return n_bytes / link_bytes_per_s(hw, transport, rdma_interfaces) + latency_ms / 1e3
+def setup_seconds(hw: HardwareSpec, transport: str, descriptors: int = 1) -> float:
+    """The part of one transfer that moves no bytes over the link: over TCP the engine's setup per transfer and per
+    further descriptor, plus the network's latency per transfer; over RDMA one latency per transfer."""
+    if transport == "rdma":
+        return hw.rdma_latency_ms / 1e3
+    return (hw.tcp_setup_ms + (max(1, descriptors) - 1) * hw.tcp_descriptor_ms + hw.tcp_latency_ms) / 1e3
+
+
+def peer_lanes(transport: str, descriptors: int = 1) -> int:
+    """How many of the sending engine's lanes to one peer a transfer holds while it runs: over TCP one per
+    descriptor, at most MC_TCP_LANES_PER_PEER (the peer's further transfers wait, first come first served);
+    RDMA has no lanes (0)."""
+    return min(max(1, descriptors), MOONCAKE_TCP_LANES_PER_PEER) if transport == "tcp" else 0
+
+
+def transfer_seconds(hw: HardwareSpec, transport: str, n_bytes: int, rdma_interfaces: int = 1,
+                     descriptors: int = 1) -> float:
+    """One transfer alone on the sending pod's link: its setup, then its bytes at the link's bandwidth. Transfers
+    in flight together share the bandwidth (sim.link.Link)."""
+    return setup_seconds(hw, transport, descriptors) + n_bytes / link_bytes_per_s(hw, transport, rdma_interfaces)
 
 
 def chunk_prefill(remaining: list[tuple[int, int]], budget: int) -> list[tuple[int, PrefillChunk]]:

@@ -10,7 +10,8 @@ def hardware_text(spec: ExperimentSpec) -> str:
     hw = spec.hardware
     node = (f"{hw.gpus_per_node} × {hw.gpu}: {hw.bf16_tflops:g} TFLOP/s BF16 (×{hw.compute_efficiency:g} achievable), "
             f"HBM {hw.hbm_tb_s:g} TB/s (×{hw.hbm_efficiency:g}), NVLink {hw.nvlink_gb_s:g} GB/s per GPU; "
-            f"KV over TCP {hw.tcp_gb_s:g} GB/s + {hw.tcp_latency_ms:g} ms, over RDMA {hw.rdma_nic_gbit_s:g} Gbit/s "
+            f"KV over TCP {hw.tcp_gb_s:g} GB/s + {hw.tcp_setup_ms + hw.tcp_latency_ms:g} ms + "
+            f"{hw.tcp_descriptor_ms:g} ms per further descriptor, over RDMA {hw.rdma_nic_gbit_s:g} Gbit/s "
             f"(×{hw.rdma_efficiency:g}) + {hw.rdma_latency_ms:g} ms")
     if spec.target.kind == "sim":
         return f"Simulated node (cost-model figures, no GPU used): {node}"

@@ -16,21 +16,28 @@ class LiveCell:
         self._last = 0.0
         self.reset("", 0)
 
-    def reset(self, label: str, total: int) -> None:
+    def reset(self, label: str, total: int, warmup: int = 0) -> None:
+        """A new cell of `total` measured requests after `warmup` warm-up ones (counted apart: the result
+        line counts measured requests only)."""
         self.label, self.total, self.done, self.errors = label, total, 0, 0
+        self.warmup, self.warm_done = warmup, 0
         self.ttft_ms: list[float] = []
         self.itl_ms: list[float] = []
 
     def text(self) -> str:
         ttft = percentile(self.ttft_ms, 50)
         itl = percentile(self.itl_ms, 99)
-        return (f"{self.label}: {self.done}/{self.total} requests"
+        warm = f"warm-up {self.warm_done}/{self.warmup}, " if self.warmup else ""
+        return (f"{self.label}: {warm}{self.done}/{self.total} measured requests"
                 + (f", {self.errors} errors" if self.errors else "")
                 + (f", TTFT p50 {ttft:.1f} ms" if ttft is not None else "")
                 + (f", ITL p99 {itl:.1f} ms" if itl is not None else ""))
 
     def on_record(self, rec) -> None:
-        self.done += 1
+        if rec.phase == "warmup":
+            self.warm_done += 1
+        else:
+            self.done += 1
         if not rec.ok:
             self.errors += 1
         elif rec.phase == "measured":

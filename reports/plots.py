@@ -173,7 +173,7 @@ def suite_plots(summary: pd.DataFrame, records: pd.DataFrame, configs: list[str]
                 attainment: pd.DataFrame | None = None) -> list[Plot]:
     """Every plot of the report, suite by suite, one color per configuration throughout. A suite with SLO
     attainment rows (open-loop rates, analysis.goodput) gets attainment versus rate instead of latency
-    versus concurrency."""
+    versus concurrency, and a suite run at one concurrency has no plot versus concurrency."""
     if summary.empty:
         return []
     ordered = list(dict.fromkeys([*configs, *summary["config"]]))
@@ -185,7 +185,8 @@ def suite_plots(summary: pd.DataFrame, records: pd.DataFrame, configs: list[str]
         cell = cdf_cell(summary, suite)
         mine = agg[agg["suite"] == suite]
         middle = (attainment_vs_rate(suite, attainment[attainment["suite"] == suite], colors) if suite in rated
-                  else latency_vs_concurrency(suite, mine, colors))
+                  else latency_vs_concurrency(suite, mine, colors) if mine["concurrency"].nunique() > 1
+                  else None)    # one concurrency: a plot "versus concurrency" would show single points
         found = [itl_cdf(suite, cell, itl_samples_ms(records, cell), colors), middle,
                  throughput_per_gpu(suite, mine, colors)]
         plots += [p for p in found if p is not None]

@@ -18,7 +18,7 @@ from epdbench.analysis.trials import aggregate_trials, low_support
 from epdbench.reports.findings import (benefits, cache_text, headline_sentence, history_view, limitations, reuse_view,
                                        suite_prose)
 from epdbench.reports.verdict import contamination_line, verdict_view
-from epdbench.reports.fmt import fmt
+from epdbench.reports.fmt import fmt, matched_order
 from epdbench.templating import make_env
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
@@ -64,7 +64,7 @@ def suite_tables(summary: pd.DataFrame, comparisons: list[Comparison]) -> list[d
     out = []
     for suite, sdf in (agg.groupby("suite", sort=False) if not agg.empty else []):
         rows = []
-        for _, r in sdf.iterrows():
+        for _, r in matched_order(sdf).iterrows():      # the rows of one matched cell together
             key = (suite, r["workload"], r["concurrency"], r["stream"])
             rows.append({"config": r["config"], "contaminated": bool(r.get("contaminated")),
                          "workload": r["workload"], "concurrency": int(r["concurrency"]),

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from epdbench.reports.findings import regression_line
 from epdbench.reports.verdict import contamination_line
-from epdbench.reports.fmt import fmt
+from epdbench.reports.fmt import fmt, matched_order
 
 TERMINAL_METRICS = [("ttft_p50_ms", "TTFT p50"), ("tpot_p50_ms", "TPOT p50"), ("itl_p99_ms", "ITL p99"),
                     ("itl_max_ms", "ITL max"), ("output_tok_s", "tok/s")]
@@ -24,7 +24,7 @@ def print_summary(outcome: dict, console: Console | None = None) -> None:
             t = Table(title=f"suite {suite} (ms unless noted)", show_lines=False)
             for col in ["config", "workload", "conc", "ok"] + [t_ for _, t_ in TERMINAL_METRICS]:
                 t.add_column(col, justify="left" if col in ("config", "workload") else "right")
-            for _, r in sdf.sort_values(["workload", "concurrency", "config"], kind="stable").iterrows():
+            for _, r in matched_order(sdf).iterrows():
                 workload = str(r["workload"]) + ("" if r["stream"] == "main" else f" ({r['stream']})")
                 t.add_row(r["config"], workload, str(r["concurrency"]),
                           f"{r['requests_ok']}/{r['requests_total']}",

@@ -4,15 +4,33 @@ Each step packs every running decode (one token each) plus prefill chunks of wai
 into the token budget (max_num_batched_tokens), as vLLM's scheduler does with chunked prefill.
 The step lasts what the cost model says, so a long prefill co-scheduled with decodes stretches
 their token gaps in aggregated mode, and a decode-only replica (PD) does not see it.
+
+The KV cache is counted in blocks of 16 tokens, its size what GPU memory leaves after the weights (or
+engine.num_gpu_blocks_override), and admission and preemption follow vLLM v1's scheduler
+(vllm/v1/core/sched/scheduler.py `schedule`, 0.33):
+- a waiting request is admitted only when the blocks of its whole sequence are free
+  (`scheduler_reserve_full_isl`, on by default), first come first served, and none is admitted in a step
+  that preempted; it then takes the blocks of each prefill chunk as it is computed;
+- a running request whose next token needs a block when none is free preempts the most recently admitted
+  request (FCFS policy: `self.running.pop()`), possibly itself: the victim's blocks are freed and it goes
+  back to the front of the waiting queue with nothing computed, to prefill its prompt and the tokens it
+  already generated again (recompute), then goes on generating; tokens it already streamed are not
+  streamed again.
+Simplifications: every admitted sequence counts its own blocks (vLLM shares the blocks of a common prefix
+between running requests), and the prefix cache's blocks are evictable, so they never block an admission
+(vLLM counts its unreferenced cached blocks as free too); a recompute starts from scratch (vLLM may find
+some of the victim's freed blocks still in its prefix cache) and needs no new encoder work.
 """
 from __future__ import annotations
 
 import asyncio
+import bisect
 import time
 from collections import deque
 from dataclasses import dataclass, field
 
 from epdbench.physics.costmodel import CostModel, chunk_prefill
+from epdbench.sim.prefix_cache import BLOCK_TOKENS
 from epdbench.specs.models import EngineSpec
 from epdbench.timer import cancel_and_wait
 
@@ -22,8 +40,9 @@ class Sequence:
     request_id: str
     prompt_tokens: int
     max_tokens: int
-    image_tokens: int = 0          # vision work this engine must do before the first prefill chunk
-    computed: int = 0              # prompt tokens already in the KV cache
+    image_tokens: list[int] = field(default_factory=list)   # LM tokens of each image this engine must encode
+                                                            # with its first prefill chunk
+    computed: int = 0              # prompt tokens already in the KV cache (and recomputed ones after a preemption)
     cached: int = 0                # of which found in the prefix cache
     generated: int = 0
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -32,10 +51,36 @@ class Sequence:
     on_prefilled: object = None    # callable run once the prompt's KV is complete (prefix-cache insert)
     arrived: float | None = None   # host clock at submit: no step that serves it can start earlier
     scheduled: bool = False        # served by a step already
+    admitted: int | None = None    # when it got KV blocks (vLLM's running order); None while it holds none
+    recompute_tokens: int = 0      # generated tokens a preemption dropped from the KV: prefilled again
+    preemptions: int = 0
 
     @property
     def context(self) -> int:
         return self.computed + self.generated
+
+    @property
+    def prefill_end(self) -> int:
+        """Where its prefill ends: the prompt, plus the generated tokens to recompute after a preemption."""
+        return self.prompt_tokens + self.recompute_tokens
+
+
+def blocks(tokens: int) -> int:
+    """KV cache blocks that hold `tokens` tokens."""
+    return -(-tokens // BLOCK_TOKENS)
+
+
+def _order(seq: Sequence) -> int:
+    return -1 if seq.admitted is None else seq.admitted
+
+
+def _drop(queue, seq: Sequence) -> bool:
+    """Remove `seq` (by identity) from a list or deque; whether it was there."""
+    for i, s in enumerate(queue):
+        if s is seq:
+            del queue[i]
+            return True
+    return False
 
 
 # Upper edges of the emulation-lag histograms (seconds of modelled time): fine below 10 ms, where a lag
@@ -70,6 +115,7 @@ class EngineStats:
     generation_tokens: int = 0
     requests_finished: int = 0
     encoder_tokens: int = 0
+    preemptions: int = 0
 
 
 class Engine:
@@ -84,8 +130,11 @@ class Engine:
         self.time_scale = time_scale   # modelled durations are stretched by this factor on the host clock
         self.lag = Lag()
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        self.running: list[Sequence] = []   # decoding, in admission order
         self.stats = EngineStats()
+        self.kv_blocks = (limits.num_gpu_blocks_override if limits.num_gpu_blocks_override is not None
+                          else cost.kv_capacity_tokens(limits.gpu_memory_utilization) // BLOCK_TOKENS)
+        self._admissions = 0
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
 
@@ -94,6 +143,11 @@ class Engine:
 
     async def stop(self) -> None:
         await cancel_and_wait(self._task)
+
+    @property
+    def task(self) -> asyncio.Task | None:
+        """The step loop (done with an exception when the engine failed: its replica must not go on serving)."""
+        return self._task
 
     def submit(self, seq: Sequence) -> None:
         seq.arrived = self.clock()
@@ -108,16 +162,105 @@ class Engine:
     def num_waiting(self) -> int:
         return len(self.waiting)
 
+    def used_blocks(self) -> int:
+        """KV blocks held: a decoding sequence holds all its tokens but the last sampled one (the next step
+        computes its KV); an admitted, still prefilling one what it computed so far."""
+        b = BLOCK_TOKENS
+        return (sum((s.computed + s.generated + b - 2) // b for s in self.running)
+                + sum((s.computed + b - 1) // b for s in self.waiting if s.admitted is not None))
+
     def plan_step(self):
-        """Choose this step's work: (decodes, [(seq, chunk)], encoder_tokens)."""
+        """Choose this step's work: (decodes, [(seq, chunk)], [tokens of each image to encode]). Every running decode
+        first, each taking the block its token needs (preempting when none is free), then prefill chunks FCFS in the
+        token budget: sequences already admitted first, then waiting ones while their whole sequence fits."""
+        free = self.kv_blocks - self.used_blocks()
+        preempted = False
         decodes = self.running[: self.limits.max_num_seqs]
+        # a decode needs a new block when the KV it holds fills whole blocks
+        needs = sum(1 for s in decodes if (s.computed + s.generated - 1) % BLOCK_TOKENS == 0)
+        if needs <= free:
+            free -= needs
+        else:
+            free, decodes = self._plan_decodes(free)
+            preempted = True
         budget = self.limits.max_num_batched_tokens - len(decodes)
-        slots = self.limits.max_num_seqs - len(decodes)
-        candidates = list(self.waiting)[: max(0, slots)]
-        chunks = chunk_prefill([(s.computed, s.prompt_tokens) for s in candidates], budget)
-        scheduled = [(candidates[i], c) for i, c in chunks]
-        encoder_tokens = sum(s.image_tokens for s, c in scheduled if c.start == s.computed == 0)
-        return decodes, scheduled, encoder_tokens
+        slots = max(0, self.limits.max_num_seqs - len(decodes))
+        admitted, fresh = [], []
+        for s in self.waiting:
+            if s.admitted is not None:
+                admitted.append(s)
+            elif len(fresh) < slots:
+                fresh.append(s)
+        candidates = (sorted(admitted, key=_order) + fresh)[:slots]
+        chunks = chunk_prefill([(s.computed, s.prefill_end) for s in candidates], budget)
+        scheduled: list = []
+        for i, c in chunks:
+            seq = candidates[i]
+            held = blocks(seq.computed) if seq.admitted is not None else 0
+            need = blocks(c.start + c.tokens) - held
+            if seq.admitted is None:
+                if preempted or blocks(seq.prefill_end) > free:
+                    break                    # FCFS: the requests behind it wait too
+                self._admissions += 1
+                seq.admitted = self._admissions
+            elif need > free:
+                free, room = self._make_room(seq, need, free, decodes)
+                preempted = True
+                if not room:
+                    break
+            free -= need
+            scheduled.append((seq, c))
+        # the encoder runs with a sequence's first chunk, wherever its prefix cache hit ends
+        encoder_images = [n for s, c in scheduled if c.start == s.cached for n in s.image_tokens]
+        return decodes, scheduled, encoder_images
+
+    def _plan_decodes(self, free: int) -> tuple[int, list[Sequence]]:
+        """The running decodes when their new blocks do not all fit: in order, each preempting the newest
+        requests until its block is free; returns the free blocks and the decodes."""
+        decodes: list[Sequence] = []
+        for seq in self.running[: self.limits.max_num_seqs]:
+            if seq.admitted is None and seq.computed == 0:
+                continue                     # an earlier decode of this step preempted it
+            kv = seq.computed + seq.generated
+            need = blocks(kv) - blocks(kv - 1)
+            if need > free:
+                free, room = self._make_room(seq, need, free, decodes)
+                if not room:
+                    break                    # it preempted itself: as vLLM, schedule no further running request
+            free -= need
+            decodes.append(seq)
+        return free, decodes
+
+    def _make_room(self, seq: Sequence, need: int, free: int, decodes: list[Sequence]) -> tuple[int, bool]:
+        """Preempt the most recently admitted requests until `need` blocks are free for `seq` (vLLM v1, FCFS
+        policy); returns the free blocks and whether `seq` itself is still admitted."""
+        while need > free:
+            newest = max([s for s in self.waiting if s.admitted is not None] + self.running[-1:],
+                         key=_order)
+            free += self._preempt(newest, decodes)
+            if newest is seq:
+                return free, False
+        return free, True
+
+    def _preempt(self, seq: Sequence, decodes: list[Sequence]) -> int:
+        """Recompute preemption (vLLM `_preempt_request`): free the sequence's blocks and put it back at the
+        front of the waiting queue with nothing computed; returns the blocks freed (with the one a decode
+        planned in this step had taken)."""
+        if _drop(self.running, seq):
+            kv = seq.computed + seq.generated
+            freed = blocks(kv - 1)
+            if _drop(decodes, seq):
+                freed += blocks(kv) - blocks(kv - 1)
+        else:
+            _drop(self.waiting, seq)
+            freed = blocks(seq.computed)
+        seq.recompute_tokens = seq.generated
+        seq.computed = 0
+        seq.admitted = None
+        seq.preemptions += 1
+        self.stats.preemptions += 1
+        self.waiting.appendleft(seq)
+        return freed
 
     async def _run(self) -> None:
         """Steps on the modelled timeline: while the engine stays busy, a step starts where the last one was
@@ -135,19 +278,28 @@ class Engine:
                 await self._wake.wait()
                 modelled_end = None
             start = self.clock() if modelled_end is None else modelled_end
-            decodes, scheduled, encoder_tokens = self.plan_step()
+            preemptions = self.stats.preemptions
+            decodes, scheduled, encoder_images = self.plan_step()
+            if not decodes and not scheduled:
+                if self.stats.preemptions == preemptions:
+                    # nothing fits (a sequence larger than the whole KV cache): idle until a submit or an abort,
+                    # as vLLM leaves it waiting, instead of spinning
+                    self._wake.clear()
+                    await self._wake.wait()
+                    modelled_end = None
+                continue
             newcomers = [s.arrived for s, _ in scheduled if not s.scheduled and s.arrived is not None]
             start = max([start, *newcomers])
             for s, _ in scheduled:
                 s.scheduled = True
             duration = self.cost.step_seconds([s.context for s in decodes],
-                                              [c for _, c in scheduled], encoder_tokens)
+                                              [c for _, c in scheduled], encoder_images)
             modelled_end = start + duration * self.time_scale
             await self.sleep(max(0.0, modelled_end - self.clock()))
             self.lag.observe(max(0.0, self.clock() - modelled_end) / self.time_scale)
             self.stats.steps += 1
             self.stats.busy_s += duration
-            self.stats.encoder_tokens += encoder_tokens
+            self.stats.encoder_tokens += sum(encoder_images)
             self._finish_step(decodes, scheduled, modelled_end)
 
     def _finish_step(self, decodes, scheduled, modelled_end: float = 0.0) -> None:
@@ -158,14 +310,16 @@ class Engine:
             if seq.aborted:
                 continue
             seq.computed += chunk.tokens
-            seq.image_tokens = 0
+            seq.image_tokens = []
             self.stats.prompt_tokens_computed += chunk.tokens
-            if seq.computed >= seq.prompt_tokens:
+            if seq.computed >= seq.prefill_end:
                 if seq.on_prefilled:
                     seq.on_prefilled()
-                self.waiting.remove(seq)
-                self.running.append(seq)
-                self._emit(seq, modelled_end)  # the step that completes a prefill also samples the first token
+                seq.computed -= seq.recompute_tokens   # recomputed output tokens count as generated again
+                seq.recompute_tokens = 0
+                _drop(self.waiting, seq)
+                bisect.insort(self.running, seq, key=_order)
+                self._emit(seq, modelled_end)  # the step that completes a prefill also samples the next token
 
     def _emit(self, seq: Sequence, modelled_end: float) -> None:
         """One token; its event carries the host-clock time the step was modelled to end."""
@@ -185,3 +339,4 @@ class Engine:
             self.waiting.remove(seq)
         if seq in self.running:
             self.running.remove(seq)
+        self._wake.set()   # its blocks are free: a sequence waiting for them may fit now

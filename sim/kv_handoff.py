@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import aiohttp
 from aiohttp import web
 
-from epdbench.physics.costmodel import transfer_seconds
+from epdbench.physics.costmodel import link_bytes_per_s, peer_lanes, setup_seconds, transfer_seconds
 from epdbench.sim import logfmt
 from epdbench.sim.metrics import TransferWindow
 
@@ -120,26 +120,27 @@ class KVHandoff:
             return web.json_response({"error": f"unknown transfer {xfer}"}, status=404)
         tokens, rid = held
         tokens = min(tokens, int(body.get("tokens", tokens)))   # the decode already holds its cached prefix
-        n_bytes = r.cost.kv_bytes(tokens)
-        seconds = transfer_seconds(r.spec.hardware, r.transport, n_bytes, r.role_spec.rdma_interfaces)
+        n_bytes, n_desc = r.cost.kv_bytes(tokens), r.cost.kv_descriptors
+        hw, n_if = r.spec.hardware, r.role_spec.rdma_interfaces
+        seconds = transfer_seconds(hw, r.transport, n_bytes, n_if, n_desc)   # alone on the link
         t0 = time.perf_counter()
-        async with r.link_lock:
-            real = None
-            if self.mooncake and body.get("mooncake_session"):
-                n_real = int(n_bytes * r.spec.target.sim.kv_scale)
-                real = asyncio.create_task(asyncio.to_thread(
-                    self.mooncake.write, body["mooncake_session"], int(body["mooncake_addr"]), n_real))
-            await asyncio.sleep(seconds * r.time_scale)
-            if real is not None and await real != 0:
-                c.kv_failed_transfers += 1
-                r.engine_log(f"Sending to {body.get('engine_id')} failed (ret=-1) after "
-                             f"{(time.perf_counter() - t0) / r.time_scale * 1e3:.1f} ms: Mooncake write of {rid} failed",
-                             level="ERROR", file="mooncake_connector.py")
-                return web.json_response({"error": "mooncake transfer failed"}, status=500)
-        latency_ms = (time.perf_counter() - t0) / r.time_scale * 1e3   # modelled time
+        real = None
+        if self.mooncake and body.get("mooncake_session"):
+            n_real = int(n_bytes * r.spec.target.sim.kv_scale)
+            real = asyncio.create_task(asyncio.to_thread(
+                self.mooncake.write, body["mooncake_session"], int(body["mooncake_addr"]), n_real))
+        await r.link.send(setup_seconds(hw, r.transport, n_desc), n_bytes / link_bytes_per_s(hw, r.transport, n_if),
+                          peer=body.get("engine_id"), lanes=peer_lanes(r.transport, n_desc))
+        if real is not None and await real != 0:
+            c.kv_failed_transfers += 1
+            r.engine_log(f"Sending to {body.get('engine_id')} failed (ret=-1) after "
+                         f"{(time.perf_counter() - t0) / r.time_scale * 1e3:.1f} ms: Mooncake write of {rid} failed",
+                         level="ERROR", file="mooncake_connector.py")
+            return web.json_response({"error": "mooncake transfer failed"}, status=500)
+        latency_ms = (time.perf_counter() - t0) / r.time_scale * 1e3   # modelled time, shared link included
         c.kv_transfers += 1
         c.kv_bytes += n_bytes
-        c.kv_xfer_seconds += seconds
+        c.kv_xfer_seconds += latency_ms / 1e3
         self.window.record(n_bytes, latency_ms)
         r.engine_log(f"Sent KV of {rid} (transfer {xfer}) to {body.get('engine_id')}: {n_bytes} bytes over "
                      f"{r.transport} in {latency_ms:.1f} ms{self.mark}", file="mooncake_connector.py")

@@ -78,10 +78,14 @@ def prometheus_text(replica: Replica) -> str:
     counter("prefix_cache_hits", c.prefix_hits)
     counter("mm_cache_queries", c.mm_cache_queries)
     counter("mm_cache_hits", c.mm_cache_hits)
+    engine = replica.engine
+    counter("num_preemptions", engine.stats.preemptions)   # vllm/v1/metrics/loggers.py: "vllm:num_preemptions"
     lines += ["# TYPE vllm:num_requests_running gauge",
-              f"vllm:num_requests_running{{{lbl}}} {replica.engine.num_running}",
+              f"vllm:num_requests_running{{{lbl}}} {engine.num_running}",
               "# TYPE vllm:num_requests_waiting gauge",
-              f"vllm:num_requests_waiting{{{lbl}}} {replica.engine.num_waiting}"]
+              f"vllm:num_requests_waiting{{{lbl}}} {engine.num_waiting}",
+              "# TYPE vllm:kv_cache_usage_perc gauge",
+              f"vllm:kv_cache_usage_perc{{{lbl}}} {engine.used_blocks() / max(1, engine.kv_blocks):.6f}"]
     lines += lag_histogram("epdbench_sim_step_lag_seconds", replica.engine.lag, lbl,
                            "How late each simulated engine step ended against its modelled end (host load).")
     lines += lag_histogram("epdbench_sim_emit_lag_seconds", replica.emit_lag, lbl,

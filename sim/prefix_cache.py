@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-BLOCK_TOKENS = 16
+BLOCK_TOKENS = 16   # vLLM's KV cache block on CUDA: CacheConfig.DEFAULT_BLOCK_SIZE (vllm/config/cache.py, 0.33)
 
 
 def block_hashes(ids: list[int], block: int = BLOCK_TOKENS) -> list[int]:

@@ -2,7 +2,6 @@
 and the request path through prefix cache, encoder, KV handoff and responses."""
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -16,9 +15,10 @@ from epdbench.sim import logfmt, responses
 from epdbench.sim.encoder import Encoder, PullError
 from epdbench.sim.engine import Engine, Lag, Sequence
 from epdbench.sim.kv_handoff import KVHandoff
+from epdbench.sim.link import Link
 from epdbench.timer import precise_sleep
 from epdbench.sim.metrics import Counters, prometheus_text
-from epdbench.sim.prefix_cache import PrefixCache
+from epdbench.sim.prefix_cache import BLOCK_TOKENS, PrefixCache
 from epdbench.sim.tokenizer import chat_parts, image_end_positions, image_hash, prompt_ids
 from epdbench.sim.validate import BadRequest, check_body, empty_prompt, request_id_of
 from epdbench.specs.commands import MAX_LOG_LEN
@@ -45,7 +45,7 @@ class Replica:
         self.engine_id = f"{config.name}-{role}-{replica}-{uuid.uuid4().hex[:8]}"
         self.counters = Counters()
         self.requests_seen = 0   # completion requests received (fault injection counts them)
-        self.link_lock = asyncio.Lock()  # the sending pod's NIC(s): one transfer at a time (KV or encoder outputs)
+        self.link = Link(self.time_scale)  # the sending pod's NIC(s), shared by its transfers (KV or encoder outputs)
         self.prefix_cache = (PrefixCache(self.kv_capacity_tokens())
                              if spec.engine.enable_prefix_caching and role in ("server", "prefill", "decode")
                              else None)
@@ -54,9 +54,9 @@ class Replica:
         self.encoder = Encoder(self)
 
     def kv_capacity_tokens(self) -> int:
-        """KV cache of the replica: memory left after the weights, over bytes per token."""
-        total = self.spec.hardware.hbm_gb * 1e9 * self.spec.engine.gpu_memory_utilization * self.role_spec.tp
-        return max(0, int((total - self.spec.model.weight_bytes) / self.spec.model.kv_bytes_per_token))
+        """KV cache of the replica in tokens: its engine's blocks (CostModel.kv_capacity_tokens: memory left after
+        the weights, over bytes per token, unless engine.num_gpu_blocks_override sets them)."""
+        return self.engine.kv_blocks * BLOCK_TOKENS
 
     # --- logging -------------------------------------------------------------------------
     def api_log(self, msg: str, level: str = "INFO", file: str = "api_server.py", line: int = 1) -> None:
@@ -150,6 +150,7 @@ class Replica:
 
         seq = Sequence(request_id=rid, prompt_tokens=prompt_tokens, max_tokens=max_tokens)
         hashes = [image_hash(b) for b in images]
+        await self.encoder.preprocess(images, hashes)    # the API server's CPU on them, before the engine sees them
         cached = self.prefix_lookup(seq, ids, kvp)
         prefill_only = self.role in ("prefill", "encode") or bool(kvp.get("do_remote_decode"))
         if prefill_only:
@@ -168,7 +169,7 @@ class Replica:
                 ok = await self.kv.pull_kv(rid, kvp, prompt_tokens - cached)
                 if ok:
                     seq.computed = prompt_tokens - 1  # last prompt token is recomputed locally
-                    seq.image_tokens = 0
+                    seq.image_tokens = []
             elif self.role == "decode":
                 self.engine_log(f"Request {rid} arrived without kv_transfer_params: prefilling locally",
                                 level="WARNING", file="mooncake_connector.py")

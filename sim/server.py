@@ -70,6 +70,18 @@ async def until_signalled() -> None:
     await stop.wait()
 
 
+class EngineDead(Exception):
+    """The engine's step loop failed; the replica exits (code 1)."""
+
+
+def engine_failure(task: asyncio.Task | None) -> str | None:
+    """The traceback of a step loop that ended with an exception, else None."""
+    if task is None or not task.done() or task.cancelled() or task.exception() is None:
+        return None
+    import traceback
+    return "".join(traceback.format_exception(task.exception())).rstrip()
+
+
 async def serve(replica: Replica) -> None:
     replica.startup_lines()
     replica.engine.start()
@@ -85,12 +97,23 @@ async def serve(replica: Replica) -> None:
     if replica.moves_kv:
         interval = float(os.environ.get("MC_TE_METRIC_INTERVAL_SECONDS", "5"))
         tasks.append(asyncio.get_running_loop().create_task(metrics_windows(replica, interval)))
+    stop = asyncio.get_running_loop().create_task(until_signalled())
     try:
-        await until_signalled()
+        await asyncio.wait({stop, replica.engine.task}, return_when=asyncio.FIRST_COMPLETED)
+        failed = engine_failure(replica.engine.task)
+        if failed is not None:
+            # as vLLM's engine core: a fatal error ends the server (EngineDeadError) instead of leaving every
+            # request waiting for tokens that will never come
+            replica.engine_log("EngineCore encountered a fatal error.", level="ERROR", file="core.py")
+            for line in failed.splitlines():
+                replica.engine_log(line, level="ERROR", file="core.py")
+            raise EngineDead()
     finally:
+        stop.cancel()
         for t in tasks:
             t.cancel()
-        await replica.engine.stop()
+        if not replica.engine.task.done():
+            await replica.engine.stop()
         await replica.session.close()
         for r in runners:
             await r.cleanup()
@@ -118,7 +141,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"configuration {config.name} has no role {args.role}", file=sys.stderr)
         return 2
     replica = Replica(spec, config, args.role, args.replica, args.host, args.port, args.bootstrap_port)
-    asyncio.run(serve(replica))
+    try:
+        asyncio.run(serve(replica))
+    except EngineDead:
+        return 1
     return 0
 
 

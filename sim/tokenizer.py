@@ -16,8 +16,20 @@ def text_tokens(text: str) -> int:
     return len(text.split())
 
 
+_IDS: dict[str, int] = {}     # word -> id, for words seen before (prompts repeat a small vocabulary)
+_IDS_MAX = 1 << 16
+
+
+def _word_id(w: str) -> int:
+    i = zlib.crc32(w.encode()) % VOCAB
+    if len(_IDS) < _IDS_MAX:
+        _IDS[w] = i
+    return i
+
+
 def token_ids(text: str) -> list[int]:
-    return [zlib.crc32(w.encode()) % VOCAB for w in text.split()]
+    get = _IDS.get
+    return [i if (i := get(w)) is not None else _word_id(w) for w in text.split()]
 
 
 def decode_data_url(url: str) -> bytes:
@@ -68,6 +80,15 @@ def image_end_positions(images: list[tuple[str, int]], chat_overhead: int) -> li
     return out
 
 
+def placeholder_ids(digest: str, n: int) -> list[int]:
+    """The `n` placeholder token ids of an image: its hex digest's 16-bit pieces over and over, so every full
+    KV block inside the image carries the whole digest and a prefix-cache hit can cover only the same image
+    (vLLM keys such blocks by the image hash). One id per image would keep about 17 bits of it: among a few
+    hundred images of one size, two would share their ids, and the second would skip its encode."""
+    pieces = [int(digest[i:i + 4], 16) for i in range(0, len(digest), 4)]
+    return [pieces[k % len(pieces)] for k in range(n)]
+
+
 def prompt_ids(text: str, images: list[tuple[str, int]], chat: bool, chat_overhead: int) -> list[int]:
     """Token ids of a prompt: for chat, the template's opening tokens, each image's placeholder tokens
     (ids derived from the image hash, so the same image gives the same ids), the text, the template's
@@ -77,7 +98,7 @@ def prompt_ids(text: str, images: list[tuple[str, int]], chat: bool, chat_overhe
     opening = chat_overhead * 2 // 3
     ids = list(range(VOCAB - chat_overhead, VOCAB - chat_overhead + opening))
     for digest, n in images:
-        ids += [int(digest[:8], 16) % VOCAB] * n
+        ids += placeholder_ids(digest, n)
     ids += token_ids(text)
     ids += list(range(VOCAB - chat_overhead + opening, VOCAB))
     return ids

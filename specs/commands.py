@@ -48,6 +48,8 @@ def engine_args(spec: ExperimentSpec, config: ConfigurationSpec, role: RoleSpec)
             "--max-num-batched-tokens", str(spec.engine.max_num_batched_tokens),
             "--gpu-memory-utilization", str(spec.engine.gpu_memory_utilization),
             "--enable-request-id-headers", "--enable-log-requests", "--max-log-len", str(MAX_LOG_LEN)]
+    if spec.engine.num_gpu_blocks_override is not None:
+        args += ["--num-gpu-blocks-override", str(spec.engine.num_gpu_blocks_override)]
     if role.role == "encode":
         args.append("--enforce-eager")
     if role.role == "encode" or not spec.engine.enable_prefix_caching:

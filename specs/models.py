@@ -135,12 +135,20 @@ def resolve_spec_path(name_or_path: str) -> Path:
     raise SpecError(f"spec '{name_or_path}' not found: give a YAML path or a preset ({presets})")
 
 
+def yaml_problem(e: yaml.YAMLError) -> str:
+    """A YAML error in one line: where (line and column, from 1) and what."""
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    what = " ".join(x for x in (getattr(e, "context", None), getattr(e, "problem", None)) if x) or str(e).splitlines()[0]
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"not valid YAML{where}: {what}"
+
+
 def load_spec(name_or_path: str = "smoke") -> ExperimentSpec:
     path = resolve_spec_path(name_or_path)
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
-        raise SpecError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
+        raise SpecError(f"{path}: {yaml_problem(e)}") from None
     if not isinstance(data, dict):
         raise SpecError(f"{path}: expected a mapping at the top level")
     return parse_spec(data, str(path))

@@ -1,19 +1,57 @@
 """The served model, the GPU node and vLLM's engine limits."""
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from epdbench.specs.base import Strict
 
 
 class VisionSpec(Strict):
+    """The vision tower. The structure's defaults are Qwen2.5-VL-7B-Instruct's config.json `vision_config` (the
+    same in the 3B and 72B models but for out_hidden_size), as vLLM builds it
+    (vllm/model_executor/models/qwen2_5_vl.py Qwen2_5_VisionTransformer)."""
     params_b: float = Field(gt=0, title="Vision encoder parameters (billions)",
-                            description="Parameter count of the vision tower, from the model config.")
+                            description="Parameter count of the vision tower, from the model config (Qwen2.5-VL-7B: "
+                                        "0.67): its weights are read once per encoder pass.")
     pixels_per_token: int = Field(28, ge=1, title="Pixels per image token (edge)",
                                   description="Edge length in pixels covered by one image token "
                                               "(Qwen2.5-VL: 14-px patches merged 2x2 = 28).")
     embed_dim: int = Field(gt=0, title="Image embedding width",
-                           description="Width of one image token's embedding handed to the language model.")
+                           description="Width of one image token's embedding handed to the language model "
+                                       "(config vision_config.out_hidden_size, the LM's hidden size: 3584).")
+    patch_size: int = Field(14, ge=1, title="Patch edge (px)",
+                            description="vision_config.patch_size: the patch embedding's spatial kernel.")
+    temporal_patch_size: int = Field(2, ge=1, title="Frames per patch",
+                                     description="vision_config.temporal_patch_size: an image is repeated to fill "
+                                                 "the patch embedding's temporal kernel.")
+    spatial_merge_size: int = Field(2, ge=1, title="Patches merged per token (edge)",
+                                    description="vision_config.spatial_merge_size: the patch merger joins "
+                                                "merge×merge patches into one LM token.")
+    depth: int = Field(32, ge=1, title="Vision blocks", description="vision_config.depth: transformer blocks.")
+    hidden_size: int = Field(1280, ge=1, title="Vision hidden size", description="vision_config.hidden_size.")
+    intermediate_size: int = Field(3420, ge=1, title="Vision MLP width",
+                                   description="vision_config.intermediate_size of each block's gated (SiLU) MLP.")
+    window_size: int = Field(112, ge=1, title="Attention window (px)",
+                             description="vision_config.window_size: a windowed block attends within squares of "
+                                         "this edge (112 px = 8×8 patches).")
+    fullatt_block_indexes: tuple[int, ...] = Field((7, 15, 23, 31), title="Full-attention blocks",
+                                                   description="vision_config.fullatt_block_indexes: the blocks "
+                                                               "that attend over the whole image; the others "
+                                                               "attend within windows.")
+    max_pixels: int = Field(12_845_056, ge=1, title="Largest image (pixels)",
+                            description="The image processor's max_pixels (Qwen2.5-VL preprocessor_config.json: "
+                                        "12845056, i.e. 16384 tokens): bounds vLLM's largest multimodal item, "
+                                        "hence its encoder cache size.")
+
+    @model_validator(mode="after")
+    def _structure_agrees(self) -> VisionSpec:
+        if self.pixels_per_token != self.patch_size * self.spatial_merge_size:
+            raise ValueError(f"pixels_per_token {self.pixels_per_token} is not patch_size × spatial_merge_size "
+                             f"({self.patch_size} × {self.spatial_merge_size})")
+        if any(not 0 <= i < self.depth for i in self.fullatt_block_indexes):
+            raise ValueError(f"fullatt_block_indexes {list(self.fullatt_block_indexes)} must lie in 0..depth-1 "
+                             f"({self.depth - 1})")
+        return self
 
 
 class ModelSpec(Strict):
@@ -41,6 +79,14 @@ class ModelSpec(Strict):
         return self.params_b * 1e9 * self.dtype_bytes
 
 
+# Mooncake TCP's fixed costs, measured with the real transfer engine (mooncake-transfer-engine-non-cuda
+# 0.3.13.post1) over loopback by benchmarks/mooncake_tcp.py on 2026-12-01, on this project's 2-core AMD EPYC VM
+# (Linux 6.18, load average 0.7): the intercept of one transfer's time against its size (64 KiB to 512 MiB), and the
+# slope of a transfer's time against its number of descriptors (1 to 128, at 1 MiB and 16 MiB: 0.032, 0.035 ms).
+TCP_SETUP_MS = 0.064
+TCP_DESCRIPTOR_MS = 0.034
+
+
 class HardwareSpec(Strict):
     gpu: str = Field(title="GPU", description="GPU model of the node, e.g. H100-SXM5-80GB.")
     gpus_per_node: int = Field(8, ge=1, le=16, title="GPUs on the node",
@@ -50,23 +96,70 @@ class HardwareSpec(Strict):
     hbm_gb: float = Field(80, gt=0, title="HBM capacity (GB) per GPU",
                           description="From the datasheet; bounds the KV cache (and so the prefix cache).")
     nvlink_gb_s: float = Field(gt=0, title="NVLink bandwidth (GB/s) per GPU",
-                               description="From the datasheet; carries tensor-parallel all-reduces.")
+                               description="From the datasheet, both directions together (H100 SXM5: 900); "
+                                           "a ring all-reduce moves data at half of it in each direction.")
+    allreduce_latency_us: float = Field(6.6, ge=0, title="All-reduce base latency (µs)",
+                                        description="Fixed cost of one all-reduce: NCCL's base latency of the "
+                                                    "ring algorithm, LL protocol (src/graph/tuning.cc "
+                                                    "baseLatencies, same in NCCL 2.21 to 2.30).")
+    nvlink_hop_latency_us: float = Field(0.6, ge=0, title="All-reduce latency per ring step over NVLink (µs)",
+                                         description="Added per step of the ring (2·(TP−1) steps per all-reduce): "
+                                                     "NCCL's hwLatencies[NVLINK][Ring][LL] (src/graph/tuning.cc, "
+                                                     "same in NCCL 2.21 to 2.30).")
     compute_efficiency: float = Field(0.5, gt=0, le=1, title="Achievable fraction of peak FLOP/s",
                                       description="Model FLOPs utilisation assumed for prefill (compute-bound).")
     hbm_efficiency: float = Field(0.8, gt=0, le=1, title="Achievable fraction of HBM bandwidth",
                                   description="Assumed for decode (bandwidth-bound).")
     step_overhead_ms: float = Field(1.0, ge=0, title="Per-step overhead (ms)",
                                     description="Scheduling and launch overhead of one engine step.")
+    # Measured by benchmarks/image_preprocess.py on the development host (AMD EPYC, one thread; Python 3.11,
+    # Pillow 13, numpy 2.4): the load generator's PNG and JPEG images of 224 to 2240 px, fitted on relative error,
+    # 0 + 35.1 to 37.3 ms/Mpx over six runs (PNG alone 40-42, JPEG 32-35; no fixed part above 0 was found), of
+    # which decode and hash 9.3 to 9.7 ms/Mpx over three (PNG 16-16.5, JPEG 7.7-8).
+    # Host CPUs differ: re-measure on yours (or fit them with epdbench calibrate).
+    image_preprocess_ms: float = Field(0.0, ge=0, title="Image preprocessing per image (ms)",
+                                       description="API-server CPU time per image before the request reaches the "
+                                                   "engine, fixed part: base64 and image decode, the multimodal "
+                                                   "hash, resize, rescale, normalise and patchify (vLLM's media "
+                                                   "loader and the Qwen2-VL image processor). Measured with "
+                                                   "benchmarks/image_preprocess.py.")
+    image_preprocess_ms_per_mp: float = Field(36.0, ge=0, title="Image preprocessing per megapixel (ms)",
+                                              description="API-server CPU time per image that grows with its "
+                                                          "pixels (as sent), per 10⁶ px. Measured with "
+                                                          "benchmarks/image_preprocess.py.")
+    image_decode_ms_per_mp: float = Field(9.5, ge=0, title="Image decode and hash per megapixel (ms)",
+                                          description="The part of image_preprocess_ms_per_mp an image still costs "
+                                                      "when vLLM's multimodal processor cache holds its processed "
+                                                      "output: base64 and image decode and the multimodal hash "
+                                                      "(resize, normalise and patchify are skipped). Measured with "
+                                                      "benchmarks/image_preprocess.py.")
     tcp_gb_s: float = Field(gt=0, title="KV transfer bandwidth over TCP (GB/s)",
-                            description="Effective Mooncake TCP transport bandwidth between pods of the node.")
-    tcp_latency_ms: float = Field(0.5, ge=0, title="TCP transfer latency (ms)",
-                                  description="Fixed cost per KV transfer over TCP (connection, handshake, copies).")
+                            description="Effective Mooncake TCP transport bandwidth out of one pod, a figure of "
+                                        "the pod network: the pod's transfers in flight share it.")
+    tcp_setup_ms: float = Field(TCP_SETUP_MS, ge=0, title="Mooncake TCP setup per transfer (ms)",
+                                description="What Mooncake's TCP transport spends on a transfer besides moving its "
+                                            "bytes (submission, request header, the receiver's acknowledgement, "
+                                            "completion): measured on loopback by benchmarks/mooncake_tcp.py.")
+    tcp_descriptor_ms: float = Field(TCP_DESCRIPTOR_MS, ge=0, title="Mooncake TCP setup per further descriptor (ms)",
+                                     description="Added by each descriptor of a transfer after the first (each is a "
+                                                 "request of its own on the peer's connection lanes): measured by "
+                                                 "benchmarks/mooncake_tcp.py. vLLM's MooncakeConnector sends a "
+                                                 "request's KV as one descriptor per layer and K/V.")
+    tcp_latency_ms: float = Field(0.5, ge=0, title="TCP network latency per transfer (ms)",
+                                  description="What the pod network adds once per KV transfer over TCP beyond "
+                                              "tcp_setup_ms and tcp_descriptor_ms, which loopback measured without "
+                                              "a network. Not measured: 0.5 ms is the project's earlier assumption "
+                                              "(for the whole fixed cost), kept as the scale `epdbench calibrate` "
+                                              "starts its fit from.")
     rdma_nic_gbit_s: float = Field(gt=0, title="RDMA NIC line rate (Gbit/s)",
                                    description="Per interface, e.g. 400 for ConnectX-7 NDR.")
     rdma_efficiency: float = Field(0.8, gt=0, le=1, title="Achievable fraction of RDMA line rate",
                                    description="Applied to the sum of the interfaces of the sending pod.")
-    rdma_latency_ms: float = Field(0.05, ge=0, title="RDMA transfer latency (ms)",
-                                   description="Fixed cost per KV transfer over RDMA.")
+    rdma_latency_ms: float = Field(0.05, ge=0, title="RDMA latency per transfer (ms)",
+                                   description="Fixed cost once per KV transfer over RDMA (Mooncake's RDMA endpoints "
+                                               "are kept per peer, so descriptors add none): posting its 64 KiB "
+                                               "slices and the last completion. Not from a datasheet: no sourced "
+                                               "figure was found; calibrate it from a run.")
 
 
 class EngineSpec(Strict):
@@ -79,3 +172,13 @@ class EngineSpec(Strict):
                                                     "Encode role never prefills).")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, title="GPU memory utilisation",
                                           description="vLLM --gpu-memory-utilization: weights plus KV cache.")
+    num_gpu_blocks_override: int | None = Field(None, ge=1, title="KV cache blocks (override)",
+                                                description="vLLM --num-gpu-blocks-override: KV cache blocks of "
+                                                            "16 tokens, instead of what GPU memory leaves after "
+                                                            "the weights (vLLM: 'used for testing preemption').")
+    encoder_cache_tokens: int | None = Field(None, ge=1, title="Encoder cache size (tokens)",
+                                             description="Encoder outputs kept per engine, in image tokens, before "
+                                                         "vLLM raises it to the largest multimodal item. Unset: "
+                                                         "max_num_batched_tokens, as vLLM 0.33, which has no flag "
+                                                         "for it (encoder_cache_manager.py "
+                                                         "compute_mm_encoder_budget).")

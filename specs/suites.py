@@ -7,6 +7,8 @@ from pydantic import Field, model_validator
 
 from epdbench.specs.base import Strict
 
+Concurrency = Annotated[int, Field(ge=1, le=4096)]     # closed-loop workers of a cell
+
 
 class Shape(Strict):
     input_tokens: int = Field(ge=1, title="Input tokens", description="Target prompt length in tokens.")
@@ -22,7 +24,7 @@ class CellCounts(Strict):
                           description="Sent first and excluded from statistics.")
     n_measured: int = Field(8, ge=1, le=100000, title="Measured requests per cell",
                             description="Default number of measured requests of a cell.")
-    n_measured_by_concurrency: dict[int, int] = Field(
+    n_measured_by_concurrency: dict[Concurrency, Annotated[int, Field(ge=1, le=100000)]] = Field(
         default_factory=dict, title="Measured requests by concurrency",
         description="Overrides n_measured for the given concurrencies, e.g. {16: 64}.")
 
@@ -46,8 +48,8 @@ class FixedSuite(CellCounts):
     kind: Literal["fixed"] = Field("fixed", title="Kind", description="Fixed text shapes at fixed concurrency.")
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,40}$", title="Suite name", description="e.g. fixed.")
     shapes: list[Shape] = Field(min_length=1, title="Shapes", description="input/output token shapes.")
-    concurrencies: list[int] = Field(min_length=1, title="Concurrencies",
-                                     description="Closed-loop worker counts; each shape runs at each.")
+    concurrencies: list[Concurrency] = Field(min_length=1, title="Concurrencies",
+                                             description="Closed-loop worker counts (1–4096); each shape runs at each.")
 
 
 class ImageCell(Strict):
@@ -66,7 +68,8 @@ class MultimodalSuite(CellCounts):
                                         description="One image plus text per request, chat API.")
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,40}$", title="Suite name", description="e.g. mm-context.")
     cells: list[ImageCell] = Field(min_length=1, title="Cells", description="Image size and text per cell.")
-    concurrencies: list[int] = Field(min_length=1, title="Concurrencies", description="Closed-loop worker counts.")
+    concurrencies: list[Concurrency] = Field(min_length=1, title="Concurrencies",
+                                             description="Closed-loop worker counts (1–4096).")
     reuse_image: bool = Field(False, title="Reuse one image",
                               description="Send the same image with every request (encoder-cache reuse).")
     image_format: Literal["png", "jpeg"] = Field("png", title="Image format",

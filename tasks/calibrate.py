@@ -33,13 +33,20 @@ def _probe_body(model: str, api: str, image_px: int | None, n_words: int) -> dic
 
 
 def calibrate(engine_url: str, model: str, keys: set[tuple[str, int | None]]) -> Calibration:
-    """Linear fit tokens = slope × words + overhead for each (api, image edge) key."""
-    fits: dict[str, tuple[float, float]] = {}
+    """Linear fit tokens = slope × words + overhead for each (api, image edge) key, from the endpoint's
+    POST /tokenize."""
     url = engine_url.rstrip("/") + "/tokenize"
+    return fit_calibration(lambda body: _count(url, body), model, keys)
+
+
+def fit_calibration(count, model: str, keys: set[tuple[str, int | None]]) -> Calibration:
+    """The same fit with any token counter `count(body) -> tokens` (the virtual-time simulator counts
+    with its own tokenizer)."""
+    fits: dict[str, tuple[float, float]] = {}
     for api, px in sorted(keys, key=lambda k: (k[0], k[1] or 0)):
         n1, n2 = PROBE_WORDS
-        c1 = _count(url, _probe_body(model, api, px, n1))
-        c2 = _count(url, _probe_body(model, api, px, n2))
+        c1 = count(_probe_body(model, api, px, n1))
+        c2 = count(_probe_body(model, api, px, n2))
         slope = (c2 - c1) / (n2 - n1)
         fits[Calibration.key(api, px)] = (slope, c1 - slope * n1)
     return Calibration(fits)

@@ -196,7 +196,8 @@ def publish_comparison(tracker: Tracker, parent: str, rdir: Path, all_verified: 
     goodput_metrics(tracker, parent, rdir / "goodput.csv")
     outcome = read_json(rdir / "outcome.json")
     tracker.set_tags(parent, {"epdbench.all_verified": all_verified, "epdbench.all_ok": all_ok,
-                              "epdbench.contaminated_cells": (outcome or {}).get("contaminated_cells", 0)})
+                              "epdbench.contaminated_cells": (outcome or {}).get("contaminated_cells", 0),
+                              **comparison_view(tracker, parent, rdir)})
     run = _run_key(tracker, parent, rdir)
     wanted = {config_key(run, name) for name in folder_configs(rdir)}
     for r in tracker.children(parent, "configuration"):
@@ -204,8 +205,31 @@ def publish_comparison(tracker: Tracker, parent: str, rdir: Path, all_verified: 
             for cell in tracker.children(r.info.run_id, "cell"):
                 tracker.delete(cell.info.run_id)
             tracker.delete(r.info.run_id)
+        else:     # every configuration run points at the comparison's report
+            tracker.set_tags(r.info.run_id, {"epdbench.report": f"runs:/{parent}/report.html",
+                                             "mlflow.note.content": f"Part of comparison run {parent}: its report "
+                                             "(artifact report.html) compares this configuration with the others."})
     tracker.finish(parent, ok=all_ok)
     return parent
+
+
+def comparison_view(tracker: Tracker, parent: str, rdir: Path) -> dict:
+    """The comparison run on its own (reports.mlflow_view): the report's opening as its description, wins per
+    configuration and metric as metrics; returns the tags to set (description and one verdict per cell)."""
+    import pandas as pd
+
+    from epdbench.analysis.compare import VERDICT_METRICS, compare
+    from epdbench.reports.mlflow_view import report_note, verdict_tags, verdict_wins
+
+    tags = {}
+    if (rdir / "report.md").is_file():
+        tags["mlflow.note.content"] = report_note((rdir / "report.md").read_text())
+    if (rdir / "summary.csv").is_file() and (rdir / "summary.csv").stat().st_size:
+        summary = pd.read_csv(rdir / "summary.csv")
+        comparisons = compare(summary, VERDICT_METRICS)
+        tracker.log_metrics(parent, verdict_wins(comparisons, list(dict.fromkeys(summary["config"]))))
+        tags.update(verdict_tags(comparisons))
+    return tags
 
 
 def goodput_metrics(tracker: Tracker, parent: str, path: Path) -> None:

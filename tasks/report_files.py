@@ -63,31 +63,35 @@ def read_goodput(path: Path) -> pd.DataFrame:
 
 
 def write_report(rdir: Path, meta: dict, verdicts: dict, regression: dict | None = None,
-                 summary: pd.DataFrame | None = None) -> list[Path]:
-    """report.md, report.html, plots/ and goodput.csv from the directory's records; returns the report paths."""
+                 summary: pd.DataFrame | None = None, out: Path | None = None) -> list[Path]:
+    """report.md, report.html, plots/ and goodput.csv from the directory's records, written there or into
+    `out`; returns the report paths."""
+    out = out or rdir
+    out.mkdir(parents=True, exist_ok=True)
     records = read_records(rdir / "records.parquet")
     gpus = {c["name"]: c["gpus"] for c in meta["configurations"]}
     if summary is None:
         summary = summarize(records, gpus, noise_of(rdir, [c["name"] for c in meta["configurations"]]))
     spec = resolved_spec(rdir)
-    att, goodput_table = write_goodput(rdir, spec, records, gpus)
+    att, goodput_table = write_goodput(out, spec, records, gpus)
     plots = suite_plots(summary, records, [c["name"] for c in meta["configurations"]], att)
-    write_plots(rdir, plots)
+    write_plots(out, plots)
     context = report_context(meta, summary, verdicts, environment(spec) if spec is not None else None, records,
                              regression, plots, goodput_table)
-    (rdir / "report.md").write_text(render_markdown(context))
-    (rdir / "report.html").write_text(render_html(context))
-    return [rdir / name for name in REPORT_FILES]
+    (out / "report.md").write_text(render_markdown(context))
+    (out / "report.html").write_text(render_html(context))
+    return [out / name for name in REPORT_FILES]
 
 
-def rerender(rdir: Path) -> list[Path]:
-    """Re-render a results directory written by `epdbench compare` (its stored regression check included)."""
+def rerender(rdir: Path, out: Path | None = None) -> list[Path]:
+    """Re-render a results directory written by `epdbench compare` (its stored regression check included),
+    into the directory itself or into `out`."""
     missing = [name for name in NEEDED if not (rdir / name).exists()]
     if missing:
         raise ResultsError(f"{rdir}: no {', '.join(missing)} here; give a results directory written by "
                            "'epdbench compare'")
     outcome = json.loads((rdir / "outcome.json").read_text())
-    return write_report(rdir, outcome["meta"], outcome["verdicts"], outcome.get("regression"))
+    return write_report(rdir, outcome["meta"], outcome["verdicts"], outcome.get("regression"), out=out)
 
 
 def download_comparison(tracking_uri: str, run_id: str, dest: Path | None = None) -> Path:

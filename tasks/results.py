@@ -55,13 +55,16 @@ def drop_records(path: Path, config: str, cells: set[tuple[str, int]]) -> int:
     return int(gone.sum())
 
 
-def read_records(path: Path) -> pd.DataFrame:
+def read_records(path: Path, columns: list[str] | None = None) -> pd.DataFrame:
     """The records: scalar columns as the Python objects pandas makes of them (None for null); the per-chunk
     list columns Arrow-backed (pd.ArrowDtype: a list per row on access, <NA> for a missing one), not an array
-    per request. Read a batch at a time, so memory stays near the records' own size."""
+    per request. Read a batch at a time, so memory stays near the records' own size. `columns` (names of
+    RECORD_SCHEMA, in its order whatever order they are given in) reads only those: a reader that needs few
+    of them (the summary: analysis.metrics.RECORD_COLUMNS) leaves the ids and hashes on disk."""
+    fields = _fields(columns)
     if not path.exists():
-        return pd.DataFrame({f.name: pd.Series(dtype="object") for f in RECORD_SCHEMA})
-    columns = _read_columns(path)
+        return pd.DataFrame({f.name: pd.Series(dtype="object") for f in fields})
+    columns = _read_columns(path, fields)
     for name, col in columns.items():           # one at a time: a scalar column's Arrow copy goes as it converts
         columns[name] = (pd.Series(pd.arrays.ArrowExtensionArray(col), copy=False) if pa.types.is_list(col.type)
                          else pd.Series(_objects(col), dtype=object))
@@ -85,12 +88,23 @@ def _objects(col: pa.ChunkedArray) -> np.ndarray:
     return values[pc.fill_null(enc.indices, -1).to_numpy()]
 
 
-def _read_columns(path: Path) -> dict[str, pa.ChunkedArray]:
+def _fields(columns: list[str] | None) -> list[pa.Field]:
+    if columns is None:
+        return list(RECORD_SCHEMA)
+    unknown = sorted(set(columns) - set(RECORD_SCHEMA.names))
+    if unknown:
+        raise ValueError(f"not a record column: {', '.join(unknown)}")
+    return [f for f in RECORD_SCHEMA if f.name in set(columns)]
+
+
+def _read_columns(path: Path, fields: list[pa.Field]) -> dict[str, pa.ChunkedArray]:
     """The file's columns as RECORD_SCHEMA has them: null where the file lacks one, else of the schema's type."""
     with pq.ParquetFile(path, buffer_size=READ_BUFFER, pre_buffer=False) as f:
-        table = pa.Table.from_batches(f.iter_batches(batch_size=READ_BATCH_ROWS), schema=f.schema_arrow)
+        present = [x.name for x in fields if x.name in f.schema_arrow.names]
+        schema = pa.schema([f.schema_arrow.field(n) for n in present])
+        table = pa.Table.from_batches(f.iter_batches(batch_size=READ_BATCH_ROWS, columns=present), schema=schema)
     out = {}
-    for field in RECORD_SCHEMA:
+    for field in fields:
         col = table.column(field.name) if field.name in table.column_names else None
         out[field.name] = (pa.chunked_array([pa.nulls(len(table), field.type)]) if col is None
                            else col if col.type.equals(field.type) else col.cast(field.type))

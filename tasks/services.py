@@ -74,6 +74,7 @@ def plan_services(host: str, prefect_port: int, mlflow_port: int, data_dir: Path
             "deployments", [sys.executable, "-m", "epdbench.flows.deployments", "--nightly-cron", nightly_cron,
                             "--timezone", timezone, "--nightly-preset", nightly_preset],
             "", {**base, "PREFECT_API_URL": prefect_api, "MLFLOW_TRACKING_URI": mlflow_url,
+                 "EPDBENCH_RESULTS_DIR": str(data_dir / "results"),     # runs' folders beside the stores
                  "PREFECT_LOGGING_LEVEL": "INFO"}, logs / "deployments.log"))
     elif pool.worker == "here":
         services.append(Service(

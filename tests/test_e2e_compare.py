@@ -165,6 +165,18 @@ def test_mlflow_holds_comparison_configuration_and_cell_runs(run):
         assert set(METRIC_KEYS) <= set(r.data.metrics)
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"report.md", "records.parquet", "summary.csv"} <= artifacts
+    # the comparison run on its own: the report's verdict as its description, a verdict tag per cell, wins
+    note = parent.data.tags["mlflow.note.content"]
+    assert note.startswith("# epdbench: tiny") and "## Verdict" in note and "## Summary" not in note
+    verdicts = {k: v for k, v in parent.data.tags.items() if k.startswith("epdbench.verdict.")}
+    assert "epdbench.verdict.fixed.4096/32.c4.ttft_p50_ms" in verdicts
+    assert set(verdicts.values()) <= {"aggregated", "pd-tcp", "pd-rdma", "epd", "tie", "contaminated"}
+    wins = {k: v for k, v in parent.data.metrics.items() if k.startswith("wins.ttft_p50_ms.")}
+    assert set(wins) == {f"wins.ttft_p50_ms.{c}" for c in ("aggregated", "pd-tcp", "pd-rdma", "epd")}
+    decided = sum(v not in ("tie", "contaminated") for k, v in verdicts.items() if k.endswith(".ttft_p50_ms"))
+    assert sum(wins.values()) == decided
+    for r in kinds["configuration"]:           # every configuration run points at the comparison's report
+        assert r.data.tags["epdbench.report"] == f"runs:/{parent.info.run_id}/report.html"
 
 
 def test_report_rerenders_from_results_dir(run):
@@ -173,6 +185,13 @@ def test_report_rerenders_from_results_dir(run):
     proc = epdbench("report", str(out), cwd=work)
     assert proc.returncode == 0, proc.stderr
     assert "## Suite `fixed`" in (out / "report.md").read_text()
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+    elsewhere = work / "elsewhere"
+    proc = epdbench("report", str(out), "--out", str(elsewhere), cwd=work)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [str(elsewhere / "report.md"), str(elsewhere / "report.html")]
+    assert "## Suite `fixed`" in (elsewhere / "report.md").read_text() and (elsewhere / "plots").is_dir()
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == before     # the results untouched
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -215,3 +234,22 @@ def test_interrupt_leaves_nothing_running(tmp_path, tiny_spec_path):
     time.sleep(0.5)
     assert not leftovers(str(out)), leftovers(str(out))
     assert not marked_processes(mark), "a child (simulator, router or Prefect server) outlived the run"
+
+
+def test_the_virtual_time_core_agrees_with_the_http_simulator_on_warmed_closed_loop_cells(run):
+    """The same spec in virtual time (no HTTP, no sleeping) gives figures within the HTTP run's noise band (plus
+    the host path for TTFT): analysis.agreement's tolerance, as README states it. Here on the tiny spec's
+    closed-loop suite, which has a warm-up; the tiny multimodal cells have none (their first requests carry
+    the HTTP simulator's one-time host costs) and its mixed streams hold four requests each, so the whole
+    smoke preset is checked in the slow lane (tests/test_vtime_agreement.py)."""
+    from epdbench.analysis.agreement import METRICS, agreement
+    from epdbench.specs.models import load_spec
+    from epdbench.tasks.vrun import simulate_summary
+
+    _, out, _ = run
+    spec = load_spec(str(out / "spec.yaml"))
+    spec = spec.model_copy(update={"suites": [s for s in spec.suites if s.name == "fixed"]})
+    http = pd.read_csv(out / "summary.csv").query("suite == 'fixed'")
+    table = agreement(http, simulate_summary(spec))
+    assert set(table["metric"]) == set(METRICS) and len(table) == len(http) * len(METRICS) == 16
+    assert table["agrees"].all(), table[~table["agrees"]].to_string()

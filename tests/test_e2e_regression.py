@@ -81,7 +81,7 @@ def test_the_report_has_every_section_and_the_flag(nightly):
     assert check_bold_winners(report, "fixed") >= 2     # TPOT p50 and ITL p99 win outside the noise, at least
     assert check_headline_matches_summary(report, summary) >= 1
     page = parse_html((out / "report.html").read_text())
-    assert len(page.images) == len(list((out / "plots").glob("*.png"))) == 3 and page.external == []
+    assert len(page.images) == len(list((out / "plots").glob("*.png"))) == 2 and page.external == []
 
 
 def test_mlflow_holds_the_html_report_plots_and_verdict_tags(nightly):
@@ -92,7 +92,7 @@ def test_mlflow_holds_the_html_report_plots_and_verdict_tags(nightly):
     parent = json.loads((out / "outcome.json").read_text())["mlflow_run_id"]
     artifacts = {a.path for a in client.list_artifacts(parent)}
     assert {"report.md", "report.html", "plots"} <= artifacts
-    assert len(client.list_artifacts(parent, "plots")) == 3
+    assert len(client.list_artifacts(parent, "plots")) == 2
     runs = client.search_runs([client.get_run(parent).info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent}'")
     tags = {r.data.tags["epdbench.config"]: r.data.tags["epdbench.regression"] for r in runs}
     assert tags == {"pd-tcp": "regression", "aggregated": "insufficient-history"}
@@ -113,5 +113,5 @@ def test_the_real_report_opens_in_chromium(nightly, tmp_path):
     chromium()
     _, out, _, _ = nightly
     page = probe(out / "report.html", tmp_path)
-    assert page["images"] == page["decoded"] == 3
+    assert page["images"] == page["decoded"] == 2
     assert screenshot(out / "report.html", tmp_path, "report-e2e.png", min(page["height"], 16000)).exists()

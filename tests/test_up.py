@@ -77,6 +77,7 @@ def stop_up(up: subprocess.Popen, data: Path, cwd: Path, env: dict) -> subproces
 def test_up_adhoc_run_from_the_prefect_api_and_down(tmp_path):
     from mlflow.tracking import MlflowClient
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
     from prefect.deployments import run_deployment
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
@@ -110,6 +111,15 @@ def test_up_adhoc_run_from_the_prefect_api_and_down(tmp_path):
                 assert fr.name == f"smoke-sim-{dt.date.today().isoformat()}"
                 keys = {a.key for a in client.read_artifacts()}
                 assert {"epdbench-progress", "epdbench-report"} <= keys
+                # the run `prefect deployment run` and the UI show first carries them too, not only its sub-flow
+                own = client.read_artifacts(artifact_filter=ArtifactFilter(
+                    flow_run_id=ArtifactFilterFlowRunId(any_=[fr.id])))
+                assert {"epdbench-progress", "epdbench-report"} <= {a.key for a in own}
+                report = next(a for a in own if a.key == "epdbench-report")
+                assert "| pd-tcp |" in report.data and f"Results: `{data / 'results'}" in report.data
+                progress = next(a for a in own if a.key == "epdbench-progress")
+                assert float(progress.data) == 100.0
+        assert (data / "results" / fr.name / "summary.csv").exists()      # under --data-dir
         mlflow = MlflowClient(f"http://127.0.0.1:{mp}")
         exp = mlflow.get_experiment_by_name("epdbench")
         runs = mlflow.search_runs([exp.experiment_id], filter_string="tags.`epdbench.kind` = 'comparison'")

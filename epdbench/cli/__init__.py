@@ -14,14 +14,15 @@ import os
 import signal
 import sys
 
-from epdbench.cli import commands
+from epdbench.cli import commands, planning
 from epdbench.cli.common import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NO_SPACE, CliError
 from epdbench.cli.parser import build_parser
 
 COMMANDS = {"compare": commands.cmd_compare, "report": commands.cmd_report, "history": commands.cmd_history,
             "plan": commands.cmd_plan, "up": commands.cmd_up, "down": commands.cmd_down, "sync": commands.cmd_sync,
             "verify-transport": commands.cmd_verify_transport, "manifests": commands.cmd_manifests,
-            "cleanup": commands.cmd_cleanup, "loadgen": commands.cmd_loadgen}
+            "cleanup": commands.cmd_cleanup, "loadgen": commands.cmd_loadgen,
+            "whatif": planning.cmd_whatif, "calibrate": planning.cmd_calibrate}
 
 
 def terminate_children(grace_s: float = 5.0) -> None:

@@ -204,12 +204,14 @@ def cmd_report(args) -> int:
     if bool(args.results_dir) == bool(args.run_id):
         raise CliError("report: give a results directory or --run-id, not both or neither")
     try:
+        out = None
         if args.run_id:
             quiet_defaults()
             rdir = download_comparison(tracking_uri_of(args), args.run_id, Path(args.out) if args.out else None)
         else:
             rdir = Path(args.results_dir)
-        paths = rerender(rdir)
+            out = Path(args.out) if args.out else None      # the reports there; the results folder untouched
+        paths = rerender(rdir, out)
     except ResultsError as e:
         raise CliError(str(e)) from None
     for path in paths:

@@ -21,6 +21,7 @@ def quiet_defaults() -> None:
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
         "PREFECT_LOGGING_LEVEL": "WARNING",
         "MLFLOW_LOGGING_LEVEL": "WARNING",             # no "Creating initial database tables" among our lines
+        "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",   # no "🏃 View run … at: …" per run: we print the link once
         "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "false",
         "GIT_PYTHON_REFRESH": "quiet",
         "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",      # an unreachable server fails fast; `epdbench sync` later
@@ -93,7 +94,13 @@ def load_compare_spec(args):
     spec = load_spec(args.spec)
     spec = with_target(spec, args.target or spec.target.kind, kube_overrides(args), args.spec)
     if spec.target.kind == "kubernetes":
+        if getattr(args, "profile", None):
+            raise CliError("--profile: a calibration profile sets the simulator's physics; it does not apply to "
+                           "--target kubernetes")
         check_kubeconfig(spec.target.kubernetes)
+    elif getattr(args, "profile", None):
+        from epdbench.specs.profile import apply_profile, load_profile
+        spec = apply_profile(spec, load_profile(args.profile))
     updates: dict = {}
     if args.seed is not None:
         if args.seed < 0:

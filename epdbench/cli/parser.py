@@ -18,6 +18,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: sqlite under .epdbench/)")
     c.add_argument("--experiment", default=None, help="MLflow experiment name (default: spec's, epdbench)")
     c.add_argument("--seed", type=int, default=None, help="override the spec's seed")
+    c.add_argument("--profile", default=None,
+                   help="a calibration profile (epdbench calibrate) applied to the simulator (--target sim only)")
     add_kube_flags(c)
     c.add_argument("--keep", action="store_true", help="leave each configuration running (--target kubernetes)")
     c.add_argument("--resume", default=None, metavar="RUN",
@@ -31,11 +33,39 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--configs", default=None, help="comma-separated configuration names (default: all)")
     pl.add_argument("--json", action="store_true", help="print a JSON list of cells")
 
+    w = sub.add_parser("whatif", help="capacity per configuration and GPU under the spec's SLOs, in virtual time")
+    w.add_argument("--spec", default="pd-text", help="spec YAML path or preset name (default: pd-text)")
+    w.add_argument("--profile", default=None, help="a calibration profile (epdbench calibrate) to apply")
+    w.add_argument("--configs", default=None, help="comma-separated configuration names (default: all)")
+    w.add_argument("--replicas", default="1,2,3,4", help="replica counts tried for every role (default: 1,2,3,4)")
+    w.add_argument("--tp", default=None, help="TP sizes tried for every role (default: those the spec uses)")
+    w.add_argument("--transports", default=None,
+                   help="KV transports tried for PD and EPD, e.g. tcp,rdma (default: each configuration's own)")
+    w.add_argument("--max-gpus", type=int, default=None, help="GPUs a variant may use (default: one node)")
+    w.add_argument("--refine", type=int, default=3, help="bisection steps past the swept rates (default: 3)")
+    w.add_argument("--window", type=float, default=30.0,
+                   help="seconds of arrivals per rate at least (more requests than the suite's at high rates; default 30)")
+    w.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core)")
+    w.add_argument("--out", default=None, help="folder for the tables and plots (default: results/whatif-<spec>-<time>)")
+
+    cal = sub.add_parser("calibrate", help="fit the simulator's free constants to a hardware run")
+    cal.add_argument("--spec", default="smoke", help="spec YAML path or preset name the run used (default: smoke)")
+    cal.add_argument("--from", dest="source", required=True, help="summary.csv or records.parquet of the run")
+    cal.add_argument("--out", required=True, help="where to write the profile (YAML)")
+    cal.add_argument("--evaluations", type=int, default=60,
+                     help="simulator runs each fit may use (default: 60; the hold-out check fits again)")
+    cal.add_argument("--holdout-seed", type=int, default=0,
+                     help="seed of the split into fitted and held-out cells (default: 0)")
+    cal.add_argument("--metrics", default=None,
+                     help="comma-separated metric columns to fit (default: every one the table has of ttft_p50_ms, "
+                          "ttft_p95_ms, ttft_p99_ms, tpot_p50_ms, itl_p99_ms, output_tok_s, req_s)")
+
     r = sub.add_parser("report", help="re-render report.md and report.html from a results directory or MLflow run")
     r.add_argument("results_dir", nargs="?", help="a results directory written by compare")
     r.add_argument("--run-id", default=None, help="an MLflow comparison run id instead of a directory")
     r.add_argument("--tracking-uri", default=None, help="MLflow tracking URI of --run-id (default: local store)")
-    r.add_argument("--out", default=None, help="where --run-id's results go (default: results/<run name>)")
+    r.add_argument("--out", default=None, help="where the reports go (default: the results directory; with --run-id, "
+                   "where its results go: results/<run name>)")
 
     h = sub.add_parser("history", help="a metric over the past runs of a spec, and whether the newest is noise")
     h.add_argument("--spec", required=True, help="spec name (e.g. smoke, pd-text)")

@@ -216,6 +216,15 @@ def test_engine_args_carry_role_connectors_tp_and_limits(preset, config):
         else:
             assert ec is None
         assert ("--enforce-eager" in args) == (role == "encode")
+        assert flag_value(args, "--num-gpu-blocks-override") is None
+
+
+def test_a_kv_block_override_reaches_vllm_as_the_simulator_uses_it():
+    from epdbench.specs.commands import engine_args
+    spec = load_spec("pd-text")
+    spec = spec.model_copy(update={"engine": spec.engine.model_copy(update={"num_gpu_blocks_override": 512})})
+    conf = spec.configuration("aggregated")
+    assert flag_value(engine_args(spec, conf, conf.roles[0]), "--num-gpu-blocks-override") == "512"
 
 
 def router_of(objects: list[dict]) -> dict:

@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from epdbench.physics.costmodel import CostModel, PrefillChunk, chunk_prefill, image_tokens, transfer_seconds
-from epdbench.specs.models import load_spec
+from epdbench.physics.costmodel import (CostModel, PrefillChunk, chunk_prefill, encoder_cache_tokens, image_tokens,
+                                        link_bytes_per_s, max_mm_item_tokens, peer_lanes, setup_seconds,
+                                        transfer_seconds)
+from epdbench.specs.models import HardwareSpec, load_spec
+from epdbench.specs.node import TCP_DESCRIPTOR_MS, TCP_SETUP_MS
 
 GiB = 2 ** 30
 
@@ -93,11 +96,43 @@ def test_transfer_of_one_gib_tcp_vs_rdma(smoke):
     hw = smoke.hardware
     tcp = transfer_seconds(hw, "tcp", GiB)
     rdma = transfer_seconds(hw, "rdma", GiB)
-    assert tcp == pytest.approx(GiB / (hw.tcp_gb_s * 1e9) + hw.tcp_latency_ms / 1e3)
+    assert tcp == pytest.approx(GiB / (hw.tcp_gb_s * 1e9) + (hw.tcp_setup_ms + hw.tcp_latency_ms) / 1e3)
     assert rdma == pytest.approx(GiB / (hw.rdma_nic_gbit_s / 8 * 1e9 * hw.rdma_efficiency) + hw.rdma_latency_ms / 1e3)
     assert rdma < tcp / 10          # 3 GB/s TCP vs 40 GB/s on one 400 Gbit/s NIC
     assert transfer_seconds(hw, "rdma", GiB, rdma_interfaces=2) == pytest.approx(
         (rdma - hw.rdma_latency_ms / 1e3) / 2 + hw.rdma_latency_ms / 1e3)
+
+
+LINK = HardwareSpec(gpu="toy", bf16_tflops=1000, hbm_tb_s=1.0, nvlink_gb_s=100, tcp_gb_s=2.0, tcp_setup_ms=0.1,
+                    tcp_descriptor_ms=0.02, tcp_latency_ms=0.3, rdma_nic_gbit_s=400, rdma_efficiency=0.8,
+                    rdma_latency_ms=0.05)
+
+
+@pytest.mark.parametrize("transport, n_bytes, descriptors, interfaces, ms", [
+    ("tcp", 0, 1, 1, 0.4),                    # setup 0.1 + network 0.3, no bytes
+    ("tcp", 2_000_000, 1, 1, 1.4),            # + 2 MB at 2 GB/s: 1 ms
+    ("tcp", 2_000_000, 56, 1, 2.5),           # 55 further descriptors: + 1.1 ms
+    ("tcp", GiB, 56, 1, 538.370912),          # 1073741824 B / 2e9 B/s = 536.870912 ms, + 0.1 + 1.1 + 0.3
+    ("rdma", 40_000_000, 56, 1, 1.05),        # 400 Gbit/s × 0.8 = 40 GB/s: 1 ms, + 0.05; descriptors cost nothing
+    ("rdma", 40_000_000, 1, 2, 0.55),         # two NICs: 80 GB/s
+])
+def test_transfer_time_by_hand(transport, n_bytes, descriptors, interfaces, ms):
+    assert transfer_seconds(LINK, transport, n_bytes, interfaces, descriptors) * 1e3 == pytest.approx(ms)
+    assert setup_seconds(LINK, transport, descriptors) * 1e3 == pytest.approx(
+        ms - n_bytes / link_bytes_per_s(LINK, transport, interfaces) * 1e3)
+
+
+def test_measured_tcp_setup_is_the_default_and_old_spec_files_still_load(smoke):
+    hw = HardwareSpec(gpu="toy", bf16_tflops=1, hbm_tb_s=1, nvlink_gb_s=1, tcp_gb_s=1, tcp_latency_ms=0.5,
+                      rdma_nic_gbit_s=1)   # a spec file of before: no tcp_setup_ms, an explicit tcp_latency_ms
+    assert (hw.tcp_setup_ms, hw.tcp_descriptor_ms) == (TCP_SETUP_MS, TCP_DESCRIPTOR_MS) == (0.064, 0.034)
+    assert setup_seconds(hw, "tcp") * 1e3 == pytest.approx(0.564)
+    assert CostModel(smoke.model, smoke.hardware).kv_descriptors == 56      # 28 layers, K and V
+
+
+def test_a_tcp_transfer_holds_one_lane_per_descriptor_up_to_four_and_rdma_none():
+    assert [peer_lanes("tcp", d) for d in (1, 2, 4, 56)] == [1, 2, 4, 4]
+    assert peer_lanes("rdma", 56) == 0
 
 
 def test_chunk_prefill_packs_fcfs_and_splits_the_last():
@@ -112,3 +147,35 @@ def test_chunk_prefill_resumes_a_partial_prompt_and_skips_done_ones():
 
 def test_chunk_prefill_with_no_budget_schedules_nothing():
     assert chunk_prefill([(0, 10)], budget=0) == []
+
+
+@pytest.mark.parametrize("tp, tokens, expected_s", [
+    # 1000 tokens × 3584 × 2 B = 7.168 MB; ring: 2·1/2 of it at 450 GB/s = 15.929 µs;
+    # latency 6.6 + 2·0.6 = 7.8 µs; 23.729 µs × 2 all-reduces × 28 layers
+    (2, 1000, 1.328818e-3),
+    # one decode token at TP 4: 7168 B × 2·3/4 at 450 GB/s = 0.0239 µs; latency 6.6 + 6·0.6 = 10.2 µs; × 56
+    (4, 1, 5.725380e-4),
+])
+def test_tp_allreduce_is_a_ring_at_per_direction_nvlink_bandwidth_plus_nccl_latency(smoke, tp, tokens, expected_s):
+    cm = CostModel(smoke.model, smoke.hardware, tp=tp)
+    assert cm.allreduce_s(tokens) == pytest.approx(expected_s, rel=1e-6)
+    assert CostModel(smoke.model, smoke.hardware, tp=1).allreduce_s(tokens) == 0.0
+
+
+def test_kv_capacity_is_gpu_memory_left_after_the_weights(cm, smoke):
+    # 80 GB × 0.9 − 15.2 GB of weights = 56.8 GB over 57344 B per token (2 × 28 layers × 4 KV heads × 128 × 2 B)
+    assert cm.kv_capacity_tokens(0.9) == 990_513
+    # TP 2: twice the memory, the same weights
+    assert CostModel(smoke.model, smoke.hardware, tp=2).kv_capacity_tokens(0.9) == 2_246_093
+    assert cm.kv_capacity_tokens(0.19) == 0            # the weights do not even fit
+
+
+def test_encoder_cache_is_the_token_budget_raised_to_the_largest_item(smoke):
+    model, engine = smoke.model, smoke.engine
+    assert max_mm_item_tokens(model, 16384) == 16384          # an image of 12845056 px = 16384 tokens of 28 px
+    assert max_mm_item_tokens(model, 40000) == 32768          # a video of 2 frame pairs of that size fits
+    assert max_mm_item_tokens(model, 10 ** 6) == 7 * 16384    # at most 14 frames
+    assert encoder_cache_tokens(model, engine) == 16384       # max_num_batched_tokens 8192 < 16384
+    assert encoder_cache_tokens(model, engine.model_copy(update={"max_num_batched_tokens": 20000})) == 20000
+    assert encoder_cache_tokens(model, engine.model_copy(update={"encoder_cache_tokens": 50000})) == 50000
+    assert encoder_cache_tokens(model.model_copy(update={"vision": None}), engine) == 0

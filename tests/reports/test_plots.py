@@ -18,10 +18,10 @@ def run(tiny_spec):
     return records, summary, configs, suite_plots(summary, records, configs)
 
 
-def test_three_png_plots_per_suite(run, tiny_spec):
-    plots = run[3]
+def test_two_png_plots_per_suite_at_one_concurrency(run, tiny_spec):
+    plots = run[3]           # every tiny suite runs at one concurrency: no plot versus concurrency
     assert [p.name for p in plots] == [f"{s.name}-{kind}.png" for s in tiny_spec.suites
-                                      for kind in ("itl-cdf", "latency-vs-concurrency", "throughput-per-gpu")]
+                                      for kind in ("itl-cdf", "throughput-per-gpu")]
     for p in plots:
         assert p.png.startswith(PNG) and len(p.png) > 5000
         assert p.data_uri().startswith("data:image/png;base64,iVBORw0KGgo")
@@ -36,9 +36,20 @@ def test_cdf_caption_counts_the_summary_gaps(run):
         assert f"{r['config']} {r['n_itl_samples']}" in cdf.caption
 
 
+def test_a_suite_at_several_concurrencies_gets_latency_versus_concurrency(tiny_spec):
+    fixed = tiny_spec.suites[0].model_copy(update={"concurrencies": [1, 4]})
+    spec = tiny_spec.model_copy(update={"suites": [fixed]})
+    records = synthetic_records(spec)
+    plots = suite_plots(summarize(records, {c.name: c.gpus for c in spec.configurations}), records,
+                        [c.name for c in spec.configurations])
+    assert [p.name for p in plots] == [f"fixed-{k}.png" for k in ("itl-cdf", "latency-vs-concurrency",
+                                                                  "throughput-per-gpu")]
+    assert all(p.png.startswith(PNG) and len(p.png) > 5000 for p in plots)
+
+
 def test_no_throughput_plot_without_gpu_counts(run):
     records, _, configs, _ = run
     mm = records[records["suite"] == "mm"]
     plots = suite_plots(summarize(mm), mm, configs)
-    assert [p.name for p in plots] == ["mm-itl-cdf.png", "mm-latency-vs-concurrency.png"]
+    assert [p.name for p in plots] == ["mm-itl-cdf.png"]
     assert suite_plots(summarize(records.iloc[0:0]), records.iloc[0:0], configs) == []

@@ -38,10 +38,10 @@ def test_decodes_and_a_prefill_chunk_share_one_step():
     e.running += [a, b]
     c = Sequence("c", 100, 4)
     e.submit(c)
-    decodes, scheduled, encoder_tokens = e.plan_step()
+    decodes, scheduled, encoder_images = e.plan_step()
     assert decodes == [a, b]
     assert scheduled == [(c, PrefillChunk(start=0, tokens=100))]
-    assert encoder_tokens == 0
+    assert encoder_images == []
 
 
 def test_token_budget_counts_decodes_and_splits_the_prefill():
@@ -85,11 +85,11 @@ def test_max_num_seqs_limits_decodes_and_blocks_prefill_when_full():
 
 def test_encoder_work_is_charged_with_the_first_chunk_only():
     e = engine(max_num_batched_tokens=64, max_num_seqs=4)
-    fresh = Sequence("img", 500, 4, image_tokens=400)
+    fresh = Sequence("img", 500, 4, image_tokens=[400])
     e.submit(fresh)
-    assert e.plan_step()[2] == 400
+    assert e.plan_step()[2] == [400]
     fresh.computed = 64
-    assert e.plan_step()[2] == 0
+    assert e.plan_step()[2] == []
 
 
 async def _token_times(long_prompt: int | None) -> list[float]:
@@ -260,3 +260,131 @@ def test_a_request_joining_a_late_engine_is_not_served_before_it_arrived():
         return arrived, end
     arrived, first_token = asyncio.run(go())
     assert first_token >= arrived + COST.step_seconds([17], [PrefillChunk(0, 16)]) - 1e-9
+
+
+# --- KV cache capacity, admission, preemption and recompute (vLLM v1's scheduler) ---------------------------
+
+def test_kv_blocks_come_from_gpu_memory_or_the_override():
+    # 80 GB × 0.9 − 2 GB of weights = 70 GB, over 2 × 4 layers × 2 KV heads × 64 × 2 B = 2048 B per token
+    assert Engine(COST, EngineSpec()).kv_blocks == 34_179_687 // 16
+    assert Engine(COST, EngineSpec(gpu_memory_utilization=0.5)).kv_blocks == 18_554_687 // 16
+    assert Engine(COST, EngineSpec(num_gpu_blocks_override=4)).kv_blocks == 4
+
+
+def running(e: Engine, rid: str, kv_tokens: int, max_tokens: int = 100) -> Sequence:
+    """A decoding sequence admitted now, holding the KV of `kv_tokens` tokens (its prompt and all but its last
+    generated token)."""
+    e._admissions += 1
+    seq = Sequence(rid, kv_tokens, max_tokens, computed=kv_tokens, generated=1, admitted=e._admissions)
+    e.running.append(seq)
+    return seq
+
+
+def test_a_waiting_request_is_admitted_only_when_its_whole_prompt_fits():
+    e = engine(num_gpu_blocks_override=4, max_num_batched_tokens=16)
+    a = running(e, "a", 40)                          # 3 blocks held, 1 free
+    big, small = Sequence("big", 30, 4), Sequence("small", 10, 4)
+    e.submit(big)
+    e.submit(small)
+    decodes, scheduled, _ = e.plan_step()
+    assert decodes == [a] and scheduled == []        # big needs 2 blocks (even for a 15-token chunk); small waits
+    e.waiting.remove(big)
+    decodes, scheduled, _ = e.plan_step()
+    assert scheduled == [(small, PrefillChunk(0, 10))] and small.admitted is not None
+    assert e.stats.preemptions == 0
+
+
+def test_a_decode_that_needs_a_block_preempts_the_newest_request():
+    e = engine(num_gpu_blocks_override=4)
+    a, b = running(e, "a", 32), running(e, "b", 32)  # 2 + 2 blocks: full; a's next token starts a third block
+    late = Sequence("late", 8, 4)
+    e.submit(late)
+    decodes, scheduled, _ = e.plan_step()
+    assert decodes == [a] and scheduled == []        # no admission in a step that preempted
+    assert e.running == [a] and list(e.waiting) == [b, late]
+    assert (b.computed, b.recompute_tokens, b.prefill_end, b.admitted, b.preemptions) == (0, 1, 33, None, 1)
+    assert e.stats.preemptions == 1 and e.used_blocks() == 2
+
+
+def test_the_newest_request_is_preempted_even_while_it_prefills_and_may_be_the_one_in_need():
+    e = engine(num_gpu_blocks_override=4, max_num_batched_tokens=64)
+    a = running(e, "a", 32)                          # 2 blocks
+    p = Sequence("p", 100, 4, computed=32)           # admitted after a, prefilled 32 of 100: 2 blocks
+    e._admissions += 1
+    p.admitted = e._admissions
+    e.waiting.append(p)
+    decodes, scheduled, _ = e.plan_step()            # a needs a third block: p, the newest, goes back
+    assert decodes == [a] and scheduled == [] and p.computed == 0 and e.stats.preemptions == 1
+    e2 = engine(num_gpu_blocks_override=2)
+    alone = running(e2, "alone", 32)                 # the whole cache: its next token cannot get a block
+    assert e2.plan_step() == ([], [], [])
+    assert list(e2.waiting) == [alone] and e2.running == [] and alone.recompute_tokens == 1
+
+
+def test_the_encoder_runs_with_the_first_chunk_after_a_prefix_cache_hit():
+    e = engine(max_num_batched_tokens=64, max_num_seqs=4)
+    seq = Sequence("img", 500, 4, image_tokens=[400], computed=64, cached=64)
+    e.submit(seq)
+    assert e.plan_step()[2] == [400]
+
+
+async def _serve(e: Engine, seqs: list[Sequence]) -> dict[str, list[float]]:
+    """Modelled end of each token of each sequence, running the engine until all are done."""
+    out: dict[str, list[float]] = {s.request_id: [] for s in seqs}
+
+    async def drain(s: Sequence) -> None:
+        while (ev := await asyncio.wait_for(s.out.get(), timeout=5))[0] != "done":
+            out[s.request_id].append(ev[1])
+    e.start()
+    for s in seqs:
+        e.submit(s)
+    try:
+        await asyncio.gather(*(drain(s) for s in seqs))
+    finally:
+        await e.stop()
+    return out
+
+
+def test_a_preempted_request_recomputes_its_prompt_and_tokens_and_streams_each_token_once():
+    host = HostClock([])
+    e = Engine(COST, EngineSpec(num_gpu_blocks_override=6), clock=host.clock, sleep=host.sleep)
+    a, b = Sequence("a", 32, 40), Sequence("b", 32, 40)
+    tokens = asyncio.run(_serve(e, [a, b]))
+    # both prefill in step 1 (2 + 2 blocks); at 48 tokens of KV each needs a 4th block and only 2 are free:
+    # a's decode preempts b, which holds 17 tokens then; b fits again (4 blocks for 49 tokens) once a is done
+    assert len(tokens["a"]) == len(tokens["b"]) == 40 and e.stats.generation_tokens == 80
+    assert e.stats.preemptions == b.preemptions == 1 and a.preemptions == 0
+    assert e.stats.prompt_tokens_computed == 32 + 32 + (32 + 17)
+    assert tokens["b"][16] < tokens["a"][-1] < tokens["b"][17]
+    recompute = COST.step_seconds([], [PrefillChunk(0, 49)])
+    assert tokens["b"][17] - tokens["a"][-1] == pytest.approx(recompute, rel=1e-9)
+    assert tokens["b"][18] - tokens["b"][17] == pytest.approx(COST.step_seconds([50], []), rel=1e-9)
+    assert e.used_blocks() == 0
+
+
+def test_a_request_larger_than_the_kv_cache_waits_without_spinning():
+    host = HostClock([])
+    e = Engine(COST, EngineSpec(num_gpu_blocks_override=2), clock=host.clock, sleep=host.sleep)
+    plan, plans = e.plan_step, []
+
+    def counted():
+        plans.append(1)
+        if len(plans) > 100:
+            raise RuntimeError("the engine spins")
+        return plan()
+    e.plan_step = counted
+    huge, small = Sequence("huge", 64, 2), Sequence("small", 8, 2)
+
+    async def go():
+        e.start()
+        e.submit(huge)
+        await asyncio.sleep(0.01)
+        e.submit(small)                               # FCFS: it waits behind the one that can never fit
+        await asyncio.sleep(0.01)
+        stuck = len(plans)
+        e.abort(huge)                                 # its client gives up: the small one is served
+        kinds = [(await asyncio.wait_for(small.out.get(), timeout=5))[0] for _ in range(3)]
+        await e.stop()
+        return stuck, kinds
+    stuck, kinds = asyncio.run(go())
+    assert stuck <= 2 and kinds == ["token", "token", "done"]

@@ -205,3 +205,31 @@ def test_malformed_cpu_or_memory_is_rejected_naming_the_field(where, value):
     section, field = where.split(".")
     msg = _error(with_(lambda d: d.update(target={"kubernetes": {section: {field: value}}})))
     assert f"'target.kubernetes.{where}'" in msg
+
+
+@pytest.mark.parametrize("field, mutate", [
+    ("suites.0.fixed.concurrencies.0", lambda d: d["suites"][0].update(concurrencies=[-1])),
+    ("suites.0.fixed.concurrencies.1", lambda d: d["suites"][0].update(concurrencies=[1, 0])),
+    ("suites.0.fixed.n_measured_by_concurrency.1", lambda d: d["suites"][0].update(n_measured_by_concurrency={1: 0})),
+    ("suites.0.fixed.n_measured_by_concurrency.-2.[key]",
+     lambda d: d["suites"][0].update(n_measured_by_concurrency={-2: 4})),
+    ("suites.0.fixed.shapes.0.input_tokens", lambda d: d["suites"][0]["shapes"][0].update(input_tokens=0)),
+    ("request_timeout_s", lambda d: d.update(request_timeout_s=0)),
+    ("hardware.compute_efficiency", lambda d: d["hardware"].update(compute_efficiency=1.5)),
+])
+def test_every_count_and_bound_is_checked_naming_the_field(field, mutate):
+    msg = _error(with_(mutate))
+    assert f"'{field}'" in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("text, where", [
+    ("name: x\nseed: [1\n", "line 3, column 1"),
+    ("name: x\n  seed: 1\n", "line 2, column 7"),
+])
+def test_malformed_yaml_names_line_and_column(tmp_path, text, where):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError) as exc:
+        load_spec(str(path))
+    msg = str(exc.value)
+    assert msg.startswith(f"{path}: not valid YAML at {where}: ") and "\n" not in msg

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from epdbench.analysis.metrics import summarize
+from epdbench.analysis.metrics import RECORD_COLUMNS, summarize
 from epdbench.tasks import results
 from epdbench.tasks.results import RECORD_SCHEMA, append_records, drop_records, read_records
 
@@ -59,6 +59,18 @@ def test_read_a_batch_at_a_time_gives_the_same_records_and_summary(tmp_path, mon
     assert summarize(batched).iloc[0]["itl_max_ms"] == pytest.approx(10.000008)   # 10 ms + 8 ns
 
 
+def test_the_summary_reads_only_its_columns_and_summarises_the_same(tmp_path):
+    path = tmp_path / "records.parquet"
+    append_records(path, ROWS)
+    few = read_records(path, list(reversed(RECORD_COLUMNS)))
+    assert list(few.columns) == [n for n in RECORD_SCHEMA.names if n in RECORD_COLUMNS]   # the schema's order
+    assert "request_id" not in few.columns and "prompt_hash" not in few.columns
+    assert summarize(few).astype(str).equals(summarize(read_records(path)).astype(str))
+    assert list(read_records(tmp_path / "none.parquet", ["ok", "send_ns"]).columns) == ["send_ns", "ok"]
+    with pytest.raises(ValueError, match="not a record column: latency"):
+        read_records(path, ["ok", "latency"])
+
+
 def test_an_older_file_without_later_columns_reads_them_as_null(tmp_path):
     path = tmp_path / "records.parquet"
     older = pa.schema([f for f in RECORD_SCHEMA if f.name not in ("timing", "chunk_arrival_ns")])
@@ -68,6 +80,7 @@ def test_an_older_file_without_later_columns_reads_them_as_null(tmp_path):
     assert list(df.columns) == RECORD_SCHEMA.names
     assert df["timing"].isna().all() and df["chunk_arrival_ns"].isna().all()
     assert summarize(df).iloc[0]["delivery_lag_p99_ms"] is None
+    assert read_records(path, ["ok", "timing"])["timing"].isna().all()
 
 
 def test_dropping_cells_rewrites_the_arrow_backed_lists(tmp_path):

@@ -1,0 +1,391 @@
+"""Fitting the simulator's free constants to a run (pure: the simulator is injected, no I/O).
+
+`predict(spec) -> summary frame` runs a spec in the simulator (tasks.vrun.simulate_summary) and returns the
+summary columns of a run. The fit compares it with an observed summary (a run's summary.csv, or a published
+table with only some metric columns) cell by cell — cells matched on config, suite, workload, concurrency and
+stream, trials averaged — and moves the hardware constants of specs.profile.FREE_CONSTANTS to bring the two
+together:
+
+- loss: mean squared log ratio of predicted to observed over every (cell, metric) the observed table has; a
+  figure the simulator did not produce at some constants counts as off by MISSING_RATIO;
+- search: a derivative-free Gauss–Newton trust-region method (least_squares_dfo) in log space within BOUNDS,
+  its first interpolation set the spec's constants and one point per constant (its identifiability probe),
+  one simulator run per step and at most a given number in all. Nelder–Mead needed about a thousand runs to
+  recover seven constants of a synthetic law (tests/analysis/test_fit.py) that this recovers in a few dozen;
+- identifiability: a constant is fitted only if the run has a configuration that uses it (TCP figures need a
+  TCP or EPD configuration, RDMA figures an RDMA one, the all-reduce latency a role with TP > 1) and moving
+  it by STEP_RATIO, or failing that by WIDE_RATIO, moves some observed figure by at least MIN_EFFECT —
+  otherwise it is left as the spec has it, and the result says why (the probe that identified it starts the
+  search);
+- hold-out: cells split by a seeded permutation within each configuration (half, rounded up, to the fit).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import lsq_linear
+
+from epdbench.specs.models import ExperimentSpec
+from epdbench.specs.profile import FREE_CONSTANTS
+from epdbench.specs.workload import plan_cells
+
+MATCH_KEYS = ["config", "suite", "workload", "concurrency", "stream"]
+# Figures a fit reads when the table has them. itl_max_ms (one sample per cell) and the per-GPU throughput
+# (output_tok_s again) are left out.
+FIT_METRICS = ("ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "tpot_p50_ms", "itl_p99_ms", "output_tok_s", "req_s")
+# Search bounds (natural units). Efficiencies are fractions of a datasheet figure; a latency or overhead "≥ 0"
+# is searched from 1 µs (log space has no zero).
+BOUNDS: dict[str, tuple[float, float]] = {
+    "compute_efficiency": (0.05, 1.0),
+    "hbm_efficiency": (0.05, 1.0),
+    "rdma_efficiency": (0.05, 1.0),
+    "step_overhead_ms": (1e-3, 1e3),
+    "allreduce_latency_us": (1e-3, 1e4),
+    "tcp_latency_ms": (1e-3, 1e3),
+    "rdma_latency_ms": (1e-3, 1e3),
+    "tcp_gb_s": (1e-3, 1e4),
+}
+STEP_RATIO = 1.5      # first trust region and identifiability probe: each constant moved by 50 %,
+WIDE_RATIO = 10.0     # or, if that moved too little, 10-fold (a 0.05 ms latency hides in a 30 ms TTFT) ...
+MIN_EFFECT = 0.01     # ... must move some observed figure by 1 % to count as identified by the run
+MISSING_RATIO = 10.0  # an observed figure the simulator left null counts as off by this factor
+XTOL = 1e-3           # stop when the trust region is narrower than 0.1 %
+
+LINK_CONSTANTS = {"tcp": ("tcp_gb_s", "tcp_latency_ms"), "rdma": ("rdma_efficiency", "rdma_latency_ms")}
+
+
+class FitInputError(ValueError):
+    """An observed table the fit cannot use; the message is one line saying what is missing."""
+
+
+class BudgetExhausted(Exception):
+    """The fit used every simulator run it was allowed."""
+
+
+def _cells(frame: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
+    """One row per cell (index MATCH_KEYS), `metrics` as floats averaged over trials; null, non-numeric and
+    non-positive figures are NaN (a log ratio needs a positive figure)."""
+    frame = frame.reset_index(drop=True)
+    keys = frame[MATCH_KEYS].copy()
+    keys = keys[keys.notna().all(axis=1)]
+    for k in ("config", "suite", "workload", "stream"):
+        keys[k] = keys[k].astype(str).str.strip()
+    conc = pd.to_numeric(keys["concurrency"], errors="coerce")
+    keys = keys[conc.notna() & (conc == conc.round())]
+    keys["concurrency"] = conc[keys.index].astype(int)
+    values = frame.loc[keys.index, metrics].apply(pd.to_numeric, errors="coerce").astype(float)
+    values = values.where(values > 0)
+    return pd.concat([keys, values], axis=1).groupby(MATCH_KEYS, sort=True)[metrics].mean()
+
+
+def observed_cells(summary: pd.DataFrame, metrics: list[str] | None = None) -> pd.DataFrame:
+    """The observed table as cells × metrics (index MATCH_KEYS). `metrics` None: every FIT_METRICS column the
+    table has. FitInputError when the key columns, the metric columns or any usable figure are missing."""
+    missing = [k for k in MATCH_KEYS if k not in summary.columns]
+    if missing:
+        raise FitInputError(f"no key column(s) {', '.join(missing)}: a summary needs {', '.join(MATCH_KEYS)}")
+    if metrics is None:
+        metrics = [m for m in FIT_METRICS if m in summary.columns]
+        if not metrics:
+            raise FitInputError(f"no metric column: give at least one of {', '.join(FIT_METRICS)}")
+    else:
+        absent = [m for m in metrics if m not in summary.columns]
+        if absent:
+            raise FitInputError(f"no metric column(s) {', '.join(absent)}; the table has "
+                                f"{', '.join(m for m in FIT_METRICS if m in summary.columns) or 'none of them'}")
+    cells = _cells(summary, metrics).dropna(how="all")
+    if cells.empty:
+        raise FitInputError(f"no cell with a positive figure in {', '.join(metrics)} and complete keys")
+    return cells
+
+
+def predicted_cells(summary: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
+    """A simulated summary as cells × metrics, as observed_cells shapes the observed one."""
+    for m in metrics:
+        if m not in summary.columns:
+            summary = summary.assign(**{m: np.nan})
+    return _cells(summary, metrics)
+
+
+def usable_rows(summary: pd.DataFrame) -> pd.DataFrame:
+    """The rows of an observed summary that may be fitted: cells flagged `contaminated` (bent by host load)
+    are left out."""
+    if "contaminated" not in summary.columns:
+        return summary
+    flag = summary["contaminated"].map(lambda v: str(v).strip().lower() in ("true", "1", "1.0"))
+    return summary[~flag]
+
+
+def _log_ratios(observed: pd.DataFrame, predicted: pd.DataFrame) -> np.ndarray:
+    """log(predicted / observed) per observed figure (flattened); NaN where the prediction is missing."""
+    p = predicted.reindex(index=observed.index, columns=observed.columns).to_numpy(dtype=float)
+    o = observed.to_numpy(dtype=float)
+    keep = ~np.isnan(o)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r = np.log(p[keep] / o[keep])
+    return np.where(np.isfinite(r), r, np.nan)
+
+
+def residuals(observed: pd.DataFrame, predicted: pd.DataFrame) -> np.ndarray:
+    """log(predicted / observed) per observed figure; a missing prediction counts as off by MISSING_RATIO."""
+    r = _log_ratios(observed, predicted)
+    return np.where(np.isnan(r), math.log(MISSING_RATIO), r)
+
+
+def loss(observed: pd.DataFrame, predicted: pd.DataFrame) -> float:
+    """Mean squared log ratio of predicted to observed over the observed figures (see residuals)."""
+    r = residuals(observed, predicted)
+    return float(np.mean(r * r)) if r.size else 0.0
+
+
+def relative_errors(observed: pd.DataFrame, predicted: pd.DataFrame) -> dict[str, float | None]:
+    """Per metric: the median over cells of |predicted / observed − 1| (None: no cell has both figures)."""
+    out: dict[str, float | None] = {}
+    p = predicted.reindex(index=observed.index, columns=observed.columns)
+    for m in observed.columns:
+        both = observed[m].notna() & p[m].notna()
+        out[m] = float(np.median(np.abs(p[m][both] / observed[m][both] - 1))) if both.any() else None
+    return out
+
+
+def matched(observed: pd.DataFrame, predicted: pd.DataFrame) -> pd.DataFrame:
+    """The observed cells the prediction has."""
+    return observed[observed.index.isin(predicted.index)]
+
+
+def holdout_mask(cells: pd.Index, seed: int) -> np.ndarray:
+    """True for the held-out cells: within each configuration, a seeded permutation of its cells sends the
+    first half (rounded up) to the fit and the rest to the hold-out, so every configuration is fitted."""
+    configs = np.asarray(cells.get_level_values("config"), dtype=object)
+    rng = np.random.default_rng(seed)
+    held = np.zeros(len(cells), dtype=bool)
+    for config in sorted(set(configs)):
+        rows = np.flatnonzero(configs == config)
+        perm = rng.permutation(rows)
+        held[perm[math.ceil(len(rows) / 2):]] = True
+    return held
+
+
+def spec_for_cells(spec: ExperimentSpec, observed: pd.DataFrame) -> ExperimentSpec:
+    """`spec` narrowed to the configurations and suites the observed cells name (each configuration runs on a
+    fresh deployment and each suite's prompts and images are its own, so the others change nothing the fit
+    reads); FitInputError when the spec has no such configuration or suite, or runs none of the cells."""
+    for level, have in (("config", [c.name for c in spec.configurations]), ("suite", [s.name for s in spec.suites])):
+        unknown = sorted(set(observed.index.get_level_values(level)) - set(have))
+        if unknown:
+            raise FitInputError(f"{level} {', '.join(unknown)} not in spec {spec.name} (it has {', '.join(have)}); "
+                                "give the spec the run used")
+    configs = set(observed.index.get_level_values("config"))
+    suites = set(observed.index.get_level_values("suite"))
+    spec = spec.model_copy(update={"configurations": [c for c in spec.configurations if c.name in configs],
+                                   "suites": [s for s in spec.suites if s.name in suites]})
+    planned = {(c.name, cell.suite, cell.workload, cell.concurrency, cell.stream)
+               for c in spec.configurations for cell in plan_cells(spec)}
+    if not any(key in planned for key in observed.index):
+        example = ", ".join(str(k) for k in observed.index[:1])
+        raise FitInputError(f"no observed cell is one the spec runs (e.g. {example} is not): check workload, "
+                            "concurrency and stream against the spec")
+    return spec
+
+
+def structural_constants(spec: ExperimentSpec) -> tuple[list[str], dict[str, str]]:
+    """(constants the spec's configurations use, {constant: why not} for the others). KV moves over the
+    configuration's transport; EPD also sends image embeddings over TCP; all-reduces need TP > 1."""
+    used = {"tcp": any(c.kv_transport == "tcp" or c.topology == "epd" for c in spec.configurations),
+            "rdma": any(c.kv_transport == "rdma" for c in spec.configurations)}
+    left = {name: f"no configuration of the run moves data over {link.upper()}"
+            for link, names in LINK_CONSTANTS.items() if not used[link] for name in names}
+    if all(r.tp == 1 for c in spec.configurations for r in c.roles):
+        left["allreduce_latency_us"] = "no role of the run is tensor-parallel: tp is 1 throughout"
+    return [n for n in FREE_CONSTANTS if n not in left], left
+
+
+def spec_with(spec: ExperimentSpec, values: dict[str, float]) -> ExperimentSpec:
+    """`spec` with hardware constants replaced (values already within BOUNDS)."""
+    return spec.model_copy(update={"hardware": spec.hardware.model_copy(update=values)})
+
+
+def _lagrange(points: np.ndarray) -> np.ndarray:
+    """Coefficients of the linear Lagrange polynomials of n+1 points (rows): [1, x] @ L gives ℓ_j(x) per j."""
+    return np.linalg.pinv(np.hstack([np.ones((len(points), 1)), points]))
+
+
+def least_squares_dfo(f: Callable[[np.ndarray], np.ndarray], points: np.ndarray, values: np.ndarray,
+                      lower: np.ndarray, upper: np.ndarray, radius: float, xtol: float = XTOL,
+                      max_radius: float = math.log(WIDE_RATIO)) -> tuple[np.ndarray, np.ndarray]:
+    """Minimise ||f(x)||² over the box [lower, upper] without derivatives, after DFO-GN (Cartis & Roberts,
+    "A derivative-free Gauss–Newton method", 2019): the residual vector f is modelled as linear through n+1
+    points (rows of `points`, their residuals the rows of `values`); each step is the Gauss–Newton step of that
+    model within a trust region (an ∞-norm box of half-width `radius`) and costs one evaluation; the new point
+    replaces the one whose loss keeps the set best spread (Lagrange polynomial × distance). A failed step
+    either moves a far point back near the best (where the set is thinnest) or halves the radius. Stops when
+    the radius is below `xtol` or f raises BudgetExhausted; returns the best point seen and its residuals."""
+    X, R = points.astype(float).copy(), values.astype(float).copy()
+    norms = np.einsum("ij,ij->i", R, R)
+    try:
+        while radius >= xtol:
+            k = int(np.argmin(norms))
+            xk, rk = X[k], R[k]
+            jac = np.linalg.lstsq(X - xk, R - rk, rcond=None)[0].T          # R - rk ≈ (X - xk) Jᵀ
+            box = (np.maximum(lower - xk, -radius), np.minimum(upper - xk, radius))
+            step = lsq_linear(jac, -rk, bounds=box).x if np.all(box[0] < box[1]) else np.zeros_like(xk)
+            gain = norms[k] - float(np.sum((rk + jac @ step) ** 2))
+            if gain <= 1e-12 * norms[k] or np.abs(step).max() < xtol:
+                if not _respread(f, X, R, norms, k, radius, lower, upper):
+                    radius /= 2
+                continue
+            x = xk + step
+            r = f(x)
+            ratio = (norms[k] - float(r @ r)) / gain
+            _insert(X, R, norms, k, x, r, radius)
+            if ratio >= 0.7 and np.abs(step).max() >= 0.99 * radius:
+                radius = min(2 * radius, max_radius)
+            elif ratio < 0.1 and not _respread(f, X, R, norms, int(np.argmin(norms)), radius, lower, upper):
+                radius /= 2
+    except BudgetExhausted:
+        pass
+    k = int(np.argmin(norms))
+    return X[k], R[k]
+
+
+def _insert(X, R, norms, k, x, r, radius) -> None:
+    """Put (x, r) in the set in place of the point whose Lagrange polynomial is largest at x, weighted by its
+    distance from the best point (which stays unless x is better)."""
+    best = x if float(r @ r) < norms[k] else X[k]
+    weight = np.abs(np.concatenate([[1.0], x]) @ _lagrange(X))
+    weight *= np.maximum(1.0, np.abs(X - best).max(axis=1) / radius) ** 2
+    if float(r @ r) >= norms[k]:
+        weight[k] = -1.0
+    t = int(np.argmax(weight))
+    X[t], R[t], norms[t] = x, r, float(r @ r)
+
+
+def _respread(f, X, R, norms, k, radius, lower, upper) -> bool:
+    """If a point lies farther than 2·radius from the best, replace it by the corner of the trust region where
+    its Lagrange polynomial is largest (one evaluation) and return True; else False."""
+    far = np.abs(X - X[k]).max(axis=1)
+    t = int(np.argmax(far))
+    if far[t] <= 2 * radius:
+        return False
+    gradient = _lagrange(X)[1:, t]
+    x = np.clip(X[k] + radius * np.where(gradient >= 0, 1.0, -1.0), lower, upper)
+    r = f(x)
+    X[t], R[t], norms[t] = x, r, float(r @ r)
+    return True
+
+
+@dataclass
+class FitResult:
+    values: dict[str, float]        # the fitted constants (natural units)
+    left: dict[str, str]            # constants left as in the spec: why
+    start_loss: float               # loss with the spec's constants
+    loss: float                     # loss with the fitted ones
+    evaluations: int                # simulator runs this fit made (runs found in the shared cache not counted)
+    start_predicted: pd.DataFrame   # predicted cells with the spec's constants
+    predicted: pd.DataFrame         # predicted cells with the fitted constants
+    effects: dict[str, float] = field(default_factory=dict)  # largest |log change| of a figure per probe
+
+
+class _Evaluator:
+    """Runs the predictor for a set of constants, at most `budget` times; predictions are kept in `cache`
+    (shared between fits of the same spec), so a repeated point costs no run. The observed cells are narrowed
+    to those of the first prediction (the cells the spec runs)."""
+
+    def __init__(self, spec, observed, predict, budget, cache, on_evaluation):
+        self.spec, self.observed, self.predict, self.budget = spec, observed, predict, budget
+        self.cache = {} if cache is None else cache
+        self.on_evaluation = on_evaluation
+        self.count = 0
+        self.narrowed = False
+        self.best_loss = math.inf
+
+    def predicted(self, values: dict[str, float]) -> pd.DataFrame:
+        key = tuple(sorted((k, float(f"{v:.10g}")) for k, v in values.items()))
+        fresh = key not in self.cache
+        if fresh:
+            if self.count >= self.budget:
+                raise BudgetExhausted
+            self.count += 1
+            self.cache[key] = predicted_cells(self.predict(spec_with(self.spec, values)), list(self.observed.columns))
+        if not self.narrowed:
+            self.observed, self.narrowed = matched(self.observed, self.cache[key]), True
+        if fresh:
+            value = loss(self.observed, self.cache[key])
+            self.best_loss = min(self.best_loss, value)
+            if self.on_evaluation:
+                self.on_evaluation(self.count, self.budget, value, self.best_loss)
+        return self.cache[key]
+
+    def residuals(self, values: dict[str, float]) -> np.ndarray:
+        return residuals(self.observed, self.predicted(values))
+
+
+def _probe(ev: _Evaluator, candidates: list[str], base: np.ndarray, hi: np.ndarray, reference: pd.DataFrame):
+    """Move each constant alone from `base` (log space) by STEP_RATIO, or by WIDE_RATIO if that moved no figure
+    of `reference` (the start's predictions) by MIN_EFFECT; down instead of up at the upper bound. Returns
+    ({constant: probe point}, {constant: largest |log change| of a figure})."""
+    vertices, effects = {}, {}
+    for i, n in enumerate(candidates):
+        for ratio in (STEP_RATIO, WIDE_RATIO):
+            u = base.copy()
+            u[i] += math.log(ratio) if base[i] + math.log(ratio) <= hi[i] else -math.log(ratio)
+            r = _log_ratios(reference, ev.predicted(dict(zip(candidates, np.exp(u).tolist()))))
+            effects[n] = float(np.nanmax(np.abs(r))) if np.isfinite(r).any() else 0.0
+            if effects[n] >= MIN_EFFECT:
+                break
+        vertices[n] = u
+    return vertices, effects
+
+
+def fit_constants(spec: ExperimentSpec, observed: pd.DataFrame, predict: Callable[[ExperimentSpec], pd.DataFrame],
+                  max_evaluations: int = 60, cache: dict | None = None,
+                  on_evaluation: Callable[[int, int, float, float], None] | None = None) -> FitResult:
+    """Fit the free constants of `spec` that the observed cells identify. `observed`: observed_cells(...),
+    restricted to the cells to fit. At most `max_evaluations` calls of `predict`; `on_evaluation(count, budget,
+    loss, best loss)` after each. FitInputError when no observed cell is among the predicted ones, or the budget
+    cannot even probe the constants."""
+    candidates, left = structural_constants(spec)
+    if max_evaluations < len(candidates) + 1:
+        raise FitInputError(f"at least {len(candidates) + 1} simulator runs are needed to probe "
+                            f"{len(candidates)} constants (got {max_evaluations})")
+    ev = _Evaluator(spec, observed, predict, max_evaluations, cache, on_evaluation)
+    start = {n: float(np.clip(getattr(spec.hardware, n), *BOUNDS[n])) for n in candidates}
+    p0 = ev.predicted(start)
+    observed = ev.observed
+    if observed.empty:
+        raise FitInputError("no observed cell matches a cell the spec runs (config, suite, workload, "
+                            "concurrency, stream)")
+    base = np.array([math.log(start[n]) for n in candidates])
+    lo = np.array([math.log(BOUNDS[n][0]) for n in candidates])
+    hi = np.array([math.log(BOUNDS[n][1]) for n in candidates])
+    reference = p0.reindex(index=observed.index, columns=observed.columns).where(observed.notna())
+    try:
+        vertices, effects = _probe(ev, candidates, base, hi, reference)
+    except BudgetExhausted:
+        raise FitInputError(f"{max_evaluations} simulator runs ran out while probing the constants; some need a "
+                            f"wide probe: allow at least {2 * len(candidates) + 1}") from None
+    for n in candidates:
+        if effects[n] < MIN_EFFECT:
+            left[n] = (f"changing it {WIDE_RATIO:g}-fold moves no observed figure by {MIN_EFFECT:.0%} "
+                       f"(at most {effects[n]:.2%})")
+    fitted = [n for n in candidates if n not in left]
+    values: dict[str, float] = {}
+    if fitted:
+        idx = [candidates.index(n) for n in fitted]
+        fixed = {n: start[n] for n in candidates if n in left}
+
+        def at(x: np.ndarray) -> dict[str, float]:
+            return {**fixed, **dict(zip(fitted, np.exp(x).tolist()))}
+
+        points = np.array([base[idx]] + [vertices[n][idx] for n in fitted])
+        x, _ = least_squares_dfo(lambda x: ev.residuals(at(x)), points,
+                                 np.array([ev.residuals(at(x)) for x in points]), lo[idx], hi[idx],
+                                 radius=math.log(STEP_RATIO))
+        values = {n: v for n, v in at(x).items() if n in fitted}
+    best = ev.predicted({**start, **values})
+    return FitResult(values=values, left=left, start_loss=loss(observed, p0), loss=loss(observed, best),
+                     evaluations=ev.count, start_predicted=p0, predicted=best, effects=effects)

@@ -1,0 +1,173 @@
+"""What-if planning (pure): the deployment variants to try, the search for the highest rate each sustains
+within the SLO, and the capacity table.
+
+A variant is one of the spec's configurations with other replica counts and TP per role (and, asked for, the
+other KV transport), within one node's GPUs. Its capacity is DistServe's goodput: the highest Poisson rate at
+which the share of requests meeting every SLO bound stays at or above the target — found by walking the
+suite's swept rates upwards until one fails (doubling past the highest while all hold), then bisecting
+between the last rate held and the first that failed. The table gives, per configuration, the variant with the
+best goodput per GPU.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, RateSuite, Slo
+
+MAX_DOUBLINGS = 4        # past the highest swept rate: at most 16× it
+CAPACITY_COLUMNS = ["configuration", "variant", "roles", "kv_transport", "gpus", "goodput_req_s",
+                    "goodput_req_s_per_gpu", "fails_at_req_s", "attainment", "note"]
+
+
+@dataclass(frozen=True)
+class Variant:
+    family: str                   # the spec configuration it varies (or <topology>-<transport> for another transport)
+    config: ConfigurationSpec
+
+    @property
+    def roles(self) -> str:
+        """e.g. prefill 1×TP2 + decode 2×TP2."""
+        return " + ".join(f"{r.role} {r.replicas}×TP{r.tp}" for r in self.config.roles)
+
+
+def _role_label(role: str) -> str:
+    return {"server": "s", "prefill": "p", "decode": "d", "encode": "e"}[role]
+
+
+def variants(spec: ExperimentSpec, replicas: list[int], tps: list[int] | None = None,
+             transports: list[str] | None = None, max_gpus: int | None = None) -> list[Variant]:
+    """Every spec configuration with each role's replicas from `replicas` and TP from `tps` (default: the TP
+    values the spec's configurations use), on at most `max_gpus` GPUs (default: one node); for PD and EPD
+    also with each KV transport of `transports` the spec does not already have as a configuration of the same
+    topology. The spec's own configurations are always included."""
+    max_gpus = max_gpus or spec.hardware.gpus_per_node
+    tps = sorted(set(tps or {r.tp for c in spec.configurations for r in c.roles}))
+    have = {(c.topology, c.kv_transport) for c in spec.configurations}
+    out: list[Variant] = []
+    seen: set[tuple] = set()
+    for base in spec.configurations:
+        families = [(base.name, base.kv_transport)]
+        for t in transports or []:
+            if base.topology != "aggregated" and t != base.kv_transport and (base.topology, t) not in have:
+                families.append((f"{base.topology}-{t}", t))
+                have.add((base.topology, t))
+        for family, transport in families:
+            options = [[(n, tp) for n in sorted(set(replicas)) for tp in tps] for _ in base.roles]
+            shapes = [tuple((r.replicas, r.tp) for r in base.roles)] + list(itertools.product(*options))
+            for shape in shapes:
+                roles = [r.model_copy(update={"replicas": n, "tp": tp,
+                                              "rdma_interfaces": max(1, r.rdma_interfaces) if transport == "rdma"
+                                              and r.role in ("prefill", "decode") else r.rdma_interfaces})
+                         for r, (n, tp) in zip(base.roles, shape)]
+                key = (family, tuple((r.role, r.replicas, r.tp) for r in roles))
+                if key in seen or sum(r.replicas * r.tp for r in roles) > max_gpus:
+                    continue
+                seen.add(key)
+                name = f"{family}-" + "-".join(f"{_role_label(r.role)}{r.replicas}x{r.tp}" for r in roles)
+                out.append(Variant(family, base.model_copy(update={"name": name[:41].rstrip("-"),
+                                                                   "kv_transport": transport, "roles": roles})))
+    return out
+
+
+@dataclass(frozen=True)
+class Point:
+    rate: float
+    requests: int
+    met: int
+    target: float
+
+    @property
+    def attainment(self) -> float:
+        return self.met / self.requests if self.requests else 0.0
+
+    @property
+    def sustained(self) -> bool:
+        return self.requests > 0 and self.attainment >= self.target
+
+
+def _upwards(rates: list[float]):
+    """The swept rates in order, then doubling past the highest."""
+    yield from sorted(rates)
+    r = max(rates)
+    for _ in range(MAX_DOUBLINGS):
+        r *= 2
+        yield r
+
+
+def search_rate(evaluate: Callable[[float], Point], rates: list[float], refine: int = 3) -> list[Point]:
+    """Points evaluated, in order: the swept rates upwards until one fails (then doubling past the highest
+    while all hold, at most MAX_DOUBLINGS times), then `refine` bisections (geometric) between the highest
+    rate sustained and the lowest that failed."""
+    points: list[Point] = []
+    best = upper = None
+    for r in _upwards(rates):
+        p = evaluate(r)
+        points.append(p)
+        if not p.sustained:
+            upper = r
+            break
+        best = r
+    if best is not None and upper is not None:
+        for _ in range(refine):
+            mid = math.sqrt(best * upper)
+            p = evaluate(mid)
+            points.append(p)
+            best, upper = (mid, upper) if p.sustained else (best, mid)
+    return points
+
+
+def capacity_row(variant: Variant, points: list[Point]) -> dict:
+    """A variant's goodput: the highest rate sustained with every lower evaluated rate sustained too."""
+    best = fails = None
+    att = None
+    for p in sorted(points, key=lambda p: p.rate):
+        if not p.sustained:
+            fails = p.rate
+            break
+        best, att = p.rate, p.attainment
+    gpus = variant.config.gpus
+    note = ("" if fails is not None else "every rate tried held: at least this" if best is not None
+            else "none")
+    if best is None and points:
+        note = f"fails at the lowest rate tried ({min(p.rate for p in points):g} req/s)"
+    return {"configuration": variant.family, "variant": variant.config.name, "roles": variant.roles,
+            "kv_transport": variant.config.kv_transport, "gpus": gpus, "goodput_req_s": best,
+            "goodput_req_s_per_gpu": best / gpus if best is not None else None, "fails_at_req_s": fails,
+            "attainment": att, "note": note}
+
+
+def best_per_configuration(rows: list[dict]) -> list[dict]:
+    """Per configuration, the variant with the highest goodput per GPU (ties: fewer GPUs, then the name)."""
+    out: dict[str, dict] = {}
+    for r in rows:
+        cur = out.get(r["configuration"])
+        key = (r["goodput_req_s_per_gpu"] or 0.0, -r["gpus"], r["variant"])
+        if cur is None or key > (cur["goodput_req_s_per_gpu"] or 0.0, -cur["gpus"], cur["variant"]):
+            out[r["configuration"]] = r
+    return sorted(out.values(), key=lambda r: -(r["goodput_req_s_per_gpu"] or 0.0))
+
+
+def slo_suites(spec: ExperimentSpec) -> list[RateSuite]:
+    """The spec's open-loop suites with an SLO: what capacity is planned for."""
+    return [s for s in spec.suites if isinstance(s, RateSuite) and s.slo is not None]
+
+
+def slo_text(slo: Slo) -> str:
+    bounds = [f"TTFT ≤ {slo.ttft_ms:g} ms" if slo.ttft_ms is not None else None,
+              f"TPOT ≤ {slo.tpot_ms:g} ms" if slo.tpot_ms is not None else None,
+              f"ITL ≤ {slo.itl_ms:g} ms" if slo.itl_ms is not None else None]
+    return ", ".join(b for b in bounds if b) + f" for {slo.attainment:.0%} of requests"
+
+
+def table_lines(rows: list[dict]) -> list[str]:
+    """The capacity table as aligned text lines."""
+    head = f"{'configuration':<16} {'best variant':<34} {'GPUs':>4} {'req/s':>8} {'per GPU':>8} {'fails at':>9}  note"
+    lines = [head, "-" * len(head)]
+    fmt = lambda v: f"{v:.3g}" if v is not None else "—"   # noqa: E731
+    for r in rows:
+        lines.append(f"{r['configuration']:<16} {r['roles']:<34} {r['gpus']:>4} {fmt(r['goodput_req_s']):>8} "
+                     f"{fmt(r['goodput_req_s_per_gpu']):>8} {fmt(r['fails_at_req_s']):>9}  {r['note']}")
+    return lines

@@ -1,0 +1,212 @@
+"""Planning sub-commands on the virtual-time simulator: `whatif` (capacity per configuration under SLOs) and
+`calibrate` (fit the simulator's free constants to a hardware run). Imports are deferred, as in commands."""
+from __future__ import annotations
+
+from epdbench.cli.common import CliError
+
+
+def cmd_calibrate(args) -> int:
+    """Fit the simulator's free constants to a run's summary, check them on held-out cells, write a profile."""
+    from datetime import date
+
+    from epdbench.analysis import fit
+    from epdbench.specs.models import load_spec, spec_fingerprint
+    from epdbench.specs.profile import CalibrationProfile, profile_to_yaml
+    from epdbench.tasks.vrun import simulate_summary
+
+    metrics, out = _calibrate_flags(args)
+    run_spec = load_spec(args.spec)
+    table = _read_run(args.source)
+    try:
+        usable = fit.usable_rows(table)
+        observed = fit.observed_cells(usable, metrics)
+        spec = fit.spec_for_cells(run_spec, observed)
+    except fit.FitInputError as e:
+        raise CliError(f"--from {args.source}: {e}") from None
+    skipped = f"; {len(table) - len(usable)} contaminated rows left out" if len(usable) < len(table) else ""
+    print(f"Calibrating the virtual-time simulator to {args.source}: {len(observed)} cells of "
+          f"{', '.join(c.name for c in spec.configurations)} (spec {run_spec.name}){skipped}; "
+          f"metrics {', '.join(observed.columns)}", flush=True)
+    cache: dict = {}      # simulator runs shared by the two fits (both start from the spec's constants)
+    full = _calibrate_fit("fit on every cell", spec, observed, simulate_summary, args.evaluations, cache)
+    cells = fit.matched(observed, full.start_predicted)
+    if len(cells) < len(observed):
+        print(f"  {len(observed) - len(cells)} observed cells are not cells the spec runs; left out")
+    _print_constants(run_spec, full)
+    if not full.values:
+        raise CliError("none of the free constants moves the observed figures: nothing to fit")
+    held = fit.holdout_mask(cells.index, args.holdout_seed)
+    fit_error = fit.relative_errors(cells, full.predicted)
+    errors = {"spec's constants": fit.relative_errors(cells, full.start_predicted),
+              f"fitted ({len(cells)} cells)": fit_error}
+    holdout_error: dict = {}
+    if held.any():
+        holdout = _calibrate_fit(f"hold-out check (seed {args.holdout_seed}): fit on {int((~held).sum())} cells, "
+                                 f"predict {int(held.sum())}", spec, cells[~held], simulate_summary,
+                                 args.evaluations, cache)
+        holdout_error = errors[f"held out ({int(held.sum())} cells)"] = fit.relative_errors(cells[held],
+                                                                                            holdout.predicted)
+    _print_errors(errors)
+    profile = CalibrationProfile(
+        spec=run_spec.name, spec_fingerprint=spec_fingerprint(run_spec), source=str(args.source),
+        created=date.today(), hardware=full.values, left_as_in_spec=sorted(full.left),
+        evaluations=full.evaluations, fit_error=fit_error, holdout_seed=args.holdout_seed if holdout_error else None,
+        holdout_error=holdout_error)
+    try:
+        out.write_text(profile_to_yaml(profile))
+    except OSError as e:
+        raise CliError(f"--out {args.out}: cannot write it ({e.strerror})") from None
+    print(f"wrote {out}: use it with epdbench compare --profile {out} or epdbench whatif --profile {out}")
+    return 0
+
+
+def _calibrate_flags(args):
+    """(--metrics as a list or None, --out as a Path), after checking every calibrate flag."""
+    from pathlib import Path
+
+    from epdbench.analysis.fit import FIT_METRICS
+
+    if args.evaluations < 2:
+        raise CliError("--evaluations: at least 2 simulator runs")
+    if args.holdout_seed < 0:
+        raise CliError("--holdout-seed: must be >= 0")
+    metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
+    if metrics is not None and (not metrics or not set(metrics) <= set(FIT_METRICS)):
+        raise CliError(f"--metrics {args.metrics}: choose from {', '.join(FIT_METRICS)}")
+    out = Path(args.out)
+    if not out.parent.is_dir():
+        raise CliError(f"--out {args.out}: folder {out.parent} does not exist")
+    return metrics, out
+
+
+def _read_run(source: str):
+    """The summary of a run: a summary.csv (or summary.parquet) as it is, a records.parquet summarised as a run
+    summarises it."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    path = Path(source)
+    if not path.is_file():
+        raise CliError(f"--from {source}: no such file; give the summary.csv or records.parquet of a run")
+    try:
+        if path.suffix == ".csv":
+            return pd.read_csv(path)
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+            if {"phase", "ttft_ms"} <= set(pq.read_schema(path).names):
+                from epdbench.analysis.metrics import RECORD_COLUMNS, summarize
+                from epdbench.tasks.results import read_records
+                return summarize(read_records(path, RECORD_COLUMNS))
+            return pd.read_parquet(path)
+    except (ValueError, KeyError, OSError) as e:   # pandas' and Arrow's parse errors are ValueErrors
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CliError(f"--from {source}: cannot read it ({first})") from None
+    raise CliError(f"--from {source}: give a .csv summary or a .parquet of records or a summary")
+
+
+def _calibrate_fit(title: str, spec, observed, predict, budget: int, cache: dict):
+    """fit.fit_constants with a progress line per simulator run."""
+    import time
+
+    from epdbench.analysis import fit
+
+    print(f"{title} (at most {budget} simulator runs):", flush=True)
+    t0 = time.perf_counter()
+
+    def progress(n: int, total: int, loss: float, best: float) -> None:
+        print(f"  run {n:>3}/{total}  loss {loss:.3g}  best {best:.3g}  ({time.perf_counter() - t0:.0f} s)",
+              flush=True)
+
+    try:
+        result = fit.fit_constants(spec, observed, predict, budget, cache, progress)
+    except fit.FitInputError as e:
+        raise CliError(f"{e}") from None
+    print(f"  loss {result.start_loss:.3g} with the spec's constants, {result.loss:.3g} fitted "
+          f"({result.evaluations} simulator runs, {time.perf_counter() - t0:.0f} s)", flush=True)
+    return result
+
+
+def _print_constants(spec, result) -> None:
+    names = list(result.values) + list(result.left)
+    width = max(len(n) for n in names)
+    print(f"\n{'constant':<{width}}  {'spec':>10}  {'fitted':>10}")
+    for name in result.values:
+        print(f"{name:<{width}}  {getattr(spec.hardware, name):>10.4g}  {result.values[name]:>10.4g}")
+    for name, why in result.left.items():
+        print(f"{name:<{width}}  {getattr(spec.hardware, name):>10.4g}  {'as in spec':>10}  ({why})")
+
+
+def _print_errors(errors: dict[str, dict]) -> None:
+    metrics = list(next(iter(errors.values())))
+    width = max(len(m) for m in metrics)
+    print(f"\nmedian relative error over cells, per metric:\n{'metric':<{width}}  "
+          + "  ".join(f"{h:>20}" for h in errors))
+    for m in metrics:
+        cells = [errors[h][m] for h in errors]
+        print(f"{m:<{width}}  " + "  ".join(f"{'—' if v is None else f'{v:.1%}':>20}" for v in cells))
+
+
+def _ints(flag: str, text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise CliError(f"{flag} {text}: give comma-separated whole numbers, e.g. 1,2,4") from None
+    if not values or min(values) < 1:
+        raise CliError(f"{flag} {text}: give comma-separated whole numbers of at least 1")
+    return values
+
+
+def cmd_whatif(args) -> int:
+    import time
+    from pathlib import Path
+
+    from epdbench.analysis.whatif import slo_suites, slo_text, table_lines, variants
+    from epdbench.specs.models import load_spec, select_configurations
+
+    spec = load_spec(args.spec)
+    if args.profile:
+        from epdbench.specs.profile import apply_profile, load_profile
+        spec = apply_profile(spec, load_profile(args.profile))
+    configs = [x.strip() for x in args.configs.split(",") if x.strip()] if args.configs else None
+    spec = select_configurations(spec, configs)
+    suites = slo_suites(spec)
+    if not suites:
+        raise CliError(f"--spec {args.spec}: no open-loop suite with an slo (kind: rate, slo: ...) to plan "
+                       "capacity for; add one (see the pd-text preset's capacity suite)")
+    transports = [t.strip() for t in args.transports.split(",") if t.strip()] if args.transports else None
+    if transports and not set(transports) <= {"tcp", "rdma"}:
+        raise CliError(f"--transports {args.transports}: choose from tcp, rdma")
+    if not 1 <= args.window <= 3600:
+        raise CliError("--window: between 1 and 3600 seconds")
+    if args.refine < 0 or args.refine > 8:
+        raise CliError("--refine: between 0 and 8")
+    if args.max_gpus is not None and args.max_gpus < 1:
+        raise CliError("--max-gpus: at least 1")
+    found = variants(spec, _ints("--replicas", args.replicas), _ints("--tp", args.tp), transports, args.max_gpus)
+    if not found:
+        raise CliError("no variant fits: raise --max-gpus or lower --replicas/--tp")
+    out = Path(args.out or f"results/whatif-{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if out.exists() and any(out.iterdir()):
+        raise CliError(f"--out {out}: directory exists and is not empty; choose a new one")
+    from epdbench.reports.whatif import best_attainment, capacity_per_gpu
+    from epdbench.tasks.whatif import run_whatif, write_outputs
+
+    print(f"What-if on the virtual-time simulator (modelled hardware {spec.hardware.gpu}, not a measurement): "
+          f"{len(found)} variants of {len(spec.configurations)} configurations, suites "
+          + "; ".join(f"{s.name} ({', '.join(x.workload for x in s.shapes)}; {slo_text(s.slo)})" for s in suites)
+          + (f", profile {args.profile}" if args.profile else ""), flush=True)
+    t0 = time.perf_counter()
+    allv, best, points = run_whatif(spec, found, args.refine, args.workers, args.window,
+                                    say=lambda line: print(line, flush=True))
+    plots = [capacity_per_gpu(allv, best)] + [best_attainment(points, best, s.name) for s in suites]
+    write_outputs(out, allv, best, points, [(p.name, p.png) for p in plots])
+    for (suite, shape), g in best.groupby(["suite", "shape"], sort=False):
+        print(f"\nCapacity within the SLO, suite {suite} {shape} — best variant per configuration, by goodput per GPU:")
+        for line in table_lines(g.to_dict("records")):
+            print("  " + line)
+    print(f"\n{len(found)} variants in {time.perf_counter() - t0:.1f} s; tables and plots in {out}/ "
+          "(variants.csv, capacity.csv, points.csv, *.png)")
+    return 0

@@ -1,0 +1,193 @@
+"""One configuration's replicas and router in virtual time: the HTTP simulator's request path without HTTP.
+
+The same `Engine` (sim.engine), cost model (physics.costmodel), prefix cache (sim.prefix_cache), encoder cache
+(sim.encoder) and tokenizer (sim.tokenizer) as the HTTP simulator, driven on a virtual-time loop (sim.vloop):
+- aggregated: round-robin over the server replicas (vllm-router --policy round_robin);
+- PD: a prefill leg (max_tokens 1) on the next prefill replica, the KV pushed over the prefill pod's link
+  (its transfers share it: sim.link), then the decode leg on the next decode replica, which
+  recomputes the last prompt token and streams every token (vllm-router's PD mode, sim.kv_handoff);
+- EPD: for requests with images, an encode leg first; the prefill pulls the encoder outputs over the encode
+  pod's link (sim.proxy, sim.encoder), then as PD.
+Each request's images are preprocessed on the API server of the first replica on its path (the server, the
+encode replica in EPD, the prefill in PD), as in the HTTP simulator (sim.encoder.Encoder.preprocess).
+What the HTTP path adds on the host (client, router and API-server hops) is not modelled here: it is the
+difference the agreement check (benchmarks/vtime_agreement.py) measures.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import dataclass
+
+from epdbench.physics.costmodel import CostModel, link_bytes_per_s, peer_lanes, setup_seconds
+from epdbench.sim.encoder import Encoder
+from epdbench.sim.engine import Engine, Sequence
+from epdbench.sim.link import Link
+from epdbench.sim.metrics import Counters
+from epdbench.sim.prefix_cache import BLOCK_TOKENS, PrefixCache
+from epdbench.sim.tokenizer import chat_parts, image_end_positions, image_hash, prompt_ids
+from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
+
+
+class Refused(Exception):
+    """The request is refused as vLLM refuses it (HTTP 400); the message is vLLM's."""
+
+
+@dataclass
+class Prompt:
+    """A request as the API server sees it after parsing: token ids, images, where each image's tokens end."""
+    ids: list[int]
+    images: list[bytes]
+    hashes: list[str]
+    image_ends: list[int]
+    max_tokens: int
+
+
+class VReplica:
+    """One replica: engine, caches, counters and the pod's link — what sim.encoder.Encoder uses of a Replica."""
+
+    def __init__(self, spec: ExperimentSpec, config: ConfigurationSpec, role: str, index: int, clock):
+        self.spec, self.config, self.role, self.replica = spec, config, role, index
+        self.role_spec = config.role(role)
+        self.cost = CostModel(spec.model, spec.hardware, self.role_spec.tp)
+        self.time_scale = 1.0
+        self.engine = Engine(self.cost, spec.engine, clock=clock, sleep=asyncio.sleep)
+        self.counters = Counters()
+        self.link = Link()
+        self.prefix_cache = (PrefixCache(self.kv_capacity_tokens())
+                             if spec.engine.enable_prefix_caching and role in ("server", "prefill", "decode")
+                             else None)
+        self.encoder = Encoder(self)
+
+    def kv_capacity_tokens(self) -> int:
+        """As sim.replica.Replica: its engine's KV blocks, in tokens."""
+        return self.engine.kv_blocks * BLOCK_TOKENS
+
+    def engine_log(self, *args, **kwargs) -> None:   # no logs in virtual time
+        pass
+
+    def admit(self, rid: str, prompt: Prompt, max_tokens: int) -> tuple[Sequence, int]:
+        """A sequence after the prefix-cache lookup, and its cached tokens (sim.replica.Replica.prefix_lookup)."""
+        seq = Sequence(request_id=rid, prompt_tokens=len(prompt.ids), max_tokens=max_tokens)
+        if self.prefix_cache is None:
+            return seq, 0
+        cached = self.prefix_cache.lookup(prompt.ids)
+        self.counters.prefix_queries += len(prompt.ids)
+        self.counters.prefix_hits += cached
+        seq.computed = seq.cached = cached
+        ids, cache = prompt.ids, self.prefix_cache
+        seq.on_prefilled = lambda: cache.insert(ids)
+        return seq, cached
+
+
+async def _link(sender: VReplica, transport: str, n_bytes: int, descriptors: int = 1,
+                peer: VReplica | None = None) -> None:
+    """One transfer over the sending pod's link(s) (sim.link.Link, as sim.kv_handoff and sim.encoder): its lanes
+    to `peer` if given, its setup, then its bytes sharing the link with the pod's other transfers."""
+    hw = sender.spec.hardware
+    await sender.link.send(setup_seconds(hw, transport, descriptors),
+                           n_bytes / link_bytes_per_s(hw, transport, sender.role_spec.rdma_interfaces),
+                           peer=peer, lanes=peer_lanes(transport, descriptors))
+
+
+class _Sink:
+    """Stands in for a sequence's event queue (Engine only calls `put_nowait`): tokens go straight to the
+    callback and only the end wakes the request's coroutine — no task switch per token."""
+
+    def __init__(self, on_token):
+        self.on_token = on_token
+        self.done = asyncio.get_running_loop().create_future()
+
+    def put_nowait(self, event: tuple) -> None:
+        kind, value = event
+        if kind == "token":
+            if self.on_token is not None:
+                self.on_token(value)
+        elif not self.done.done():
+            self.done.set_result(value)
+
+
+class VirtualCluster:
+    """The replicas of one configuration on the running virtual-time loop; `generate` serves one request."""
+
+    def __init__(self, spec: ExperimentSpec, config: ConfigurationSpec):
+        clock = asyncio.get_running_loop().time
+        self.spec, self.config = spec, config
+        self.replicas = {r.role: [VReplica(spec, config, r.role, i, clock) for i in range(r.replicas)]
+                         for r in config.roles}
+        self._next = {role: itertools.cycle(reps) for role, reps in self.replicas.items()}
+
+    def start(self) -> None:
+        for rep in self.all():
+            rep.engine.start()
+
+    async def stop(self) -> None:
+        for rep in self.all():
+            await rep.engine.stop()
+
+    def all(self) -> list[VReplica]:
+        return [rep for reps in self.replicas.values() for rep in reps]
+
+    def parse(self, api: str, payload: dict, check: bool = True) -> Prompt:
+        """As sim.replica.Replica.parse; with `check`, vLLM's refusals of an empty or too long prompt (POST
+        /tokenize counts without them)."""
+        max_tokens = payload.get("max_tokens") or 16
+        if api == "chat":
+            text, images = chat_parts(payload.get("messages") or [])
+            enc = self.any_encoder()
+            hashes = [image_hash(b) for b in images]
+            placed = [(h, enc.tokens(b)) for h, b in zip(hashes, images)]
+            overhead = self.spec.model.chat_overhead_tokens
+            ids = prompt_ids(text, placed, True, overhead)
+            ends = image_end_positions(placed, overhead)
+        else:
+            ids, images, hashes, ends = prompt_ids(str(payload.get("prompt", "")), [], False, 0), [], [], []
+        if check and not ids:
+            raise Refused("The decoder prompt cannot be empty")
+        if check and len(ids) + max_tokens > self.spec.engine.max_model_len:
+            raise Refused(f"This model's maximum context length is {self.spec.engine.max_model_len} tokens. "
+                          f"However, you requested {len(ids) + max_tokens} tokens.")
+        return Prompt(ids, images, hashes, ends, max_tokens)
+
+    def any_encoder(self) -> Encoder:
+        return self.all()[0].encoder
+
+    async def generate(self, rid: str, prompt: Prompt, on_token) -> tuple[int, int]:
+        """Serve one request, calling `on_token(modelled_end_s)` for each token the client receives;
+        returns (prompt tokens, cached tokens) as the serving replica's usage reports them."""
+        if "server" in self.replicas:
+            return await self._leg(next(self._next["server"]), rid, prompt, on_token)
+        encoder = None
+        if "encode" in self.replicas and prompt.images:
+            encoder = next(self._next["encode"])
+            await encoder.encoder.preprocess(prompt.images, prompt.hashes)
+            await encoder.encoder.encode_images(rid, prompt.images, prompt.hashes)
+        prefill = next(self._next["prefill"])
+        await self._leg(prefill, rid, prompt, None, encoder=encoder)
+        return await self._leg(next(self._next["decode"]), rid, prompt, on_token, kv_from=prefill)
+
+    async def _leg(self, rep: VReplica, rid: str, prompt: Prompt, on_token, encoder: VReplica | None = None,
+                   kv_from: VReplica | None = None) -> tuple[int, int]:
+        """One replica's part (sim.replica.Replica.generate): a prefill-only leg when on_token is None."""
+        await rep.encoder.preprocess(prompt.images, prompt.hashes)    # on the replica that parses the images
+        seq, cached = rep.admit(rid, prompt, prompt.max_tokens if on_token else 1)
+        todo = [i for i, end in enumerate(prompt.image_ends) if end > cached]
+        if todo and encoder is not None:      # EPD prefill: the encoder outputs come over the encode pod's link
+            n_tok = sum(rep.encoder.tokens(prompt.images[i]) for i in todo)
+            await _link(encoder, "tcp", rep.cost.embedding_bytes(n_tok))
+        elif todo:
+            seq.image_tokens = await rep.encoder.image_work(rid, {}, [prompt.images[i] for i in todo],
+                                                            [prompt.hashes[i] for i in todo])
+        if kv_from is not None:               # PD decode: pull the prompt's KV not cached here, then decode
+            await _link(kv_from, self.config.kv_transport, rep.cost.kv_bytes(len(prompt.ids) - cached),
+                        rep.cost.kv_descriptors, peer=rep)
+            seq.computed, seq.image_tokens = len(prompt.ids) - 1, []
+        rep.counters.admit(len(prompt.ids), seq.computed, cached)
+        sink = seq.out = _Sink(on_token)
+        rep.engine.submit(seq)
+        try:
+            await sink.done
+        except asyncio.CancelledError:
+            rep.engine.abort(seq)
+            raise
+        return len(prompt.ids), cached

@@ -1,0 +1,106 @@
+"""A calibration profile: the simulator's free constants fitted to one hardware run (`epdbench calibrate`),
+applied to a spec's hardware section by `compare --profile` and `whatif --profile`.
+
+A profile describes the simulator's physics (how close to the datasheet the GPUs, links and engine steps
+get), so it replaces hardware fields of a spec and nothing else. Pure: reading the file is the only I/O.
+"""
+from __future__ import annotations
+
+from datetime import date
+from pathlib import Path
+from typing import Annotated
+
+import yaml
+from pydantic import Field, TypeAdapter, ValidationError, field_validator
+
+from epdbench.specs.base import Strict
+from epdbench.specs.models import ExperimentSpec, HardwareSpec, SpecError, describe_validation_error, parse_spec
+
+# The hardware fields the cost model reads that no datasheet gives: what calibration fits.
+# (The per-ring-step NVLink latency is left out: for a given TP it only adds to the all-reduce's base latency.)
+FREE_CONSTANTS = ("compute_efficiency", "hbm_efficiency", "step_overhead_ms", "allreduce_latency_us", "tcp_gb_s",
+                  "tcp_latency_ms", "rdma_efficiency", "rdma_latency_ms")
+
+
+def check_constant(name: str, value: float) -> float:
+    """`value` if it is allowed for hardware field `name` (HardwareSpec's own bounds), else ValueError."""
+    if name not in FREE_CONSTANTS:
+        raise ValueError(f"'{name}' is not a free constant of the simulator; allowed: {', '.join(FREE_CONSTANTS)}")
+    field = HardwareSpec.model_fields[name]
+    try:
+        return TypeAdapter(Annotated[float, *field.metadata]).validate_python(value)
+    except ValidationError as e:
+        raise ValueError(f"{name}: {e.errors()[0]['msg']}") from None
+
+
+class CalibrationProfile(Strict):
+    spec: str = Field(title="Spec", description="Name of the spec the profile was fitted for.")
+    spec_fingerprint: str = Field(title="Spec fingerprint",
+                                  description="specs.models.spec_fingerprint of that spec (as the run used it).")
+    source: str = Field(title="Source", description="The summary.csv or records.parquet the constants were fitted to.")
+    created: date = Field(title="Date", description="When the profile was fitted.")
+    hardware: dict[str, float] = Field(title="Fitted constants",
+                                       description="Hardware fields the fit set; applying the profile replaces "
+                                                   "these and leaves every other field of the spec as it is.")
+    left_as_in_spec: list[str] = Field(default_factory=list, title="Not fitted",
+                                       description="Free constants the run's cells could not identify.")
+    evaluations: int = Field(0, ge=0, title="Simulator runs", description="Simulator runs the fit used.")
+    fit_error: dict[str, float | None] = Field(default_factory=dict, title="Fit error",
+                                               description="Per metric: median relative error over the fitted "
+                                                           "cells, with the fitted constants.")
+    holdout_seed: int | None = Field(None, ge=0, title="Hold-out seed",
+                                     description="Seed of the split into fitted and held-out cells.")
+    holdout_error: dict[str, float | None] = Field(default_factory=dict, title="Hold-out error",
+                                                   description="Per metric: median relative error over the "
+                                                               "held-out cells, fitting on the other half.")
+
+    @field_validator("hardware")
+    @classmethod
+    def _check_hardware(cls, values: dict[str, float]) -> dict[str, float]:
+        return {name: check_constant(name, v) for name, v in values.items()}
+
+    @field_validator("left_as_in_spec")
+    @classmethod
+    def _check_left(cls, names: list[str]) -> list[str]:
+        unknown = [n for n in names if n not in FREE_CONSTANTS]
+        if unknown:
+            raise ValueError(f"not free constants: {', '.join(unknown)}")
+        return names
+
+
+def parse_profile(data: dict, source: str = "profile") -> dict:
+    """A profile mapping, validated; SpecError (one line naming the field) when it is not one."""
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: expected a mapping at the top level (a profile written by epdbench calibrate)")
+    try:
+        return CalibrationProfile.model_validate(data).model_dump(mode="json")
+    except ValidationError as e:
+        raise SpecError(describe_validation_error(e, source)) from None
+
+
+def load_profile(path: str | Path) -> dict:
+    """The profile in YAML file `path`; SpecError on a missing or bad file, an unknown key or an out-of-range
+    value."""
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(f"--profile {path}: no such file (write one with epdbench calibrate)")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise SpecError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
+    return parse_profile(data, str(path))
+
+
+def apply_profile(spec: ExperimentSpec, profile: dict) -> ExperimentSpec:
+    """A copy of `spec` whose hardware fields are replaced by the profile's fitted constants."""
+    data = spec.model_dump(mode="json")
+    data["hardware"].update(parse_profile(profile)["hardware"])
+    return parse_spec(data, "spec with profile")
+
+
+def profile_to_yaml(profile: dict | CalibrationProfile) -> str:
+    """The profile as YAML (validated first), with a header saying what it is."""
+    data = profile.model_dump(mode="json") if isinstance(profile, CalibrationProfile) else parse_profile(profile)
+    header = ("# epdbench calibration profile: simulator constants fitted to a hardware run.\n"
+              "# Use with: epdbench compare --profile THIS | epdbench whatif --profile THIS\n")
+    return header + yaml.safe_dump(data, sort_keys=False)

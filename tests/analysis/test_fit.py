@@ -1,0 +1,237 @@
+"""Fitting the simulator's constants (analysis.fit) with a synthetic predictor whose figures are a known
+function of the constants: no simulator, each fit in well under a second."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from epdbench.analysis import fit
+from epdbench.specs.models import load_spec, select_configurations
+
+# (suite, workload, input tokens, output tokens, concurrency): the smoke spec's fixed cells.
+CELLS = [("fixed", "512/64", 512, 64, 1), ("fixed", "512/64", 512, 64, 8),
+         ("fixed", "4096/64", 4096, 64, 1), ("fixed", "4096/64", 4096, 64, 8)]
+HIDDEN = {"compute_efficiency": 0.35, "hbm_efficiency": 0.6, "step_overhead_ms": 2.0, "tcp_gb_s": 1.5,
+          "tcp_latency_ms": 4.0, "rdma_efficiency": 0.5, "rdma_latency_ms": 1.0}
+
+
+def synthetic_summary(spec) -> pd.DataFrame:
+    """A summary whose figures follow a roofline-like law of the hardware constants (ms, tok/s)."""
+    hw = spec.hardware
+    rows = []
+    for c in spec.configurations:
+        for suite, workload, n_in, n_out, conc in CELLS:
+            prefill = n_in * 0.01 / hw.compute_efficiency + hw.step_overhead_ms
+            if c.kv_transport == "tcp":
+                link = n_in * 0.05 / hw.tcp_gb_s + hw.tcp_latency_ms
+            elif c.kv_transport == "rdma":
+                link = n_in * 0.05 / (40 * hw.rdma_efficiency) + hw.rdma_latency_ms
+            else:
+                link = 0.0
+            ttft = prefill * (1 + 0.4 * (conc - 1)) + link
+            tpot = 4.0 / hw.hbm_efficiency * (1 + 0.02 * conc) + hw.step_overhead_ms
+            e2e_s = (ttft + tpot * (n_out - 1)) / 1e3
+            rows.append({"config": c.name, "suite": suite, "workload": workload, "concurrency": conc,
+                         "stream": "main", "trial": 0, "ttft_p50_ms": ttft, "ttft_p95_ms": ttft * 1.2,
+                         "tpot_p50_ms": tpot, "itl_p99_ms": tpot * 1.5, "output_tok_s": conc * n_out / e2e_s,
+                         "req_s": conc / e2e_s})
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture(scope="module")
+def smoke():
+    return select_configurations(load_spec("smoke"), ["aggregated", "pd-tcp", "pd-rdma"])
+
+
+def run_of(spec, values: dict) -> pd.DataFrame:
+    return synthetic_summary(fit.spec_with(spec, values))
+
+
+def test_fitting_recovers_the_hidden_constants(smoke):
+    observed = fit.observed_cells(run_of(smoke, HIDDEN))
+    result = fit.fit_constants(smoke, observed, synthetic_summary, max_evaluations=60)
+    assert list(result.left) == ["allreduce_latency_us"]          # smoke runs every role at TP 1
+    for name, hidden in HIDDEN.items():
+        assert result.values[name] == pytest.approx(hidden, rel=0.03), name
+    assert result.loss < 1e-4 < result.start_loss
+    assert all(e < 0.01 for e in fit.relative_errors(observed, result.predicted).values())
+
+
+def test_a_table_with_only_some_metric_columns_is_fitted_on_what_is_there(smoke):
+    run = run_of(smoke, HIDDEN)[fit.MATCH_KEYS + ["ttft_p50_ms", "tpot_p50_ms"]]
+    observed = fit.observed_cells(run)
+    assert list(observed.columns) == ["ttft_p50_ms", "tpot_p50_ms"]
+    result = fit.fit_constants(smoke, observed, synthetic_summary, max_evaluations=60)
+    for name in ("compute_efficiency", "hbm_efficiency", "step_overhead_ms", "tcp_gb_s"):
+        assert result.values[name] == pytest.approx(HIDDEN[name], rel=0.05), name
+    assert set(fit.relative_errors(observed, result.predicted)) == {"ttft_p50_ms", "tpot_p50_ms"}
+
+
+def test_missing_cells_and_unknown_cells_are_left_out(smoke):
+    run = run_of(smoke, HIDDEN)
+    run = run[~((run["config"] == "pd-tcp") & (run["concurrency"] == 8))]
+    extra = run.iloc[[0]].assign(workload="999/9")      # a cell the predictor never produces
+    observed = fit.observed_cells(pd.concat([run, extra]))
+    result = fit.fit_constants(smoke, observed, synthetic_summary, max_evaluations=60)
+    assert result.values["compute_efficiency"] == pytest.approx(HIDDEN["compute_efficiency"], rel=0.05)
+    assert len(fit.matched(observed, result.predicted)) == len(observed) - 1
+
+
+def test_no_matching_cell_is_an_input_error(smoke):
+    run = run_of(smoke, HIDDEN).assign(workload="1/1")
+    with pytest.raises(fit.FitInputError, match="no observed cell"):
+        fit.fit_constants(smoke, fit.observed_cells(run), synthetic_summary, max_evaluations=20)
+
+
+def test_constants_no_configuration_uses_are_left_as_in_the_spec():
+    spec = select_configurations(load_spec("smoke"), ["aggregated"])
+    observed = fit.observed_cells(run_of(spec, HIDDEN))
+    result = fit.fit_constants(spec, observed, synthetic_summary, max_evaluations=200)
+    assert set(result.left) == {"tcp_gb_s", "tcp_latency_ms", "rdma_efficiency", "rdma_latency_ms",
+                                "allreduce_latency_us"}
+    assert all("RDMA" in result.left[n] for n in ("rdma_efficiency", "rdma_latency_ms"))
+    assert set(result.values) == {"compute_efficiency", "hbm_efficiency", "step_overhead_ms"}
+
+
+def test_a_spec_with_tp_tcp_and_rdma_configurations_uses_every_free_constant():
+    assert fit.structural_constants(load_spec("pd-text")) == (list(fit.FREE_CONSTANTS), {})
+    assert "tensor-parallel" in fit.structural_constants(load_spec("smoke"))[1]["allreduce_latency_us"]
+
+
+def test_a_constant_that_moves_no_observed_figure_is_not_fitted(smoke):
+    def predictor(spec):   # the RDMA latency does not reach any figure
+        return synthetic_summary(fit.spec_with(spec, {"rdma_latency_ms": 1.0}))
+
+    observed = fit.observed_cells(predictor(fit.spec_with(smoke, HIDDEN)))
+    result = fit.fit_constants(smoke, observed, predictor, max_evaluations=60)
+    assert set(result.left) == {"rdma_latency_ms", "allreduce_latency_us"}
+    assert "moves no observed figure" in result.left["rdma_latency_ms"]
+    assert result.effects["rdma_latency_ms"] == 0.0 < result.effects["rdma_efficiency"]
+
+
+def test_the_fit_stays_within_its_budget_and_reports_each_run(smoke):
+    observed = fit.observed_cells(run_of(smoke, HIDDEN))
+    seen = []
+    result = fit.fit_constants(smoke, observed, synthetic_summary, max_evaluations=25,
+                               on_evaluation=lambda n, budget, loss, best: seen.append((n, budget, loss, best)))
+    assert result.evaluations == 25 == len(seen)
+    assert [s[0] for s in seen] == list(range(1, 26)) and {s[1] for s in seen} == {25}
+    assert all(best <= loss for _, _, loss, best in seen)
+    assert [s[3] for s in seen] == sorted((s[3] for s in seen), reverse=True)
+    assert result.loss <= min(s[2] for s in seen) + 1e-12
+
+
+def test_a_budget_too_small_to_probe_is_an_input_error(smoke):
+    observed = fit.observed_cells(run_of(smoke, HIDDEN))
+    with pytest.raises(fit.FitInputError, match="at least 8 simulator runs"):
+        fit.fit_constants(smoke, observed, synthetic_summary, max_evaluations=7)
+
+
+def test_a_budget_spent_on_wide_probes_is_an_input_error(smoke):
+    observed = fit.observed_cells(run_of(smoke, HIDDEN))    # rdma_latency_ms (0.05 ms) needs a wide probe
+    with pytest.raises(fit.FitInputError, match="ran out while probing the constants.*at least 15"):
+        fit.fit_constants(smoke, observed, synthetic_summary, max_evaluations=8)
+
+
+def test_a_shared_cache_spares_the_runs_already_made(smoke):
+    observed = fit.observed_cells(run_of(smoke, HIDDEN))
+    cache: dict = {}
+    first = fit.fit_constants(smoke, observed, synthetic_summary, max_evaluations=200, cache=cache)
+    again = fit.fit_constants(smoke, observed, synthetic_summary, max_evaluations=200, cache=cache)
+    assert 0 < first.evaluations < 200 and again.evaluations == 0     # the first converged
+    assert again.values == first.values
+
+
+def test_loss_is_the_mean_squared_log_ratio_and_a_missing_prediction_is_penalised():
+    idx = pd.MultiIndex.from_tuples([("a", "s", "w", 1, "main"), ("a", "s", "w", 2, "main")], names=fit.MATCH_KEYS)
+    observed = pd.DataFrame({"ttft_p50_ms": [10.0, 20.0], "req_s": [1.0, np.nan]}, index=idx)
+    assert fit.loss(observed, observed * 2) == pytest.approx(math.log(2) ** 2)
+    half_missing = (observed * 2).assign(ttft_p50_ms=[20.0, np.nan])
+    assert fit.loss(observed, half_missing) == pytest.approx(
+        (2 * math.log(2) ** 2 + math.log(fit.MISSING_RATIO) ** 2) / 3)
+    errors = fit.relative_errors(observed, observed.assign(ttft_p50_ms=[11.0, 30.0]))
+    assert errors == {"ttft_p50_ms": pytest.approx(0.3), "req_s": pytest.approx(0.0)}
+
+
+def test_observed_cells_average_trials_and_normalise_keys():
+    table = pd.DataFrame({"config": ["pd-tcp", "pd-tcp", "pd-tcp"], "suite": ["fixed"] * 3,
+                          "workload": ["512/64"] * 3, "concurrency": ["8", 8.0, 1], "stream": ["main"] * 3,
+                          "trial": [0, 1, 0], "ttft_p50_ms": [10.0, 20.0, None], "itl_max_ms": [1.0, 1.0, 1.0],
+                          "tpot_p50_ms": [5.0, None, 0.0]})
+    cells = fit.observed_cells(table)
+    assert list(cells.columns) == ["ttft_p50_ms", "tpot_p50_ms"]       # itl_max_ms is not fitted
+    assert cells.loc[("pd-tcp", "fixed", "512/64", 8, "main")].tolist() == [15.0, 5.0]
+    assert len(cells) == 1                                              # the c1 row has no positive figure
+
+
+@pytest.mark.parametrize("columns, message", [
+    (["config", "suite", "workload", "ttft_p50_ms"], "no key column"),
+    (["config", "suite", "workload", "concurrency", "stream", "itl_max_ms"], "no metric column"),
+])
+def test_a_table_without_keys_or_metrics_is_an_input_error(columns, message):
+    table = pd.DataFrame([{c: 1 for c in columns}])
+    with pytest.raises(fit.FitInputError, match=message):
+        fit.observed_cells(table)
+
+
+def test_contaminated_cells_are_not_fitted():
+    table = pd.DataFrame({"config": ["a", "b"], "contaminated": [True, "False"]})
+    assert fit.usable_rows(table)["config"].tolist() == ["b"]
+
+
+def test_the_spec_is_narrowed_to_what_was_observed_and_unknown_names_are_errors():
+    spec = load_spec("smoke")
+    observed = fit.observed_cells(run_of(select_configurations(spec, ["pd-tcp"]), HIDDEN))
+    narrowed = fit.spec_for_cells(spec, observed)
+    assert [c.name for c in narrowed.configurations] == ["pd-tcp"] and [s.name for s in narrowed.suites] == ["fixed"]
+    with pytest.raises(fit.FitInputError, match="config pd-tcp not in spec"):
+        fit.spec_for_cells(select_configurations(spec, ["aggregated"]), observed)
+    wrong = fit.observed_cells(run_of(select_configurations(spec, ["pd-tcp"]), HIDDEN).assign(concurrency=3))
+    with pytest.raises(fit.FitInputError, match="no observed cell is one the spec runs"):
+        fit.spec_for_cells(spec, wrong)
+
+
+def test_the_holdout_split_is_seeded_and_keeps_every_configuration_in_the_fit():
+    keys = [(c, "s", f"w{i}", 1, "main") for c, n in (("a", 7), ("b", 4), ("c", 1)) for i in range(n)]
+    cells = pd.MultiIndex.from_tuples(keys, names=fit.MATCH_KEYS)
+    held = fit.holdout_mask(cells, seed=3)
+    assert (held == fit.holdout_mask(cells, seed=3)).all()
+    assert any((fit.holdout_mask(cells, seed=s) != held).any() for s in range(4, 10))
+    configs = np.array([k[0] for k in keys])
+    assert [int((~held & (configs == c)).sum()) for c in "abc"] == [4, 2, 1]
+    assert [int((held & (configs == c)).sum()) for c in "abc"] == [3, 2, 0]
+
+
+def test_the_search_minimises_a_nonlinear_least_squares_problem_within_its_box():
+    target = np.array([0.3, -0.2])
+
+    def f(x):   # residuals of a curved valley whose minimum, zero, is at `target`
+        return np.array([10 * (x[1] - target[1] - (x[0] - target[0]) ** 2), x[0] - target[0], np.exp(x[0]) - 1.35])
+
+    def run(lower):
+        points = np.array([[0.0, 0.0], [0.4, 0.0], [0.0, 0.4]])
+        return fit.least_squares_dfo(f, points, np.array([f(p) for p in points]), np.array(lower),
+                                     np.array([1.0, 1.0]), radius=0.4, xtol=1e-7)
+
+    x, r = run([-1.0, -1.0])
+    assert x == pytest.approx(target, abs=1e-3) and r == pytest.approx(f(x))
+    x, _ = run([-1.0, 0.0])              # the minimum is outside the box: the search stops at its edge
+    assert x[1] == pytest.approx(0.0, abs=1e-9) and 0.0 <= x[1]
+
+
+def test_the_search_stops_when_its_budget_is_spent():
+    calls = []
+
+    def f(x):
+        if len(calls) == 3:
+            raise fit.BudgetExhausted
+        calls.append(x)
+        return np.array([x[0] - 5.0])
+
+    points = np.array([[0.0], [1.0]])
+    x, r = fit.least_squares_dfo(f, points, np.array([[-5.0], [-4.0]]), np.array([-10.0]), np.array([10.0]),
+                                 radius=1.0)
+    assert len(calls) == 3 and r[0] ** 2 == min(float((c[0] - 5.0) ** 2) for c in [*calls, [1.0]])

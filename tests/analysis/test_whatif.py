@@ -1,0 +1,97 @@
+"""What-if planning, pure parts: which variants are tried, how the rate is searched, which variant wins."""
+import math
+
+import pytest
+
+from epdbench.analysis.whatif import (MAX_DOUBLINGS, Point, best_per_configuration, capacity_row, search_rate,
+                                      table_lines, variants)
+from epdbench.specs.models import load_spec
+
+
+@pytest.fixture(scope="module")
+def pd_text():
+    return load_spec("pd-text")
+
+
+def test_variants_keep_each_configuration_and_fit_one_node(pd_text):
+    found = variants(pd_text, [1, 2, 3, 4])
+    assert all(v.config.gpus <= 8 for v in found)
+    assert {v.family for v in found} == {"aggregated", "pd-tcp", "pd-rdma"}
+    for base in pd_text.configurations:          # the spec's own shape is always among them
+        mine = [v for v in found if v.family == base.name]
+        assert any([(r.replicas, r.tp) for r in v.config.roles] == [(r.replicas, r.tp) for r in base.roles]
+                   for v in mine)
+        assert all(v.config.kv_transport == base.kv_transport for v in mine)
+    # TP2 everywhere (the spec's TP): aggregated 1..4 servers; PD prefill + decode replicas within 4 pairs
+    assert len([v for v in found if v.family == "aggregated"]) == 4
+    assert len([v for v in found if v.family == "pd-tcp"]) == 6
+    assert len({v.config.name for v in found}) == len(found)
+    assert all(r.rdma_interfaces >= 1 for v in found if v.family == "pd-rdma" for r in v.config.roles)
+
+
+def test_tp_and_gpu_budget_and_other_transports(pd_text):
+    spec = pd_text.model_copy(update={"configurations": [c for c in pd_text.configurations if c.name == "pd-tcp"]})
+    found = variants(spec, [1, 2], tps=[1, 2, 4], transports=["tcp", "rdma"], max_gpus=4)
+    assert {v.family for v in found} == {"pd-tcp", "pd-rdma"}
+    assert all(v.config.gpus <= 4 for v in found)
+    assert any(r.tp == 1 for v in found for r in v.config.roles)
+    rdma = [v for v in found if v.family == "pd-rdma"]
+    assert rdma and all(v.config.kv_transport == "rdma" and all(r.rdma_interfaces >= 1 for r in v.config.roles)
+                        for v in rdma)
+    # the spec's own shape (prefill 1×TP2 + decode 2×TP2, 6 GPUs) exceeds the budget: left out
+    assert not any(v.config.gpus > 4 for v in found)
+
+
+def threshold(capacity: float, n: int = 100, target: float = 0.9):
+    """A synthetic system: every request meets the SLO below `capacity`, none above."""
+    calls = []
+
+    def evaluate(rate: float) -> Point:
+        calls.append(rate)
+        return Point(rate, n, n if rate <= capacity else 0, target)
+    return evaluate, calls
+
+
+def test_search_walks_up_the_swept_rates_then_bisects():
+    evaluate, calls = threshold(5.0)
+    points = search_rate(evaluate, [8, 1, 2, 4], refine=3)
+    assert calls[:4] == [1, 2, 4, 8]                   # upwards, stopping at the first failure
+    assert len(calls) == 4 + 3
+    row = capacity_row(_variant(), points)
+    assert 4 <= row["goodput_req_s"] <= 5.0 < row["fails_at_req_s"] <= 8
+    assert row["fails_at_req_s"] / row["goodput_req_s"] == pytest.approx(2 ** (1 / 8))   # three halvings in log
+
+
+def test_search_doubles_past_the_highest_rate_while_all_hold():
+    evaluate, calls = threshold(20.0)
+    points = search_rate(evaluate, [1, 2], refine=0)
+    assert calls == [1, 2, 4, 8, 16, 32]
+    row = capacity_row(_variant(), points)
+    assert row["goodput_req_s"] == 16 and row["fails_at_req_s"] == 32
+    evaluate, calls = threshold(math.inf)
+    row = capacity_row(_variant(), search_rate(evaluate, [1], refine=2))
+    assert calls == [2 ** k for k in range(MAX_DOUBLINGS + 1)]
+    assert row["fails_at_req_s"] is None and "held" in row["note"]
+
+
+def test_a_variant_failing_the_lowest_rate_has_no_goodput():
+    evaluate, calls = threshold(0.1)
+    row = capacity_row(_variant(), search_rate(evaluate, [0.5, 1], refine=3))
+    assert calls == [0.5] and row["goodput_req_s"] is None and row["goodput_req_s_per_gpu"] is None
+    assert "fails at the lowest rate" in row["note"]
+
+
+def test_the_best_variant_per_configuration_is_by_goodput_per_gpu(pd_text):
+    found = variants(pd_text, [1, 2])
+    rows = [capacity_row(v, [Point(1.0 * v.config.gpus ** 0.5, 10, 10, 0.9)]) for v in found]
+    best = best_per_configuration(rows)
+    per_gpu = [r["goodput_req_s_per_gpu"] for r in best]
+    assert per_gpu == sorted(per_gpu, reverse=True) and len(best) == 3
+    for b in best:       # sqrt(GPUs)/GPUs: the fewest GPUs wins each configuration
+        assert b["gpus"] == min(r["gpus"] for r in rows if r["configuration"] == b["configuration"])
+    lines = table_lines(best)
+    assert lines[0].startswith("configuration") and len(lines) == 2 + len(best)
+
+
+def _variant():
+    return variants(load_spec("pd-text"), [1])[0]

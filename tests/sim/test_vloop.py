@@ -1,0 +1,56 @@
+"""The virtual-time loop: timers move its clock, nothing waits on the host, a deadlock is named."""
+import asyncio
+import time
+
+import pytest
+
+from epdbench.sim.vloop import Deadlock, VirtualTimeLoop, run
+
+
+def test_sleeps_move_virtual_time_and_cost_no_host_time():
+    seen = []
+
+    async def sleeper(name, delays):
+        for d in delays:
+            await asyncio.sleep(d)
+            seen.append((round(asyncio.get_running_loop().time(), 9), name))
+
+    async def main():
+        await asyncio.gather(sleeper("a", [3600, 1]), sleeper("b", [0.5, 3600.25]))
+        return asyncio.get_running_loop().time()
+
+    t0 = time.perf_counter()
+    end = run(main())
+    assert time.perf_counter() - t0 < 1.0                 # two virtual hours
+    assert end == pytest.approx(3601.0)
+    assert seen == [(0.5, "b"), (3600.0, "a"), (3600.75, "b"), (3601.0, "a")]
+
+
+def test_the_same_program_gives_the_same_trace():
+    async def main():
+        loop, trace = asyncio.get_running_loop(), []
+
+        async def worker(i):
+            for k in range(20):
+                await asyncio.sleep((i * 7 + k * 3) % 5 * 0.001)
+                trace.append((i, k, loop.time()))
+        await asyncio.gather(*(worker(i) for i in range(5)))
+        return trace
+
+    assert run(main()) == run(main())
+
+
+def test_a_wait_no_timer_can_end_is_a_deadlock():
+    async def main():
+        await asyncio.get_running_loop().create_future()
+
+    with pytest.raises(Deadlock):
+        run(main())
+
+
+def test_the_clock_starts_at_zero_in_nanoseconds_too():
+    loop = VirtualTimeLoop()
+    assert loop.time() == 0 and loop.time_ns() == 0
+    loop.advance(1.5)
+    assert loop.time_ns() == 1_500_000_000
+    loop.close()

@@ -1,0 +1,77 @@
+"""Calibration profiles (specs.profile): written, read back, validated and applied to a spec's hardware."""
+from __future__ import annotations
+
+from datetime import date
+
+import pytest
+import yaml
+
+from epdbench.specs.models import SpecError, load_spec, spec_fingerprint
+from epdbench.specs.profile import FREE_CONSTANTS, CalibrationProfile, apply_profile, load_profile, profile_to_yaml
+
+
+def a_profile(**changes) -> dict:
+    spec = load_spec("smoke")
+    data = {"spec": spec.name, "spec_fingerprint": spec_fingerprint(spec), "source": "results/run/summary.csv",
+            "created": "2026-12-01", "hardware": {"compute_efficiency": 0.42, "tcp_gb_s": 1.7},
+            "left_as_in_spec": ["rdma_latency_ms"], "evaluations": 60,
+            "fit_error": {"ttft_p50_ms": 0.02, "req_s": None}, "holdout_seed": 0,
+            "holdout_error": {"ttft_p50_ms": 0.04, "req_s": None}}
+    return {**data, **changes}
+
+
+def test_a_profile_round_trips_through_yaml(tmp_path):
+    path = tmp_path / "profile.yaml"
+    path.write_text(profile_to_yaml(a_profile()))
+    loaded = load_profile(path)
+    assert loaded == CalibrationProfile.model_validate(a_profile()).model_dump(mode="json")
+    assert loaded["created"] == "2026-12-01" and loaded["hardware"] == {"compute_efficiency": 0.42, "tcp_gb_s": 1.7}
+    assert path.read_text().startswith("# epdbench calibration profile")
+
+
+def test_applying_a_profile_replaces_only_its_hardware_fields():
+    spec = load_spec("smoke")
+    applied = apply_profile(spec, a_profile())
+    assert applied.hardware.compute_efficiency == 0.42 and applied.hardware.tcp_gb_s == 1.7
+    untouched = set(type(spec.hardware).model_fields) - {"compute_efficiency", "tcp_gb_s"}
+    assert all(getattr(applied.hardware, f) == getattr(spec.hardware, f) for f in untouched)
+    assert applied.model_dump(exclude={"hardware"}) == spec.model_dump(exclude={"hardware"})
+    assert spec.hardware.compute_efficiency != 0.42                      # a copy: the spec is unchanged
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"hardware": {"compute_efficiency": 1.5}},
+     "field 'hardware': compute_efficiency: Input should be less than or equal to 1"),
+    ({"hardware": {"tcp_latency_ms": -0.1}}, "tcp_latency_ms: Input should be greater than or equal to 0"),
+    ({"hardware": {"tcp_gb_s": 0}}, "tcp_gb_s: Input should be greater than 0"),
+    ({"hardware": {"hbm_tb_s": 3.0}}, "'hbm_tb_s' is not a free constant"),
+    ({"left_as_in_spec": ["gpu"]}, "not free constants: gpu"),
+    ({"colour": "blue"}, "field 'colour': Extra inputs are not permitted"),
+    ({"created": "yesterday"}, "field 'created'"),
+])
+def test_a_bad_profile_is_one_line_naming_the_field(tmp_path, changes, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(a_profile(**changes)))
+    with pytest.raises(SpecError) as e:
+        load_profile(path)
+    assert message in str(e.value) and str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("text, message", [("just words", "expected a mapping"), ("a: [1,", "not valid YAML")])
+def test_a_file_that_is_no_profile_is_an_error(tmp_path, text, message):
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError, match=message):
+        load_profile(path)
+
+
+def test_a_missing_profile_says_how_to_make_one(tmp_path):
+    with pytest.raises(SpecError, match="no such file.*epdbench calibrate"):
+        load_profile(tmp_path / "none.yaml")
+
+
+def test_every_free_constant_is_a_hardware_field_a_profile_may_set():
+    spec = load_spec("smoke")
+    values = {n: getattr(spec.hardware, n) for n in FREE_CONSTANTS}
+    profile = a_profile(hardware=values, created=date(2026, 1, 2))
+    assert apply_profile(spec, profile).hardware == spec.hardware

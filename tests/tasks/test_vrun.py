@@ -1,0 +1,140 @@
+"""A spec run in virtual time: deterministic, in the records' format, with the HTTP simulator's physics."""
+import asyncio
+
+import pandas as pd
+import pytest
+
+from epdbench.analysis.metrics import summarize
+from epdbench.physics.costmodel import CostModel, link_bytes_per_s, setup_seconds, transfer_seconds
+from epdbench.sim import vloop
+from epdbench.sim.link import Link
+from epdbench.sim.vcluster import VirtualCluster
+from epdbench.tasks.results import append_records, read_records
+from epdbench.tasks.vrun import prompt_calibration, simulate_configuration, simulate_records, simulate_summary
+
+
+def only(spec, configs, suites=None, **updates):
+    return spec.model_copy(update={"configurations": [c for c in spec.configurations if c.name in configs],
+                                   **({"suites": [s for s in spec.suites if s.name in suites]} if suites else {}),
+                                   **updates})
+
+
+def test_the_same_spec_gives_the_same_figures_and_every_request_is_served(tiny_spec):
+    a = simulate_summary(tiny_spec)
+    assert a.astype(str).equals(simulate_summary(tiny_spec).astype(str))
+    assert sorted(a["config"].unique()) == ["aggregated", "epd", "pd-rdma", "pd-tcp"]
+    assert (a["requests_ok"] == a["requests_total"]).all() and (a["timing"] == "modelled").all()
+
+
+def test_records_have_the_results_folder_format(tiny_spec, tmp_path):
+    spec = only(tiny_spec, {"pd-tcp"})
+    rows = simulate_configuration(spec, spec.configurations[0], prompt_calibration(spec))
+    records = pd.DataFrame(rows)
+    path = tmp_path / "records.parquet"
+    append_records(path, rows)
+    back = read_records(path)
+    assert len(back) == len(records) and back["request_id"].is_unique
+    assert summarize(back).astype(str).equals(summarize(records).astype(str))
+    measured = back[back["phase"] == "measured"]
+    assert (measured["prompt_tokens"] == measured["target_prompt_tokens"]).all()   # calibrated to the tokenizer
+    assert (measured["output_tokens"] == measured["max_tokens"]).all()
+
+
+def test_pd_ttft_differs_between_transports_by_exactly_the_kv_transfer(tiny_spec):
+    spec = only(tiny_spec, {"pd-tcp", "pd-rdma"}, {"fixed"})
+    spec = spec.model_copy(update={"suites": [spec.suites[0].model_copy(update={"concurrencies": [1]})]})
+    s = simulate_summary(spec).set_index("config")
+    rec = simulate_records(only(spec, {"pd-tcp"}))
+    prompt = int(rec["prompt_tokens"].iloc[0])
+    cost = CostModel(spec.model, spec.hardware, 1)
+    kv, n_desc = cost.kv_bytes(prompt), cost.kv_descriptors
+    pd_tcp = next(c for c in spec.configurations if c.name == "pd-tcp")
+    expected = (transfer_seconds(spec.hardware, "tcp", kv, 1, n_desc)
+                - transfer_seconds(spec.hardware, "rdma", kv, 1, n_desc)) * 1e3
+    assert s.loc["pd-tcp", "ttft_p50_ms"] - s.loc["pd-rdma", "ttft_p50_ms"] == pytest.approx(expected, abs=1e-3)
+    assert pd_tcp.kv_transport == "tcp" and expected > 50          # 4096 tokens of KV over 3 GB/s TCP
+
+
+def test_a_refused_request_and_a_timed_out_one_are_failures_on_record(tiny_spec):
+    spec = only(tiny_spec, {"aggregated"}, {"fixed"})
+    too_long = spec.model_copy(update={"engine": spec.engine.model_copy(update={"max_model_len": 1024})})
+    rec = simulate_records(too_long)
+    assert (rec["status"] == 400).all() and not rec["ok"].any()
+    assert rec["error"].str.startswith("HTTP 400: This model's maximum context length is 1024 tokens").all()
+    slow = spec.model_copy(update={"request_timeout_s": 0.05})      # a 4096-token prefill takes longer
+    rec = simulate_records(slow)
+    assert not rec["ok"].any() and rec["error"].str.startswith("timeout after").all()
+    assert len(rec) == 9                                              # 1 warm-up + 8 measured, none lost
+
+
+def test_a_cached_image_is_not_encoded_again(tiny_spec):
+    s = simulate_summary(only(tiny_spec, {"aggregated", "epd"}, {"mm", "mm-reuse"})).set_index(["config", "suite"])
+    for config in ("aggregated", "epd"):       # the shared image is encoded once: the second request is faster
+        assert s.loc[(config, "mm-reuse"), "ttft_p50_ms"] < s.loc[(config, "mm"), "ttft_p50_ms"]
+    assert isinstance(s, pd.DataFrame)
+
+
+def test_a_bigger_image_reaches_its_first_token_later_by_its_modelled_preprocessing(tiny_spec):
+    mm = next(s for s in tiny_spec.suites if s.name == "mm")
+    mm = mm.model_copy(update={"concurrencies": [1], "cells": [
+        mm.cells[0], mm.cells[0].model_copy(update={"name": "big", "image_px": 1120})]})
+    spec = only(tiny_spec, {"aggregated", "pd-tcp", "epd"}).model_copy(update={"suites": [mm]})
+
+    def ttft(ms: float, ms_per_mp: float) -> pd.Series:
+        hw = spec.hardware.model_copy(update={"image_preprocess_ms": ms, "image_preprocess_ms_per_mp": ms_per_mp})
+        s = simulate_summary(spec.model_copy(update={"hardware": hw}))
+        return s.set_index(["config", "workload"])["ttft_p50_ms"]
+    extra = ttft(3.0, 40.0) - ttft(0.0, 0.0)
+    for config in ("aggregated", "pd-tcp", "epd"):      # preprocessed once, on the first replica of the path
+        assert extra[(config, "1k:560px+200/8")] == pytest.approx(3.0 + 40.0 * 0.3136, abs=1e-6)
+        assert extra[(config, "big:1120px+200/8")] == pytest.approx(3.0 + 40.0 * 1.2544, abs=1e-6)
+
+
+
+def kv_transfers(spec, config, monkeypatch) -> tuple[list[tuple[float, float]], int]:
+    """(start, end) of each KV transfer, and the prompt length, when two PD requests of the same length arrive
+    together, served by sim.vcluster on the virtual-time loop: both prefills end in the same engine step, so their
+    KV transfers start together."""
+    log = []
+    send = Link.send
+
+    async def logged(self, setup_s, link_s, peer=None, lanes=0):
+        t0 = asyncio.get_running_loop().time()
+        await send(self, setup_s, link_s, peer, lanes)
+        if peer is not None:                                          # KV (encoder outputs go without a peer)
+            log.append((t0, asyncio.get_running_loop().time()))
+    monkeypatch.setattr(Link, "send", logged)
+
+    async def main():
+        cluster = VirtualCluster(spec, config)
+        cluster.start()
+        prompts = [cluster.parse("completions", {"prompt": " ".join(f"w{i}n{k}" for k in range(2000)),
+                                                 "max_tokens": 2}) for i in range(2)]
+        await asyncio.gather(*(cluster.generate(f"r{i}", p, lambda t: None) for i, p in enumerate(prompts)))
+        await cluster.stop()
+        return len(prompts[0].ids)
+    n_tokens = vloop.run(main())
+    return sorted(log), n_tokens
+
+
+@pytest.mark.parametrize("transport, decodes, ends_in_link_times", [
+    ("tcp", 1, (1, 2)),     # to one decode: 56 descriptors hold its 4 lanes, the second transfer waits (setup too)
+    ("tcp", 2, (2, 2)),     # to two decodes: both move bytes at once, each at half the link
+    ("rdma", 1, (2, 2)),    # RDMA has no lanes: both share the NICs
+])
+def test_overlapping_kv_transfers_wait_for_the_peers_lanes_or_share_the_link(tiny_spec, monkeypatch, transport,
+                                                                            decodes, ends_in_link_times):
+    config = next(c for c in tiny_spec.configurations if c.name == f"pd-{transport}")
+    config = config.model_copy(update={"roles": [r.model_copy(update={"replicas": decodes}) if r.role == "decode"
+                                                 else r for r in config.roles]})
+    transfers, n_tokens = kv_transfers(tiny_spec, config, monkeypatch)
+    hw, cost = tiny_spec.hardware, CostModel(tiny_spec.model, tiny_spec.hardware, 1)
+    setup = setup_seconds(hw, transport, cost.kv_descriptors)
+    move = cost.kv_bytes(n_tokens) / link_bytes_per_s(hw, transport, 1)
+    assert len(transfers) == 2 and transfers[0][0] == transfers[1][0] and n_tokens >= 2000
+    start = transfers[0][0]
+    if ends_in_link_times == (1, 2):
+        expected = [start + setup + move, start + 2 * (setup + move)]
+    else:
+        expected = [start + setup + 2 * move] * 2
+    assert [end for _, end in transfers] == [pytest.approx(e, abs=1e-9) for e in expected]

@@ -1,0 +1,142 @@
+"""`epdbench calibrate` end to end on the virtual-time simulator: a "hardware run" made by the simulator with
+changed hidden constants, calibrated back; bad input is one line and exit 2; `compare --profile`."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import yaml
+
+from epdbench.analysis import fit
+from epdbench.cli import main
+from epdbench.cli.common import load_compare_spec
+from epdbench.cli.parser import build_parser
+from epdbench.cli.planning import _read_run
+from epdbench.specs.models import load_spec, parse_spec
+from epdbench.specs.profile import load_profile
+from epdbench.tasks.results import append_records
+from epdbench.tasks.vrun import simulate_records, simulate_summary
+
+HIDDEN = {"compute_efficiency": 0.35, "hbm_efficiency": 0.65, "step_overhead_ms": 2.0, "tcp_gb_s": 1.5}
+
+
+def tiny_spec_data() -> dict:
+    """smoke's model, hardware and engine; aggregated and PD over TCP; one small fixed suite (8 cells)."""
+    smoke = load_spec("smoke").model_dump(mode="json")
+    return {"name": "calib-tiny", "seed": 3, "model": smoke["model"], "hardware": smoke["hardware"],
+            "engine": smoke["engine"],
+            "configurations": [c for c in smoke["configurations"] if c["name"] in ("aggregated", "pd-tcp")],
+            "suites": [{"kind": "fixed", "name": "fixed", "concurrencies": [1, 4], "n_warmup": 1, "n_measured": 4,
+                        "shapes": [{"input_tokens": 512, "output_tokens": 32},
+                                   {"input_tokens": 2048, "output_tokens": 32}]}]}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """(spec path, summary.csv of the run with the hidden constants)."""
+    folder = tmp_path_factory.mktemp("calibrate")
+    spec_path = folder / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(tiny_spec_data()))
+    summary = folder / "summary.csv"
+    simulate_summary(fit.spec_with(parse_spec(tiny_spec_data()), HIDDEN)).to_csv(summary, index=False)
+    return spec_path, summary
+
+
+def test_calibration_recovers_the_hidden_constants(run, tmp_path, capsys):
+    spec_path, summary = run
+    out = tmp_path / "profile.yaml"
+    code = main(["calibrate", "--spec", str(spec_path), "--from", str(summary), "--out", str(out),
+                 "--evaluations", "30"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    profile = load_profile(out)
+    for name, hidden in HIDDEN.items():
+        assert profile["hardware"][name] == pytest.approx(hidden, rel=0.05), name
+    assert set(profile["left_as_in_spec"]) == {"rdma_efficiency", "rdma_latency_ms", "allreduce_latency_us"}
+    assert "no configuration of the run moves data over RDMA" in printed
+    assert max(profile["fit_error"].values()) < 0.02 and max(profile["holdout_error"].values()) < 0.03
+    assert "  run   1/30  loss " in printed and 0 < profile["evaluations"] <= 30
+    assert "held out (4 cells)" in printed and f"wrote {out}" in printed
+
+
+def test_a_published_table_with_some_metric_columns_is_fitted_on_those(run, tmp_path, capsys):
+    table = pd.read_csv(run[1])[fit.MATCH_KEYS + ["ttft_p50_ms", "tpot_p50_ms", "output_tok_s"]]
+    table.to_csv(tmp_path / "published.csv", index=False)
+    code = main(["calibrate", "--spec", str(run[0]), "--from", str(tmp_path / "published.csv"),
+                 "--out", str(tmp_path / "p.yaml"), "--evaluations", "20"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    profile = load_profile(tmp_path / "p.yaml")
+    assert set(profile["fit_error"]) == set(profile["holdout_error"]) == {"ttft_p50_ms", "tpot_p50_ms", "output_tok_s"}
+    assert profile["hardware"]["compute_efficiency"] == pytest.approx(HIDDEN["compute_efficiency"], rel=0.05)
+    assert "metrics ttft_p50_ms, tpot_p50_ms, output_tok_s" in printed
+
+
+def test_a_records_file_is_summarised_as_the_run_summarises_it(tmp_path):
+    spec = parse_spec(tiny_spec_data())
+    records = simulate_records(spec)
+    append_records(tmp_path / "records.parquet", records.to_dict("records"))
+    from_records = fit.observed_cells(_read_run(str(tmp_path / "records.parquet")))
+    from_summary = fit.observed_cells(simulate_summary(spec))
+    pd.testing.assert_frame_equal(from_records, from_summary)
+
+
+def one_line_error(capsys, argv: list[str]) -> str:
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error: "), err
+    return err
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "no such file"),
+    ("config,suite,ttft_p50_ms\naggregated,fixed,10\n", "no key column(s) workload, concurrency, stream"),
+    ("config,suite,workload,concurrency,stream,itl_max_ms\naggregated,fixed,512/32,1,main,3\n", "no metric column"),
+    ("config,suite,workload,concurrency,stream,ttft_p50_ms\nepd,fixed,512/32,1,main,3\n",
+     "config epd not in spec calib-tiny"),
+    ("config,suite,workload,concurrency,stream,ttft_p50_ms\naggregated,fixed,512/32,3,main,3\n",
+     "no observed cell is one the spec runs"),
+    ("", "cannot read it"),
+])
+def test_bad_input_is_one_line_and_exit_2(run, tmp_path, capsys, content, message):
+    source = tmp_path / "summary.csv"
+    if content is not None:
+        source.write_text(content)
+    err = one_line_error(capsys, ["calibrate", "--spec", str(run[0]), "--from", str(source),
+                                  "--out", str(tmp_path / "p.yaml")])
+    assert message in err
+    assert not (tmp_path / "p.yaml").exists()
+
+
+def test_a_corrupt_parquet_file_is_one_line_and_exit_2(run, tmp_path, capsys):
+    source = tmp_path / "records.parquet"
+    source.write_bytes(b"PAR1 not really")
+    err = one_line_error(capsys, ["calibrate", "--spec", str(run[0]), "--from", str(source),
+                                  "--out", str(tmp_path / "p.yaml")])
+    assert "cannot read it" in err
+
+
+def test_bad_flags_are_one_line_and_exit_2(run, tmp_path, capsys):
+    args = ["calibrate", "--spec", str(run[0]), "--from", str(run[1])]
+    assert "--metrics" in one_line_error(capsys, [*args, "--out", str(tmp_path / "p.yaml"), "--metrics", "speed"])
+    assert "does not exist" in one_line_error(capsys, [*args, "--out", str(tmp_path / "no" / "p.yaml")])
+    assert "at least" in one_line_error(capsys, [*args, "--out", str(tmp_path / "p.yaml"), "--evaluations", "1"])
+
+
+@pytest.fixture
+def profile_file(tmp_path, run) -> str:
+    path = tmp_path / "profile.yaml"
+    path.write_text(yaml.safe_dump({"spec": "calib-tiny", "spec_fingerprint": "0" * 16, "source": "x.csv",
+                                    "created": "2026-12-01", "hardware": HIDDEN}))
+    return str(path)
+
+
+def test_compare_applies_a_profile_to_the_simulator(run, profile_file):
+    args = build_parser().parse_args(["compare", "--spec", str(run[0]), "--profile", profile_file])
+    spec = load_compare_spec(args)
+    assert {n: getattr(spec.hardware, n) for n in HIDDEN} == HIDDEN
+
+
+def test_compare_refuses_a_profile_on_kubernetes(run, profile_file, capsys):
+    err = one_line_error(capsys, ["compare", "--spec", str(run[0]), "--target", "kubernetes",
+                                  "--profile", profile_file])
+    assert "--profile" in err and "kubernetes" in err

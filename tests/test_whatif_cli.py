@@ -1,0 +1,58 @@
+"""`epdbench whatif`: variants served in virtual time at searched rates, the capacity table printed and written
+with its plots; bad input answered in one line (exit 2)."""
+import pandas as pd
+import pytest
+import yaml
+
+from epdbench.cli import main
+
+
+def small_spec(tiny_spec_path, tmp_path, suites=True):
+    spec = yaml.safe_load(tiny_spec_path.read_text())
+    spec["name"] = "tiny-whatif"
+    spec["configurations"] = [c for c in spec["configurations"] if c["name"] in ("aggregated", "pd-tcp")]
+    spec["suites"] = ([{"kind": "rate", "name": "capacity", "shapes": [{"input_tokens": 2048, "output_tokens": 16}],
+                        "rates": [2, 16], "n_measured": 12, "n_warmup": 1,
+                        "slo": {"ttft_ms": 400, "attainment": 0.9}}] if suites else spec["suites"][:1])
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def test_whatif_prints_the_capacity_table_and_writes_tables_and_plots(tiny_spec_path, tmp_path, capsys):
+    out = tmp_path / "out"
+    code = main(["whatif", "--spec", str(small_spec(tiny_spec_path, tmp_path)), "--replicas", "1,2", "--window", "2",
+                 "--refine", "1", "--workers", "1", "--out", str(out)])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    variants = pd.read_csv(out / "variants.csv")
+    # aggregated: 1 or 2 servers; PD: prefill and decode 1 or 2 each — every one on a TP1 GPU
+    assert sorted(variants["gpus"]) == [1, 2, 2, 3, 3, 4]
+    best = pd.read_csv(out / "capacity.csv")
+    assert list(best["configuration"].sort_values()) == ["aggregated", "pd-tcp"]
+    for _, r in best.iterrows():
+        assert r["goodput_req_s_per_gpu"] == pytest.approx(r["goodput_req_s"] / r["gpus"])
+        assert r["goodput_req_s_per_gpu"] == variants[variants["configuration"] == r["configuration"]][
+            "goodput_req_s_per_gpu"].max()
+        assert f"{r['configuration']:<16} {r['roles']:<34}" in text
+    points = pd.read_csv(out / "points.csv")
+    assert set(points["rate"]) >= {2.0} and (points["requests"] >= 12).all()
+    assert (out / "whatif-goodput-per-gpu.png").stat().st_size > 1000
+    assert (out / "whatif-capacity-attainment-vs-rate.png").exists()
+    assert "not a measurement" in text and "6 variants" in text
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--replicas", "0,1"], "--replicas 0,1: give comma-separated whole numbers of at least 1"),
+    (["--transports", "tcp,ib"], "--transports tcp,ib: choose from tcp, rdma"),
+    (["--max-gpus", "0"], "--max-gpus: at least 1"),
+])
+def test_bad_flags_are_one_line(tiny_spec_path, tmp_path, capsys, args, message):
+    assert main(["whatif", "--spec", str(small_spec(tiny_spec_path, tmp_path)), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_a_spec_without_an_slo_suite_has_nothing_to_plan(tiny_spec_path, tmp_path, capsys):
+    assert main(["whatif", "--spec", str(small_spec(tiny_spec_path, tmp_path, suites=False))]) == 2
+    assert "no open-loop suite with an slo" in capsys.readouterr().err
