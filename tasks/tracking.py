@@ -43,6 +43,7 @@ PARENT_TAG = "mlflow.parentRunId"
 CHANGED_PARAM_TAG = "epdbench.param."
 PROBE_TIMEOUT_S = 5.0
 QUIET_LOGGERS = ("mlflow", "urllib3")
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"   # MLflow 3's UI mode
 MLFLOW_REST_PATHS = ("/api/2.0/mlflow", "/api/3.0/mlflow", "/ajax-api/", "/api/2.0/mlflow-artifacts")
 
 
@@ -210,9 +211,14 @@ class Tracker:
             if tracking_uri.startswith("sqlite:///"):
                 db = Path(tracking_uri[len("sqlite:///"):])
                 artifact_location = (db.parent / "mlartifacts").resolve().as_uri()
-            self.experiment_id = self.client.create_experiment(experiment, artifact_location=artifact_location)
+            # MLflow 3's UI opens an experiment without a kind in GenAI mode, where runs sit under
+            # "Evaluations"; epdbench's runs are model-serving measurements: the classic runs table
+            self.experiment_id = self.client.create_experiment(experiment, artifact_location=artifact_location,
+                                                               tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
         else:
             self.experiment_id = exp.experiment_id
+            if exp.tags.get(EXPERIMENT_KIND_TAG) is None:   # made before the kind was set, or by someone else
+                self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
 
     # lookup ---------------------------------------------------------------------------------------
 

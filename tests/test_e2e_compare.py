@@ -149,6 +149,7 @@ def test_mlflow_holds_comparison_configuration_and_cell_runs(run):
     _, out, work = run
     client = MlflowClient(tracking_uri=f"sqlite:///{work / 'mlflow.db'}")
     exp = client.get_experiment_by_name("epdbench")
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"     # MLflow 3's UI: the runs table
     runs = client.search_runs([exp.experiment_id], max_results=1000)
     kinds = {}
     for r in runs:

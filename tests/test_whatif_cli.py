@@ -56,3 +56,22 @@ def test_bad_flags_are_one_line(tiny_spec_path, tmp_path, capsys, args, message)
 def test_a_spec_without_an_slo_suite_has_nothing_to_plan(tiny_spec_path, tmp_path, capsys):
     assert main(["whatif", "--spec", str(small_spec(tiny_spec_path, tmp_path, suites=False))]) == 2
     assert "no open-loop suite with an slo" in capsys.readouterr().err
+
+
+def test_a_profile_replaces_the_constants_and_says_where_it_came_from(tiny_spec_path, tmp_path, capsys):
+    from tests.specs.test_profile import a_profile
+    from epdbench.specs.profile import profile_to_yaml
+
+    spec = small_spec(tiny_spec_path, tmp_path)
+    slow = a_profile()
+    slow["hardware"] = {"compute_efficiency": 0.1}          # a fifth of the preset's: prefill far slower
+    path = tmp_path / "profile.yaml"
+    path.write_text(profile_to_yaml(slow))
+    args = ["whatif", "--spec", str(spec), "--replicas", "1", "--window", "2", "--refine", "1", "--workers", "1"]
+    assert main([*args, "--out", str(tmp_path / "plain")]) == 0
+    assert main([*args, "--profile", str(path), "--out", str(tmp_path / "profiled")]) == 0
+    text = capsys.readouterr().out
+    assert f"profile {path} (fitted to a run of spec {slow['spec']}" in text and "compute_efficiency 0.1" in text
+    plain = pd.read_csv(tmp_path / "plain" / "capacity.csv").set_index("configuration")["goodput_req_s"]
+    profiled = pd.read_csv(tmp_path / "profiled" / "capacity.csv").set_index("configuration")["goodput_req_s"]
+    assert (profiled.fillna(0) < plain.fillna(0)).all()

@@ -167,9 +167,14 @@ def cmd_whatif(args) -> int:
     from epdbench.specs.models import load_spec, select_configurations
 
     spec = load_spec(args.spec)
+    origin = ""
     if args.profile:
         from epdbench.specs.profile import apply_profile, load_profile
-        spec = apply_profile(spec, load_profile(args.profile))
+        profile = load_profile(args.profile)
+        spec = apply_profile(spec, profile)
+        fitted = ", ".join(f"{k} {v:.3g}" for k, v in profile["hardware"].items())
+        origin = (f", profile {args.profile} (fitted to a run of spec {profile.get('spec')}"
+                  f" from {profile.get('source')}: {fitted})")
     configs = [x.strip() for x in args.configs.split(",") if x.strip()] if args.configs else None
     spec = select_configurations(spec, configs)
     suites = slo_suites(spec)
@@ -197,7 +202,7 @@ def cmd_whatif(args) -> int:
     print(f"What-if on the virtual-time simulator (modelled hardware {spec.hardware.gpu}, not a measurement): "
           f"{len(found)} variants of {len(spec.configurations)} configurations, suites "
           + "; ".join(f"{s.name} ({', '.join(x.workload for x in s.shapes)}; {slo_text(s.slo)})" for s in suites)
-          + (f", profile {args.profile}" if args.profile else ""), flush=True)
+          + origin, flush=True)
     t0 = time.perf_counter()
     allv, best, points = run_whatif(spec, found, args.refine, args.workers, args.window,
                                     say=lambda line: print(line, flush=True))
