@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from statistics import mean
 
-from epdbench.physics.costmodel import CostModel, PrefillChunk, image_tokens, transfer_seconds
+from epdbench.physics.costmodel import CostModel, PrefillChunk, image_tokens, kv_descriptors, transfer_seconds
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
 from epdbench.specs.workload import Cell, build_requests, plan_cells, prompt_set_hash
 
@@ -41,9 +41,10 @@ def estimate_cell_seconds(spec: ExperimentSpec, config: ConfigurationSpec, cell:
     handoff_s = 0.0
     if config.topology != "aggregated":
         rdma = config.role("prefill").rdma_interfaces
-        handoff_s = per_prefill * transfer_seconds(spec.hardware, config.kv_transport,
-                                                   decode.kv_bytes(max(1, n_tok - cached)), rdma,
-                                                   decode.kv_descriptors)
+        moved = max(1, n_tok - cached)
+        handoff_s = per_prefill * transfer_seconds(spec.hardware, config.kv_transport, decode.kv_bytes(moved), rdma,
+                                                   kv_descriptors(decode, config.kv_connector, moved),
+                                                   config.kv_connector)
     decode_s = output_tokens * decode.step_seconds([n_tok] * per_decode, [])
     if cell.rate:
         return (cell.n_measured / cell.rate + (cell.n_warmup + 1) * (prefill_s + handoff_s + decode_s))

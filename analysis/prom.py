@@ -23,7 +23,9 @@ DELTA_COUNTERS = {
     "mooncake_failed_transfers": ("vllm:mooncake_num_failed_transfers_total", None),
     "mooncake_failed_recvs": ("vllm:mooncake_num_failed_recvs_total", None),
     "mooncake_transfers": ("vllm:mooncake_xfer_time_seconds_count", None),
-    "nixl_bytes_transferred": ("vllm:nixl_bytes_transferred_total", None),
+    # NixlConnector's are histograms (nixl/stats.py): bytes per transfer and transfer time, on the reading side.
+    "nixl_bytes_transferred": ("vllm:nixl_bytes_transferred_sum", None),
+    "nixl_transfers": ("vllm:nixl_xfer_time_seconds_count", None),
     "nixl_failed_transfers": ("vllm:nixl_num_failed_transfers_total", None),
     "router_prefill_requests": ("vllm_router_pd_prefill_requests_total", None),
     "router_decode_requests": ("vllm_router_pd_decode_requests_total", None),

@@ -49,8 +49,12 @@ def verdict_view(o: ConfigOutcome) -> dict:
     """What the report shows of a configuration's evidence (JSON-able)."""
     t, st = o.transport, o.stages
     pods = t.get("pods", {})
+    ec = t.get("ec") or {}
     return {
         "transport": t.get("verdict", "not run"), "transport_reasons": t.get("reasons", [o.error or ""]),
+        "connector": t.get("connector", "mooncake"),
+        "ec_transport": ec.get("verdict"), "ec_reasons": ec.get("reasons", []),
+        "workers": worker_view(t), "ec_workers": worker_view(ec),
         "stages": st.get("verdict", "not run"), "stage_reasons": st.get("reasons", [o.error or ""]),
         "fraction_seen": st.get("fraction_seen", {}),
         "observed": {n: p.get("observed") for n, p in pods.items()},
@@ -59,11 +63,26 @@ def verdict_view(o: ConfigOutcome) -> dict:
         "failed_transfers": t.get("failed_transfers"), "failed_recvs": t.get("failed_recvs"),
         "per_role": st.get("per_role", {}),
         "suites": {name: {"verdict": s["verdict"], "fraction_seen": s["fraction_seen"],
-                          "kv_bytes": sum(d.get("mooncake_bytes_transferred", 0) for r, d in s["metrics_delta"].items()
-                                          if r == "prefill"),
+                          "kv_bytes": sum(d.get("mooncake_bytes_transferred", 0) if r == "prefill" else
+                                          d.get("nixl_bytes_transferred", 0) if r == "decode" else 0
+                                          for r, d in s["metrics_delta"].items()),
                           "cache": cache_by_role(s["metrics_delta"])}
                    for name, s in st.get("suites", {}).items()},
     }
+
+
+def worker_view(t: dict) -> list[str]:
+    """One line per pod and worker of a verdict: what it installed (Mooncake) or which lanes UCX chose (NIXL)."""
+    out = []
+    for name, pod in sorted((t.get("pods") or {}).items()):
+        for wname, w in sorted(pod.get("workers", {}).items()):
+            if "configs" in w:
+                lanes = sorted({f"{x['tl']}/{x['device']}" for c in w["configs"] if c["scope"] != "self"
+                                for x in c["lanes"] if x["class"] != "local"})
+                out.append(f"{name} {wname}: UCX {w['observed'] or '?'} ({', '.join(lanes) or 'no remote lanes'})")
+            else:
+                out.append(f"{name} {wname}: Mooncake {w.get('observed') or '?'}")
+    return out
 
 
 def report_meta(spec: ExperimentSpec, run: str, outcomes: dict[str, ConfigOutcome]) -> dict:
@@ -79,6 +98,8 @@ def report_meta(spec: ExperimentSpec, run: str, outcomes: dict[str, ConfigOutcom
         "created": dt.datetime.now().isoformat(timespec="seconds"),
         "configurations": [{"name": c.name, "topology": c.topology, "roles": roles_text(c), "gpus": c.gpus,
                             "transport": c.kv_transport,
+                            "connector": "none" if c.topology == "aggregated" else c.kv_connector,
+                            "ec_transport": c.ec_expected,
                             "router": outcomes[c.name].router if c.name in outcomes else ""}
                            for c in spec.configurations],
         "failures": {n: o.error for n, o in outcomes.items() if o.error},

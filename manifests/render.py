@@ -15,8 +15,8 @@ import kubernetes_validate
 import yaml
 
 from epdbench.specs import commands
-from epdbench.specs.commands import (ENGINE_PORT, MOONCAKE_BOOTSTRAP_PORT, NIXL_SIDE_CHANNEL_PORT, ROUTER_METRICS_PORT,
-                                     ROUTER_PORT, ec_transfer_config, engine_args, moves_kv)
+from epdbench.specs.commands import (EC_SIDE_CHANNEL_PORT, ENGINE_PORT, MOONCAKE_BOOTSTRAP_PORT, NIXL_SIDE_CHANNEL_PORT,
+                                     ROUTER_METRICS_PORT, ROUTER_PORT, ec_transfer_config, engine_args, moves_kv)
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, KubernetesTargetSpec, RoleSpec
 from epdbench.templating import make_env
 
@@ -71,15 +71,41 @@ def selector_labels(config: ConfigurationSpec, role: str) -> dict[str, str]:
     return {LABEL_CONFIG: config.name, LABEL_ROLE: role}
 
 
+POD_IP = {"valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+# UCX transports per expected transport (UCX_TLS). TCP: tcp lanes only, with cuda_copy to stage GPU memory, as
+# MC_FORCE_TCP does for Mooncake. RDMA: verbs (rc, ud) and GPU copies but no tcp, so UCX cannot fall back to TCP in
+# silence (without HCAs the pod fails at start instead); sm and self for the pod's own processes.
+UCX_TLS = {"tcp": "tcp,cuda_copy,sm,self", "rdma": "rc,ud,cuda_copy,sm,self"}
+
+
+def ucx_env(spec: ExperimentSpec, transport: str) -> list[dict]:
+    """UCX's environment of a NIXL pod: the transports it may choose, the NICs (when the spec names them), and the
+    info-level lines that name each endpoint's lanes (the evidence analysis.ucx reads)."""
+    env = [{"name": "UCX_TLS", "value": UCX_TLS[transport]}, {"name": "UCX_LOG_LEVEL", "value": "info"}]
+    devices = spec.target.kubernetes.node.ucx_net_devices.get(transport)
+    if devices:
+        env.append({"name": "UCX_NET_DEVICES", "value": devices})
+    return env
+
+
+def uses_nixl_kv(config: ConfigurationSpec, role: str) -> bool:
+    return config.kv_connector == "nixl" and moves_kv(config, role)
+
+
 def engine_env(spec: ExperimentSpec, config: ConfigurationSpec, role: str) -> list[dict]:
     """Environment that makes pods produce the evidence we verify (request bodies with the client's id,
-    Mooncake metrics, forced TCP)."""
+    Mooncake metrics, forced TCP; UCX's lanes for NIXL)."""
     env = [{"name": "HF_HOME", "value": HF_HOME},
            {"name": "VLLM_REQUEST_BODY_LOG_LEVEL", "value": commands.REQUEST_BODY_LOG_LEVEL}]
     secret = spec.target.kubernetes.engine.hf_token_secret
     if secret:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret, "key": "HF_TOKEN"}}})
-    if moves_kv(config, role):
+    ucx = None
+    if uses_nixl_kv(config, role):
+        env += [{"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", **POD_IP},
+                {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(NIXL_SIDE_CHANNEL_PORT)}]
+        ucx = config.kv_transport
+    elif moves_kv(config, role):
         env += [{"name": "MC_TE_METRIC", "value": "1"},
                 {"name": "MC_TE_METRIC_INTERVAL_SECONDS", "value": "5"},
                 {"name": "VLLM_MOONCAKE_BOOTSTRAP_PORT", "value": str(MOONCAKE_BOOTSTRAP_PORT)}]
@@ -87,22 +113,40 @@ def engine_env(spec: ExperimentSpec, config: ConfigurationSpec, role: str) -> li
             # Mooncake installs RDMA by itself whenever it discovers HCAs, whatever vLLM's config says.
             env.append({"name": "MC_FORCE_TCP", "value": "1"})
     if ec_transfer_config(spec, config, role):
-        env.append({"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(NIXL_SIDE_CHANNEL_PORT)})
+        # ECCPUConnector (vLLM 0.30 on) needs the V2 model runner; its producer announces this address to consumers.
+        env += [{"name": "VLLM_USE_V2_MODEL_RUNNER", "value": "1"},
+                {"name": "VLLM_EC_SIDE_CHANNEL_HOST", **POD_IP},
+                {"name": "VLLM_EC_SIDE_CHANNEL_PORT", "value": str(EC_SIDE_CHANNEL_PORT)}]
+        if role == "encode" and "VLLM_LOGGING_LEVEL" not in spec.target.kubernetes.engine.env:
+            # vLLM logs each completed NIXL READ of encoder outputs at DEBUG only: the proof that they moved.
+            env.append({"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"})
+        if ucx is None or ucx == config.ec_expected:
+            ucx = config.ec_expected
+        else:
+            raise ManifestError(f"{config.name}: the prefill pod's UCX serves KV over {ucx} and encoder outputs over "
+                                f"{config.ec_expected}; one UCX_TLS cannot force both: use one transport")
+    if ucx:
+        env += ucx_env(spec, ucx)
     env += [{"name": k, "value": v} for k, v in sorted(spec.target.kubernetes.engine.env.items())]   # the spec's own
     return env
 
 
 def engine_ports(spec: ExperimentSpec, config: ConfigurationSpec, role: str) -> list[dict]:
     ports = [{"name": "http", "containerPort": ENGINE_PORT}]
-    if moves_kv(config, role) and role == "prefill":
+    if uses_nixl_kv(config, role):
+        ports.append({"name": "nixl-side", "containerPort": NIXL_SIDE_CHANNEL_PORT})
+    elif moves_kv(config, role) and role == "prefill":
         ports.append({"name": "kv-bootstrap", "containerPort": MOONCAKE_BOOTSTRAP_PORT})
-    if ec_transfer_config(spec, config, role):
-        ports.append({"name": "ec-side", "containerPort": NIXL_SIDE_CHANNEL_PORT})
+    if ec_transfer_config(spec, config, role) and role == "encode":
+        ports.append({"name": "ec-side", "containerPort": EC_SIDE_CHANNEL_PORT})
     return ports
 
 
 def uses_rdma(config: ConfigurationSpec, role: str) -> bool:
-    return config.kv_transport == "rdma" and moves_kv(config, role)
+    """RDMA NICs for the KV roles of an RDMA configuration, and for Encode and Prefill when encoder outputs go
+    over RDMA."""
+    return ((config.kv_transport == "rdma" and moves_kv(config, role))
+            or (config.ec_expected == "rdma" and role in ("encode", "prefill")))
 
 
 def cpu_memory(cpu: str | None, memory: str | None) -> dict[str, str]:
@@ -150,7 +194,7 @@ def vllm_router_args(spec: ExperimentSpec, config: ConfigurationSpec) -> list[st
     return commands.vllm_router_args(
         config, host="0.0.0.0", port=ROUTER_PORT, prometheus_port=ROUTER_METRICS_PORT,
         startup_timeout_s=spec.target.kubernetes.ready_timeout_s, servers=role_urls(config, "server"),
-        prefills=[(url, MOONCAKE_BOOTSTRAP_PORT) for url in role_urls(config, "prefill")],
+        prefills=[(url, MOONCAKE_BOOTSTRAP_PORT) for url in role_urls(config, "prefill")],   # NIXL: URL alone
         decodes=role_urls(config, "decode"))
 
 

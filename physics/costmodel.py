@@ -189,6 +189,11 @@ class CostModel:
         "Avg number of descriptors=56.0" is 2 × 28 layers of Qwen2.5-VL-7B."""
         return 2 * self.model.n_layers
 
+    def nixl_descriptors(self, tokens: int) -> int:
+        """Descriptors of one KV READ as vLLM's NixlConnector posts it (nixl/base_worker.py `_get_block_descs_ids`):
+        one per KV region (layer and K/V) and block, no merging of contiguous blocks."""
+        return 2 * self.model.n_layers * max(1, math.ceil(tokens / KV_BLOCK_TOKENS))
+
     def kv_capacity_tokens(self, gpu_memory_utilization: float) -> int:
         """KV cache of one engine in tokens: the memory vLLM may use on its TP GPUs (HBM × gpu_memory_utilization
         × TP) less the weights, over the KV bytes of one token. (vLLM's profiling run also subtracts the peak
@@ -225,6 +230,13 @@ class CostModel:
 # pairs of endpoints kept per peer: one latency per transfer, no lanes; its transfers share the NICs.
 
 MOONCAKE_TCP_LANES_PER_PEER = 4   # tcp_transport.h ConnectionLaneState::lanes_per_peer (MC_TCP_LANES_PER_PEER)
+KV_BLOCK_TOKENS = 16              # vLLM's KV cache block on CUDA: CacheConfig.DEFAULT_BLOCK_SIZE (vllm/config/cache.py)
+# NIXL over UCX (NixlConnector): the decode READs the prefill's blocks, one descriptor per region and block
+# (CostModel.nixl_descriptors), all posted as one transfer request. Over TCP UCX emulates each remote read with
+# active messages on its tcp lanes (the `rma_am` lanes its endpoint lines show): a setup per transfer and a cost per
+# further descriptor, measured with the real NIXL 1.5.1 / UCX 1.23.0 by benchmarks/nixl_ucx.py (HardwareSpec
+# ucx_tcp_setup_ms, ucx_tcp_descriptor_ms). Over RDMA each descriptor is a work request posted in the same batch:
+# one latency per transfer (rdma_latency_ms, as Mooncake's). UCX keeps no per-peer queue of transfers (no lanes).
 
 
 def link_bytes_per_s(hw: HardwareSpec, transport: str, rdma_interfaces: int = 1) -> float:
@@ -233,26 +245,37 @@ def link_bytes_per_s(hw: HardwareSpec, transport: str, rdma_interfaces: int = 1)
     return hw.tcp_gb_s * 1e9
 
 
-def setup_seconds(hw: HardwareSpec, transport: str, descriptors: int = 1) -> float:
+def setup_seconds(hw: HardwareSpec, transport: str, descriptors: int = 1, connector: str = "mooncake") -> float:
     """The part of one transfer that moves no bytes over the link: over TCP the engine's setup per transfer and per
-    further descriptor, plus the network's latency per transfer; over RDMA one latency per transfer."""
+    further descriptor (Mooncake's or UCX's, by `connector`), plus the network's latency per transfer; over RDMA one
+    latency per transfer."""
     if transport == "rdma":
         return hw.rdma_latency_ms / 1e3
-    return (hw.tcp_setup_ms + (max(1, descriptors) - 1) * hw.tcp_descriptor_ms + hw.tcp_latency_ms) / 1e3
+    setup, per_descriptor = ((hw.ucx_tcp_setup_ms, hw.ucx_tcp_descriptor_ms) if connector == "nixl"
+                             else (hw.tcp_setup_ms, hw.tcp_descriptor_ms))
+    return (setup + (max(1, descriptors) - 1) * per_descriptor + hw.tcp_latency_ms) / 1e3
 
 
-def peer_lanes(transport: str, descriptors: int = 1) -> int:
-    """How many of the sending engine's lanes to one peer a transfer holds while it runs: over TCP one per
+def peer_lanes(transport: str, descriptors: int = 1, connector: str = "mooncake") -> int:
+    """How many of the sending engine's lanes to one peer a transfer holds while it runs: over Mooncake TCP one per
     descriptor, at most MC_TCP_LANES_PER_PEER (the peer's further transfers wait, first come first served);
-    RDMA has no lanes (0)."""
-    return min(max(1, descriptors), MOONCAKE_TCP_LANES_PER_PEER) if transport == "tcp" else 0
+    RDMA and UCX have no such lanes (0)."""
+    return min(max(1, descriptors), MOONCAKE_TCP_LANES_PER_PEER) if transport == "tcp" and connector == "mooncake" \
+        else 0
+
+
+def kv_descriptors(cost: "CostModel", connector: str, tokens: int) -> int:
+    """Descriptors of one request's KV transfer under the connector (MooncakeConnector: per region; NixlConnector:
+    per region and block)."""
+    return cost.nixl_descriptors(tokens) if connector == "nixl" else cost.kv_descriptors
 
 
 def transfer_seconds(hw: HardwareSpec, transport: str, n_bytes: int, rdma_interfaces: int = 1,
-                     descriptors: int = 1) -> float:
+                     descriptors: int = 1, connector: str = "mooncake") -> float:
     """One transfer alone on the sending pod's link: its setup, then its bytes at the link's bandwidth. Transfers
     in flight together share the bandwidth (sim.link.Link)."""
-    return setup_seconds(hw, transport, descriptors) + n_bytes / link_bytes_per_s(hw, transport, rdma_interfaces)
+    return (setup_seconds(hw, transport, descriptors, connector)
+            + n_bytes / link_bytes_per_s(hw, transport, rdma_interfaces))
 
 
 def chunk_prefill(remaining: list[tuple[int, int]], budget: int) -> list[tuple[int, PrefillChunk]]:

@@ -52,7 +52,7 @@ def connectors_text(spec: ExperimentSpec, config: ConfigurationSpec) -> str:
     kv = next((kv_transfer_config(config, r.role) for r in config.roles if kv_transfer_config(config, r.role)), None)
     parts = [f"{kv['kv_connector']} ({config.kv_transport})"] if kv else ["none"]
     if config.topology == "epd":
-        parts.append(f"encoder cache: {spec.target.kubernetes.engine.ec_connector}")
+        parts.append(f"encoder cache: {spec.target.kubernetes.engine.ec_connector} over NIXL ({config.ec_expected})")
     return ", ".join(parts)
 
 

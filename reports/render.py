@@ -84,6 +84,7 @@ def configuration_rows(meta: dict, verdicts: dict, environment: dict | None) -> 
         v = verdicts.get(c["name"], {})
         e = env.get(c["name"], {})
         rows.append({**c, "transport_verdict": v.get("transport", "not run"), "stages_verdict": v.get("stages", "not run"),
+                     "ec_verdict": v.get("ec_transport"),
                      "connectors": e.get("connectors", "—"), "rdma_interfaces": e.get("rdma_interfaces", 0),
                      "role_flags": e.get("role_flags", {})})
     return rows

@@ -12,6 +12,7 @@ from aiohttp import web
 from epdbench.physics.costmodel import (encoder_cache_tokens, image_preprocess_seconds, image_tokens,
                                         link_bytes_per_s, setup_seconds)
 from epdbench.sim import logfmt
+from epdbench.sim.nixl_kv import NixlLog
 from epdbench.sim.tokenizer import image_size
 
 if TYPE_CHECKING:
@@ -75,6 +76,9 @@ class Encoder:
         # `_mm_executor`, renderer_num_workers 1 by default): one request's images at a time
         self.preprocessor = asyncio.Lock()
         self.processed = EncoderCache(MM_PROCESSOR_CACHE_BYTES)   # the same LRU, in bytes of pixel_values
+        # EPD: ECCPUConnector moves encoder outputs over NIXL (the prefill READs them from the encode pod)
+        epd_side = replica.config.topology == "epd" and replica.role in ("encode", "prefill")
+        self.nixl = NixlLog(replica, replica.config.ec_expected, path="ec") if epd_side else None
 
     def tokens(self, image: bytes) -> int:
         return image_tokens(self.replica.spec.model, *image_size(image))
@@ -174,10 +178,15 @@ class Encoder:
         n_bytes = r.cost.embedding_bytes(n_tok)
         assert r.session is not None
         async with r.session.post(f"{encoder_url}/epdbench/ec_pull",
-                                  json={"hashes": hashes, "bytes": n_bytes, "request_id": rid}) as resp:
+                                  json={"hashes": hashes, "bytes": n_bytes, "request_id": rid,
+                                        "engine_id": r.engine_id}) as resp:
             if resp.status != 200:
                 raise PullError(f"encoder cache pull failed for {rid}: HTTP {resp.status} {await resp.text()}")
         r.counters.ec_bytes += n_bytes
+        if self.nixl:
+            self.nixl.peer(encoder_url)
+            for h in hashes:
+                self.nixl.ec_read_done("consumer", h)
         r.engine_log(f"ec_consumer loaded {len(hashes)} encoder output(s) for {rid}: {n_bytes} bytes "
                      f"from {encoder_url} {logfmt.EMULATED_MARK}", file="ec_connector.py")
 
@@ -190,6 +199,12 @@ class Encoder:
             r.engine_log(f"EC pull for {body.get('request_id')}: missing {missing}", level="ERROR",
                          file="ec_connector.py")
             return web.json_response({"error": f"missing {missing}"}, status=404)
-        hw = r.spec.hardware        # one transfer over the pod's shared link (sim.link), as sim.vcluster._link
-        await r.link.send(setup_seconds(hw, "tcp"), int(body.get("bytes", 0)) / link_bytes_per_s(hw, "tcp"))
+        hw, ec = r.spec.hardware, r.config.ec_expected   # one transfer over the pod's shared link, as sim.vcluster
+        if self.nixl:
+            self.nixl.peer(body.get("engine_id"))
+        await r.link.send(setup_seconds(hw, ec, 1, "nixl"),
+                          int(body.get("bytes", 0)) / link_bytes_per_s(hw, ec, r.role_spec.rdma_interfaces))
+        if self.nixl:
+            for h in body.get("hashes", []):
+                self.nixl.ec_read_done("producer", h)
         return web.json_response({"ok": True})

@@ -1,4 +1,4 @@
-"""The PD KV handoff of the Mooncake connector: the prefill holds a finished prompt's KV, the decode pulls it
+"""The PD KV handoff of the Mooncake or NIXL connector: the prefill holds a finished prompt's KV, the decode pulls it
 over HTTP (timed by the cost model), optionally moving real bytes through the genuine Mooncake engine."""
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING
 import aiohttp
 from aiohttp import web
 
-from epdbench.physics.costmodel import link_bytes_per_s, peer_lanes, setup_seconds, transfer_seconds
+from epdbench.physics.costmodel import kv_descriptors, link_bytes_per_s, peer_lanes, setup_seconds, transfer_seconds
 from epdbench.sim import logfmt
 from epdbench.sim.metrics import TransferWindow
+from epdbench.sim.nixl_kv import NixlLog
 
 if TYPE_CHECKING:
     from epdbench.sim.replica import Replica
@@ -22,14 +23,21 @@ class KVHandoff:
         self.replica = replica
         self.transfers: dict[str, tuple[int, str]] = {}  # transfer id -> (prompt tokens, request id)
         self.window = TransferWindow()
-        self.genuine = replica.spec.target.sim.kv_engine == "mooncake" and replica.moves_kv
+        self.connector = replica.config.kv_connector
+        self.genuine = (replica.spec.target.sim.kv_engine == "mooncake" and replica.moves_kv
+                        and self.connector == "mooncake")
         self.mooncake = None  # sim.mooncake_kv.MooncakeKV once serving, in genuine mode
+        self.nixl = NixlLog(replica, replica.transport) if self.connector == "nixl" else None
+        self.log_file = "pull_worker.py" if self.nixl else "mooncake_connector.py"
         # Every line about KV movement carries the emulated mark, unless real bytes move (genuine mode).
         self.mark = "" if self.genuine else f" {logfmt.EMULATED_MARK}"
 
     def startup_lines(self) -> None:
         """The KV connector's start-up lines (and, in genuine mode, the Mooncake engine's start)."""
         r = self.replica
+        if self.nixl:
+            self.nixl.startup_lines()
+            return
         kv_role = "kv_producer" if r.role == "prefill" else "kv_consumer"
         r.engine_log(f"Creating v1 connector with name: MooncakeConnector and engine_id: {r.engine_id} "
                      f"(kv_role={kv_role}){self.mark}", file="factory.py")
@@ -76,8 +84,7 @@ class KVHandoff:
             f"{kvp.get('remote_host')}:{kvp.get('remote_port')}" if kvp.get("remote_host") else None)
         if not addr:
             c.kv_failed_recvs += 1
-            r.engine_log(f"pulling kv_caches for {rid} failed: no remote bootstrap address",
-                         level="ERROR", file="mooncake_connector.py")
+            self.pull_failed(rid, "no remote bootstrap address")
             return False
         url = addr if addr.startswith("http") else f"http://{addr}"
         xfer = kvp.get("transfer_id") or rid
@@ -94,17 +101,28 @@ class KVHandoff:
             ok, detail = False, str(e)
         if not ok:
             c.kv_failed_recvs += 1
-            r.engine_log(f"pulling kv_caches for {rid} failed: {detail}; recomputing prefill locally",
-                         level="ERROR", file="mooncake_connector.py")
+            self.pull_failed(rid, f"{detail}; recomputing prefill locally")
             return False
         c.kv_transfers += 1
         c.kv_bytes += detail["bytes"]
         took_s = (time.perf_counter() - t0) / r.time_scale   # modelled time
         c.kv_xfer_seconds += took_s
+        if self.nixl:   # NixlConnector's decode READs the KV, so it counts the transfer (nixl/stats.py)
+            self.nixl.peer(kvp.get("remote_engine_id"))
+            self.window.record(detail["bytes"], took_s * 1e3, detail.get("descriptors", 1))
         r.engine_log(f"Received KV for {rid} (transfer {xfer}): {detail['bytes']} bytes over "
-                     f"{r.transport} in {took_s * 1e3:.1f} ms{self.mark}",
-                     file="mooncake_connector.py")
+                     f"{r.transport} in {took_s * 1e3:.1f} ms{self.mark}", file=self.log_file)
         return True
+
+    def pull_failed(self, rid: str, why: str) -> None:
+        """The decode's line of a failed KV pull, in its connector's format."""
+        if self.nixl:
+            self.replica.engine_log(f"NIXL transfer failure: transfer_failed | Context: {{'failure_type': "
+                                    f"'transfer_failed', 'request_id': '{rid}', 'xfer_state': 'ERR', 'detail': "
+                                    f"{why[:200]!r}}}", level="ERROR", file="base_worker.py")
+        else:
+            self.replica.engine_log(f"pulling kv_caches for {rid} failed: {why}", level="ERROR",
+                                    file="mooncake_connector.py")
 
     async def kv_pull(self, request: web.Request) -> web.Response:
         """Prefill side of a KV handoff: push the held KV of a transfer to the asking decode."""
@@ -120,17 +138,20 @@ class KVHandoff:
             return web.json_response({"error": f"unknown transfer {xfer}"}, status=404)
         tokens, rid = held
         tokens = min(tokens, int(body.get("tokens", tokens)))   # the decode already holds its cached prefix
-        n_bytes, n_desc = r.cost.kv_bytes(tokens), r.cost.kv_descriptors
+        n_bytes, n_desc = r.cost.kv_bytes(tokens), kv_descriptors(r.cost, self.connector, tokens)
         hw, n_if = r.spec.hardware, r.role_spec.rdma_interfaces
-        seconds = transfer_seconds(hw, r.transport, n_bytes, n_if, n_desc)   # alone on the link
+        seconds = transfer_seconds(hw, r.transport, n_bytes, n_if, n_desc, self.connector)   # alone on the link
+        if self.nixl:
+            self.nixl.peer(body.get("engine_id"))
         t0 = time.perf_counter()
         real = None
         if self.mooncake and body.get("mooncake_session"):
             n_real = int(n_bytes * r.spec.target.sim.kv_scale)
             real = asyncio.create_task(asyncio.to_thread(
                 self.mooncake.write, body["mooncake_session"], int(body["mooncake_addr"]), n_real))
-        await r.link.send(setup_seconds(hw, r.transport, n_desc), n_bytes / link_bytes_per_s(hw, r.transport, n_if),
-                          peer=body.get("engine_id"), lanes=peer_lanes(r.transport, n_desc))
+        await r.link.send(setup_seconds(hw, r.transport, n_desc, self.connector),
+                          n_bytes / link_bytes_per_s(hw, r.transport, n_if),
+                          peer=body.get("engine_id"), lanes=peer_lanes(r.transport, n_desc, self.connector))
         if real is not None and await real != 0:
             c.kv_failed_transfers += 1
             r.engine_log(f"Sending to {body.get('engine_id')} failed (ret=-1) after "
@@ -141,10 +162,11 @@ class KVHandoff:
         c.kv_transfers += 1
         c.kv_bytes += n_bytes
         c.kv_xfer_seconds += latency_ms / 1e3
-        self.window.record(n_bytes, latency_ms)
+        if not self.nixl:   # Mooncake's sending engine reports its windows (MC_TE_METRIC)
+            self.window.record(n_bytes, latency_ms, n_desc)
         r.engine_log(f"Sent KV of {rid} (transfer {xfer}) to {body.get('engine_id')}: {n_bytes} bytes over "
-                     f"{r.transport} in {latency_ms:.1f} ms{self.mark}", file="mooncake_connector.py")
-        return web.json_response({"bytes": n_bytes, "seconds": seconds})
+                     f"{r.transport} in {latency_ms:.1f} ms{self.mark}", file=self.log_file)
+        return web.json_response({"bytes": n_bytes, "seconds": seconds, "descriptors": n_desc})
 
     async def bootstrap_query(self, request: web.Request) -> web.Response:
         return web.json_response({"0": {"engine_id": self.replica.engine_id}})

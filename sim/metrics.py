@@ -46,15 +46,18 @@ class Counters:
 
 @dataclass
 class TransferWindow:
-    """KV sent since the last metrics window: what Mooncake's MC_TE_METRIC line reports."""
+    """KV moved since the last metrics window: what Mooncake's MC_TE_METRIC line (sending side) or NixlConnector's
+    `KV Transfer metrics` (reading side) reports."""
     n_bytes: int = 0
     count: int = 0
     lat_ms: list[float] = field(default_factory=list)
+    descriptors: int = 0
 
-    def record(self, n_bytes: int, latency_ms: float) -> None:
+    def record(self, n_bytes: int, latency_ms: float, descriptors: int = 1) -> None:
         self.n_bytes += n_bytes
         self.count += 1
         self.lat_ms.append(latency_ms)
+        self.descriptors += descriptors
 
 
 def prometheus_text(replica: Replica) -> str:
@@ -90,7 +93,15 @@ def prometheus_text(replica: Replica) -> str:
                            "How late each simulated engine step ended against its modelled end (host load).")
     lines += lag_histogram("epdbench_sim_emit_lag_seconds", replica.emit_lag, lbl,
                            "How late each streamed token was written against its step's modelled end (host load).")
-    if replica.moves_kv:
+    if replica.moves_kv and replica.kv.nixl:
+        # NixlConnector's (nixl/stats.py): histograms of the decode's READs, failures as counters
+        mine = replica.role == "decode"
+        for name, total in (("nixl_xfer_time_seconds", c.kv_xfer_seconds), ("nixl_bytes_transferred", c.kv_bytes)):
+            lines.append(f"# TYPE vllm:{name} histogram")
+            lines.append(f"vllm:{name}_count{{{lbl}}} {c.kv_transfers if mine else 0}")
+            lines.append(f"vllm:{name}_sum{{{lbl}}} {total if mine else 0}")
+        counter("nixl_num_failed_transfers", c.kv_failed_recvs if mine else 0)
+    elif replica.moves_kv:
         counter("mooncake_bytes_transferred", c.kv_bytes)
         counter("mooncake_num_failed_transfers", c.kv_failed_transfers)
         counter("mooncake_num_failed_recvs", c.kv_failed_recvs)
@@ -130,8 +141,24 @@ async def lag_log(replica: Replica, interval_s: float) -> None:
 
 
 # --- periodic transport metrics (MC_TE_METRIC=1 style) -------------------------------------------
+def nixl_stats_line(w: TransferWindow, failed: int) -> str:
+    """NixlConnector's `KV Transfer metrics` line (vLLM 0.32/0.33 nixl/stats.py), MB as bytes / 2**20."""
+    lat = sorted(w.lat_ms)
+    p90 = lat[min(len(lat) - 1, int(0.9 * len(lat)))] if lat else 0.0
+    avg = sum(lat) / len(lat) if lat else 0.0
+    mb = w.n_bytes / 2 ** 20
+    return (f"KV Transfer metrics: Num successful transfers={w.count}, Avg xfer time (ms)={avg:.3f}, "
+            f"P90 xfer time (ms)={p90:.3f}, Avg post time (ms)=0.0, P90 post time (ms)=0.0, "
+            f"Avg MB per transfer={mb / max(1, w.count):.3f}, Throughput (MB/s)={mb / max(sum(lat) / 1e3, 1e-9):.3f}, "
+            f"Avg number of descriptors={w.descriptors / max(1, w.count):.1f}, Num failed transfers={failed}, "
+            f"Num KV expired reqs=0, Num notifs after expiry=0")
+
+
 async def metrics_windows(replica: Replica, interval_s: float) -> None:
     kv = replica.kv
+    if kv.nixl:
+        await nixl_windows(replica, interval_s)
+        return
     last = {"transfers": 0, "failed": 0, "recv_failed": 0}
     while True:
         await asyncio.sleep(interval_s)
@@ -156,3 +183,15 @@ async def metrics_windows(replica: Replica, interval_s: float) -> None:
                 f"Num failed recvs={new['recv_failed'] - last['recv_failed']}, Num KV expired reqs=0"
                 f"{kv.mark}", file="metrics.py", line=103)
             last = new
+
+
+async def nixl_windows(replica: Replica, interval_s: float) -> None:
+    """The decode's NixlConnector stats line every interval with READs or failures (vLLM logs none when idle)."""
+    kv, failed_before = replica.kv, 0
+    while True:
+        await asyncio.sleep(interval_s)
+        failed = replica.counters.kv_failed_recvs
+        if replica.role == "decode" and (kv.window.count or failed != failed_before):
+            replica.api_log(f"{nixl_stats_line(kv.window, failed - failed_before)} {logfmt.EMULATED_MARK}",
+                            file="metrics.py", line=108)
+            kv.window, failed_before = TransferWindow(), failed

@@ -85,6 +85,8 @@ class Replica:
                      f"tp={self.role_spec.tp} hardware={hw.gpu}")
         if self.moves_kv:
             self.kv.startup_lines()
+        if self.encoder.nixl:
+            self.encoder.nixl.startup_lines()
         self.api_log(f"Starting vLLM API server 0 on http://{self.host}:{self.port}", file="launcher.py")
 
     # --- request parsing -----------------------------------------------------------------

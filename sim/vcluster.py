@@ -19,7 +19,7 @@ import asyncio
 import itertools
 from dataclasses import dataclass
 
-from epdbench.physics.costmodel import CostModel, link_bytes_per_s, peer_lanes, setup_seconds
+from epdbench.physics.costmodel import CostModel, kv_descriptors, link_bytes_per_s, peer_lanes, setup_seconds
 from epdbench.sim.encoder import Encoder
 from epdbench.sim.engine import Engine, Sequence
 from epdbench.sim.link import Link
@@ -81,13 +81,13 @@ class VReplica:
 
 
 async def _link(sender: VReplica, transport: str, n_bytes: int, descriptors: int = 1,
-                peer: VReplica | None = None) -> None:
+                peer: VReplica | None = None, connector: str = "mooncake") -> None:
     """One transfer over the sending pod's link(s) (sim.link.Link, as sim.kv_handoff and sim.encoder): its lanes
     to `peer` if given, its setup, then its bytes sharing the link with the pod's other transfers."""
     hw = sender.spec.hardware
-    await sender.link.send(setup_seconds(hw, transport, descriptors),
+    await sender.link.send(setup_seconds(hw, transport, descriptors, connector),
                            n_bytes / link_bytes_per_s(hw, transport, sender.role_spec.rdma_interfaces),
-                           peer=peer, lanes=peer_lanes(transport, descriptors))
+                           peer=peer, lanes=peer_lanes(transport, descriptors, connector))
 
 
 class _Sink:
@@ -174,13 +174,15 @@ class VirtualCluster:
         todo = [i for i, end in enumerate(prompt.image_ends) if end > cached]
         if todo and encoder is not None:      # EPD prefill: the encoder outputs come over the encode pod's link
             n_tok = sum(rep.encoder.tokens(prompt.images[i]) for i in todo)
-            await _link(encoder, "tcp", rep.cost.embedding_bytes(n_tok))
+            await _link(encoder, self.config.ec_expected, rep.cost.embedding_bytes(n_tok), connector="nixl")
         elif todo:
             seq.image_tokens = await rep.encoder.image_work(rid, {}, [prompt.images[i] for i in todo],
                                                             [prompt.hashes[i] for i in todo])
         if kv_from is not None:               # PD decode: pull the prompt's KV not cached here, then decode
-            await _link(kv_from, self.config.kv_transport, rep.cost.kv_bytes(len(prompt.ids) - cached),
-                        rep.cost.kv_descriptors, peer=rep)
+            moved = len(prompt.ids) - cached
+            await _link(kv_from, self.config.kv_transport, rep.cost.kv_bytes(moved),
+                        kv_descriptors(rep.cost, self.config.kv_connector, moved), peer=rep,
+                        connector=self.config.kv_connector)
             seq.computed, seq.image_tokens = len(prompt.ids) - 1, []
         rep.counters.admit(len(prompt.ids), seq.computed, cached)
         sink = seq.out = _Sink(on_token)

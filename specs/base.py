@@ -8,6 +8,8 @@ from pydantic import BaseModel, ConfigDict
 RoleName = Literal["server", "prefill", "decode", "encode"]
 Topology = Literal["aggregated", "pd", "epd"]
 KvTransport = Literal["none", "tcp", "rdma"]
+# The vLLM KV connector of a disaggregated configuration: MooncakeConnector or NixlConnector (NIXL over UCX).
+KvConnector = Literal["mooncake", "nixl"]
 
 
 class Strict(BaseModel):

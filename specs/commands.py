@@ -12,16 +12,33 @@ ENGINE_PORT = 8000
 ROUTER_PORT = 8000
 ROUTER_METRICS_PORT = 29000
 MOONCAKE_BOOTSTRAP_PORT = 8998
-NIXL_SIDE_CHANNEL_PORT = 5600
+NIXL_SIDE_CHANNEL_PORT = 5600   # VLLM_NIXL_SIDE_CHANNEL_PORT (vLLM 0.12 on: one listener per engine, + DP index)
+EC_SIDE_CHANNEL_PORT = 5601     # VLLM_EC_SIDE_CHANNEL_PORT (ECCPUConnector's producer, vLLM 0.30 on)
+# ECCPUConnector's shared-memory buffer of encoder outputs (/dev/shm/vllm_ec_<engine id>.mmap): ec_cpu_bytes is
+# mandatory (vllm/distributed/ec_transfer/ec_connector/cpu/); 8 GiB fits the default /dev/shm of 16Gi.
+EC_CPU_BYTES = 8 * 1024 ** 3
 
 
 def moves_kv(config: ConfigurationSpec, role: str) -> bool:
     return config.topology != "aggregated" and role in ("prefill", "decode")
 
 
+KV_CONNECTORS = {"mooncake": "MooncakeConnector", "nixl": "NixlConnector"}
+
+
+def kv_connector_name(config: ConfigurationSpec) -> str:
+    """vLLM's class name of the configuration's KV connector, or none (aggregated)."""
+    return "none" if config.topology == "aggregated" else KV_CONNECTORS[config.kv_connector]
+
+
 def kv_transfer_config(config: ConfigurationSpec, role: str) -> dict | None:
     if not moves_kv(config, role):
         return None
+    if config.kv_connector == "nixl":
+        # NixlConnector: the decode READs the prefill's blocks (kv_both is deprecated from vLLM 0.25); UCX picks the
+        # transport itself within UCX_TLS / UCX_NET_DEVICES (manifests.render.engine_env).
+        return {"kv_connector": "NixlConnector", "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
+                "kv_connector_extra_config": {"backends": ["UCX"]}}
     return {"kv_connector": "MooncakeConnector",
             "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
             "kv_connector_extra_config": {"mooncake_protocol": config.kv_transport}}
@@ -30,8 +47,12 @@ def kv_transfer_config(config: ConfigurationSpec, role: str) -> dict | None:
 def ec_transfer_config(spec: ExperimentSpec, config: ConfigurationSpec, role: str) -> dict | None:
     if config.topology != "epd" or role not in ("encode", "prefill"):
         return None
-    return {"ec_connector": spec.target.kubernetes.engine.ec_connector,
-            "ec_role": "ec_producer" if role == "encode" else "ec_consumer"}
+    connector = spec.target.kubernetes.engine.ec_connector
+    out = {"ec_connector": connector, "ec_role": "ec_producer" if role == "encode" else "ec_consumer"}
+    if connector == "ECCPUConnector":
+        # Encoder outputs over NIXL (the consumer READs them); without ec_enable_nixl they never leave the pod.
+        out["ec_connector_extra_config"] = {"ec_enable_nixl": True, "ec_cpu_bytes": EC_CPU_BYTES}
+    return out
 
 
 MAX_LOG_LEN = 256      # logged request bodies cut to this many characters (an image's base64 stays out of the log)
@@ -67,14 +88,14 @@ def vllm_router_args(config: ConfigurationSpec, *, host: str, port: int, prometh
                      startup_timeout_s: float, servers: Sequence[str] = (),
                      prefills: Sequence[tuple[str, int]] = (), decodes: Sequence[str] = ()) -> list[str]:
     """vllm-router's arguments: round robin over `servers` (aggregated), or PD mode over `prefills`
-    (URL, Mooncake bootstrap port) and `decodes` with the Mooncake KV connector."""
+    (URL, Mooncake bootstrap port; NIXL needs none) and `decodes` with the configuration's KV connector."""
     args = ["--host", host, "--port", str(port), "--prometheus-port", str(prometheus_port),
             "--policy", "round_robin", "--worker-startup-timeout-secs", str(int(startup_timeout_s))]
     if config.topology == "aggregated":
         return args + ["--worker-urls", *servers]
-    args += ["--vllm-pd-disaggregation", "--kv-connector", "mooncake"]
+    args += ["--vllm-pd-disaggregation", "--kv-connector", config.kv_connector]
     for url, bootstrap_port in prefills:
-        args += ["--prefill", url, str(bootstrap_port)]
+        args += ["--prefill", url] + ([str(bootstrap_port)] if config.kv_connector == "mooncake" else [])
     for url in decodes:
         args += ["--decode", url]
     return args

@@ -94,8 +94,8 @@ class ExperimentSpec(Strict):
 
     def _check_kubernetes(self) -> None:
         for i, c in enumerate(self.configurations):
-            if c.kv_transport == "rdma" and not self.target.kubernetes.node.rdma_resource:
-                raise ValueError(f"field 'configurations.{i}' ({c.name}) moves KV over RDMA but "
+            if "rdma" in (c.kv_transport, c.ec_expected) and not self.target.kubernetes.node.rdma_resource:
+                raise ValueError(f"field 'configurations.{i}' ({c.name}) moves KV or encoder outputs over RDMA but "
                                  "'target.kubernetes.node.rdma_resource' is not set: name the RDMA device "
                                  "plugin's resource, e.g. rdma/rdma_shared_device_a")
 

@@ -85,6 +85,11 @@ class ModelSpec(Strict):
 # slope of a transfer's time against its number of descriptors (1 to 128, at 1 MiB and 16 MiB: 0.032, 0.035 ms).
 TCP_SETUP_MS = 0.064
 TCP_DESCRIPTOR_MS = 0.034
+# NIXL over UCX TCP's fixed costs, measured with the real NIXL 1.5.1 (nixl-cu12 wheel, bundling UCX 1.23.0) over
+# loopback by benchmarks/nixl_ucx.py (UCX_TLS=tcp), same host: the intercept of one READ's time against its size, and
+# the slope of a READ's time against its number of descriptors.
+UCX_TCP_SETUP_MS = 0.0
+UCX_TCP_DESCRIPTOR_MS = 0.0
 
 
 class HardwareSpec(Strict):
@@ -145,6 +150,15 @@ class HardwareSpec(Strict):
                                                  "request of its own on the peer's connection lanes): measured by "
                                                  "benchmarks/mooncake_tcp.py. vLLM's MooncakeConnector sends a "
                                                  "request's KV as one descriptor per layer and K/V.")
+    ucx_tcp_setup_ms: float = Field(UCX_TCP_SETUP_MS, ge=0, title="UCX TCP setup per transfer (ms)",
+                                    description="What NIXL over UCX's TCP transport spends on one READ besides moving "
+                                                "its bytes: measured on loopback by benchmarks/nixl_ucx.py.")
+    ucx_tcp_descriptor_ms: float = Field(UCX_TCP_DESCRIPTOR_MS, ge=0,
+                                         title="UCX TCP cost per further descriptor (ms)",
+                                         description="Added by each descriptor of a READ after the first (UCX "
+                                                     "emulates remote reads over TCP with active messages): measured "
+                                                     "by benchmarks/nixl_ucx.py. vLLM's NixlConnector reads one "
+                                                     "descriptor per layer, K/V and block.")
     tcp_latency_ms: float = Field(0.5, ge=0, title="TCP network latency per transfer (ms)",
                                   description="What the pod network adds once per KV transfer over TCP beyond "
                                               "tcp_setup_ms and tcp_descriptor_ms, which loopback measured without "

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from epdbench.specs.models import ExperimentSpec, SpecError, load_spec, parse_spec, select_configurations
 
-Preset = Literal["smoke", "pd-text", "epd-multimodal", "epd-reuse"]
+Preset = Literal["smoke", "pd-text", "epd-multimodal", "epd-reuse", "pd-nixl"]
 ConfigName = Literal["aggregated", "pd-tcp", "pd-rdma", "epd", "epd-rdma"]
 SuiteName = Literal["fixed", "mixed", "capacity", "mm-context", "mm-mixed", "mm-reuse"]
 

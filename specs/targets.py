@@ -52,7 +52,9 @@ class SimTargetSpec(Strict):
 K8S_NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 RESERVED_ENGINE_ENV = {"HF_HOME", "HF_TOKEN", "VLLM_REQUEST_BODY_LOG_LEVEL", "MC_TE_METRIC",
                        "MC_TE_METRIC_INTERVAL_SECONDS", "MC_FORCE_TCP",
-                       "VLLM_MOONCAKE_BOOTSTRAP_PORT", "VLLM_NIXL_SIDE_CHANNEL_PORT"}
+                       "VLLM_MOONCAKE_BOOTSTRAP_PORT", "VLLM_NIXL_SIDE_CHANNEL_PORT", "VLLM_NIXL_SIDE_CHANNEL_HOST",
+                       "UCX_TLS", "UCX_LOG_LEVEL", "UCX_NET_DEVICES", "VLLM_EC_SIDE_CHANNEL_HOST",
+                       "VLLM_EC_SIDE_CHANNEL_PORT", "VLLM_USE_V2_MODEL_RUNNER"}
 K8S_QUANTITY = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$"
 K8S_CPU = r"^([0-9]+(\.[0-9]+)?|[0-9]+m)$"
 GUARANTEED = ("Request and limit are equal, so with both cpu and memory set the pod has Guaranteed QoS and an "
@@ -78,8 +80,8 @@ class KubeEngineSpec(Strict):
                                             "for its evidence (HF_HOME, HF_TOKEN, VLLM_REQUEST_BODY_LOG_LEVEL, "
                                             "MC_TE_METRIC, "
                                             "MC_TE_METRIC_INTERVAL_SECONDS, MC_FORCE_TCP, "
-                                            "VLLM_MOONCAKE_BOOTSTRAP_PORT, VLLM_NIXL_SIDE_CHANNEL_PORT) cannot be "
-                                            "overridden.")
+                                            "VLLM_MOONCAKE_BOOTSTRAP_PORT, the VLLM_NIXL_*, VLLM_EC_* and UCX_TLS, "
+                                            "UCX_LOG_LEVEL, UCX_NET_DEVICES) cannot be overridden.")
     cpu: str | None = Field(None, pattern=K8S_CPU, title="Engine CPU",
                             description="CPU request and limit of every engine container, e.g. 8 or 7500m; none: "
                                         "not set (a default too large for the node would leave pods "
@@ -144,6 +146,10 @@ class KubeNodeSpec(Strict):
     rdma_resource: str | None = Field("rdma/rdma_shared_device_a", title="RDMA resource",
                                       description="Extended resource of the RDMA device plugin; "
                                                   "needed by configurations with kv_transport rdma.")
+    ucx_net_devices: dict[Literal["tcp", "rdma"], str] = Field(
+        default_factory=dict, title="UCX network devices",
+        description="UCX_NET_DEVICES of NIXL pods per transport, e.g. {tcp: eth0, rdma: 'mlx5_0:1,mlx5_1:1'}; "
+                    "unset: UCX chooses among the node's devices (what it chose is in the evidence).")
     rdma_pod_annotations: dict[str, str] = Field(
         default_factory=dict, title="RDMA pod annotations",
         description="Annotations of RDMA pods, e.g. k8s.v1.cni.cncf.io/networks for a secondary RDMA network.")

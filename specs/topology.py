@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from epdbench.specs.base import KvTransport, RoleName, Strict, Topology
+from epdbench.specs.base import KvConnector, KvTransport, RoleName, Strict, Topology
 
 
 class RoleSpec(Strict):
@@ -27,6 +27,14 @@ class ConfigurationSpec(Strict):
     topology: Topology = Field(title="Topology", description="aggregated, pd or epd.")
     kv_transport: KvTransport = Field("none", title="KV transport",
                                       description="How KV moves from Prefill to Decode: none, tcp or rdma.")
+    kv_connector: KvConnector = Field(
+        "mooncake", title="KV connector",
+        description="vLLM's KV connector: mooncake (MooncakeConnector, Mooncake transfer engine) or nixl "
+                    "(NixlConnector: NIXL over UCX, as llm-d deploys PD).")
+    ec_transport: KvTransport | None = Field(
+        None, title="Encoder-output transport",
+        description="EPD only: the transport expected to carry encoder outputs from Encode to Prefill "
+                    "(the encoder-cache connector over NIXL/UCX); empty: tcp.")
     roles: list[RoleSpec] = Field(min_length=1, title="Roles", description="Role replicas and their TP.")
 
     @model_validator(mode="after")
@@ -41,11 +49,28 @@ class ConfigurationSpec(Strict):
             raise ValueError("aggregated serving moves no KV: set kv_transport: none")
         if self.topology != "aggregated" and self.kv_transport == "none":
             raise ValueError(f"{self.topology} needs kv_transport tcp or rdma")
+        if self.topology == "aggregated" and self.kv_connector != "mooncake":
+            raise ValueError("aggregated serving has no KV connector: leave kv_connector unset")
+        if self.ec_transport is not None and self.topology != "epd":
+            raise ValueError("ec_transport applies to epd configurations only (encoder outputs move Encode -> Prefill)")
+        if self.ec_transport == "none":
+            raise ValueError("an epd configuration moves encoder outputs: ec_transport tcp or rdma")
         if self.kv_transport == "rdma":
             for r in self.roles:
                 if r.role in ("prefill", "decode") and r.rdma_interfaces < 1:
                     raise ValueError(f"kv_transport rdma needs rdma_interfaces >= 1 on role {r.role}")
+        if self.ec_transport == "rdma":
+            for r in self.roles:
+                if r.role in ("encode", "prefill") and r.rdma_interfaces < 1:
+                    raise ValueError(f"ec_transport rdma needs rdma_interfaces >= 1 on role {r.role}")
         return self
+
+    @property
+    def ec_expected(self) -> str:
+        """The transport expected to carry encoder outputs (EPD), or none."""
+        if self.topology != "epd":
+            return "none"
+        return self.ec_transport or "tcp"
 
     @property
     def gpus(self) -> int:

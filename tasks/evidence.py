@@ -10,6 +10,7 @@ from typing import Iterator
 from epdbench.analysis.prom import counter_deltas, hit_rate
 from epdbench.analysis.stages import merge_counts, stage_counts, verify_stages
 from epdbench.analysis.transport import kv_expectation, transport_of_pod, verify_transport
+from epdbench.analysis.ucx import nixl_of_pod, verify_nixl
 from epdbench.physics.costmodel import link_bytes_per_s
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
 from epdbench.tasks.deployment import Deployment
@@ -117,29 +118,59 @@ def suite_evidence(dep: Deployment, config: ConfigurationSpec, before: dict, aft
 
 def kv_moved(spec: ExperimentSpec, config: ConfigurationSpec, deltas: dict[str, dict[str, float]],
              records: list[dict]) -> dict | None:
-    """What the records say must have moved, beside what the sending (prefill) side's counters say did."""
+    """What the records say must have moved, beside what the counting side's counters say did: Mooncake's
+    sending (prefill) side, NIXL's reading (decode) side."""
     if config.topology == "aggregated":
         return None
-    sent = deltas.get("prefill") or {}
     kv = kv_expectation(records, spec.model.kv_bytes_per_token)
-    kv.update({"transfers": sent.get("mooncake_transfers"), "bytes": sent.get("mooncake_bytes_transferred")})
+    if config.kv_connector == "nixl":
+        got = deltas.get("decode") or {}
+        kv.update({"transfers": got.get("nixl_transfers"), "bytes": got.get("nixl_bytes_transferred")})
+    else:
+        sent = deltas.get("prefill") or {}
+        kv.update({"transfers": sent.get("mooncake_transfers"), "bytes": sent.get("mooncake_bytes_transferred")})
     return kv
+
+
+def kv_transport(dep: Deployment, spec: ExperimentSpec, config: ConfigurationSpec, deltas: dict[str, dict[str, float]],
+                 records: list[dict]) -> dict:
+    """The KV verdict from the KV pods' logs, read as the configuration's connector writes them."""
+    kv_pods = [p for p in dep.processes if p.role in ("prefill", "decode")]
+    roles = {p.name: p.role for p in kv_pods}
+    tcp_mb_s = link_bytes_per_s(spec.hardware, "tcp") / 1e6
+    kv = kv_moved(spec, config, deltas, records)
+    if config.kv_connector == "nixl" and config.topology != "aggregated":
+        pods = {p.name: nixl_of_pod(iter_lines(p.log_path)) for p in kv_pods}
+        return verify_nixl(config.kv_transport, pods, roles=roles, kv=kv, tcp_mb_s=tcp_mb_s)
+    pods = {p.name: transport_of_pod(iter_lines(p.log_path)) for p in kv_pods}
+    return verify_transport(config.kv_transport, pods, roles=roles, kv=kv, tcp_mb_s=tcp_mb_s)
+
+
+def ec_transport(dep: Deployment, config: ConfigurationSpec) -> dict:
+    """EPD: which transport carried the encoder outputs from Encode to Prefill (ECCPUConnector over NIXL), from
+    the UCX lanes of the Encode and Prefill pods and their completed NIXL READs. When the KV connector is NIXL too,
+    a Prefill pod's lanes serve both paths (UCX does not name the agent an endpoint belongs to)."""
+    pods = {p.name: nixl_of_pod(iter_lines(p.log_path)) for p in dep.processes if p.role in ("encode", "prefill")}
+    ec = verify_nixl(config.ec_expected, pods, what="ec")
+    if config.kv_connector == "nixl":
+        ec["reasons"].append("the Prefill pods' UCX lanes also carry NixlConnector's KV: both verdicts read them")
+    return ec
 
 
 def collect(dep: Deployment, spec: ExperimentSpec, config: ConfigurationSpec, first: dict, last: dict,
             records: list[dict], suites: dict[str, dict], out_dir: Path, emulated: bool) -> tuple[dict, dict]:
-    """Write transport.json, stages.json and metrics snapshots; return the two verdict dicts."""
+    """Write transport.json (EPD: with the encoder outputs' verdict under `ec`, also ec_transport.json), stages.json
+    and metrics snapshots; return the transport and stages verdict dicts."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, text in first["metrics"].items():
         (out_dir / f"metrics-before-{name}.prom").write_text(text)
     for name, text in last["metrics"].items():
         (out_dir / f"metrics-after-{name}.prom").write_text(text)
-    kv_pods = [p for p in dep.processes if p.role in ("prefill", "decode")]
-    pods = {p.name: transport_of_pod(iter_lines(p.log_path)) for p in kv_pods}
     deltas = _metric_deltas(dep, first, last)
-    transport = verify_transport(config.kv_transport, pods, roles={p.name: p.role for p in kv_pods},
-                                 kv=kv_moved(spec, config, deltas, records),
-                                 tcp_mb_s=link_bytes_per_s(spec.hardware, "tcp") / 1e6)
+    transport = kv_transport(dep, spec, config, deltas, records)
+    if config.topology == "epd":
+        transport["ec"] = ec_transport(dep, config)
+        write_json(out_dir / "ec_transport.json", transport["ec"])
     stages = verify_stages(expected_roles(config, records), _role_counts(dep, first, last), emulated, deltas)
     stages["metrics_delta"] = deltas
     stages["suites"] = suites

@@ -23,6 +23,7 @@ import json
 from pathlib import Path
 
 from epdbench.analysis.metrics import summarize
+from epdbench.specs.commands import kv_connector_name
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, load_spec, spec_fingerprint
 from epdbench.specs.workload import hash_prompt_hashes, plan_cells
 from epdbench.tasks.results import read_records, write_json
@@ -52,8 +53,9 @@ def roles_text(config: ConfigurationSpec) -> str:
 def evidence_ok(outcome: dict, target: str) -> bool:
     """Ran, and its evidence holds; `emulated` counts only on the simulator target."""
     good = {"verified", "not-applicable"} | ({"emulated"} if target == "sim" else set())
+    ec = outcome["transport"].get("ec") or {"verdict": "not-applicable"}   # EPD: the encoder outputs' transport
     return (bool(outcome.get("ok")) and outcome["transport"].get("verdict") in good
-            and outcome["stages"].get("verdict") in good)
+            and ec.get("verdict") in good and outcome["stages"].get("verdict") in good)
 
 
 def cells_of(records, run: str, config: str, gpus: int | None = None, noise: dict | None = None) -> dict:
@@ -128,10 +130,11 @@ def publish_configuration(tracker: Tracker, parent: str, spec: ExperimentSpec, c
         tags={"epdbench.status": "ok" if o.get("ok") else "failed",
               "epdbench.transport_verdict": t.get("verdict", "none"),
               "epdbench.stages_verdict": st.get("verdict", "none"),
+              "epdbench.ec_transport_verdict": (t.get("ec") or {}).get("verdict", "none"),
               "epdbench.router": o.get("router") or "", "epdbench.error": (o.get("error") or "")[:5000]},
         params={"topology": config.topology, "roles": roles_text(config), "gpus": config.gpus,
                 "tp": ",".join(f"{r.role}={r.tp}" for r in config.roles), "transport": config.kv_transport,
-                "connectors": "MooncakeConnector" if config.kv_transport != "none" else "none",
+                "connectors": kv_connector_name(config), "ec_transport": config.ec_expected,
                 "image": "epdbench-sim" if spec.target.kind == "sim" else spec.target.kubernetes.engine.image,
                 "engine_args": spec.engine.model_dump_json()},
         metrics={"transport_verified": 1.0 if t.get("verdict") == "verified" else 0.0,

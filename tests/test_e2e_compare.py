@@ -96,6 +96,11 @@ def test_evidence_says_emulated(run):
     assert json.loads((out / "evidence/aggregated/transport.json").read_text())["verdict"] == "not-applicable"
     stages = json.loads((out / "evidence/epd/stages.json").read_text())
     assert stages["verdict"] == "emulated" and stages["fraction_seen"]["encode"] == 1.0
+    # the encoder outputs' own verdict (ECCPUConnector over NIXL), next to the KV's
+    ec = json.loads((out / "evidence/epd/ec_transport.json").read_text())
+    assert ec["verdict"] == "emulated" and ec["what"] == "ec"
+    assert sum(p["ec_reads"] for p in ec["pods"].values()) > 0
+    assert json.loads((out / "evidence/epd/transport.json").read_text())["ec"]["verdict"] == "emulated"
 
 
 def test_stage_correlation_and_per_suite_deltas(run):

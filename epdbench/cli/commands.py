@@ -297,19 +297,40 @@ def cmd_sync(args) -> int:
 
 
 def cmd_verify_transport(args) -> int:
-    """Exit 0 only when the logs prove the expected transport carried the KV."""
+    """Exit 0 only when the logs prove the expected transport carried the KV (or the encoder outputs)."""
     import json
 
     from epdbench.analysis.transport import transport_of_pod, verify_transport
+    from epdbench.analysis.ucx import has_nixl_evidence, nixl_of_pod, verify_nixl
     from epdbench.tasks.evidence import iter_lines
 
     missing = [p for p in args.logs if not Path(p).is_file()]
     if missing:
         raise CliError(f"verify-transport: no such log file: {missing[0]}")
-    pods = {Path(p).name: transport_of_pod(iter_lines(Path(p))) for p in args.logs}
-    result = verify_transport(args.expect, pods)
+    if args.encoder_outputs and args.connector == "mooncake":
+        raise CliError("verify-transport: encoder outputs move over NIXL (ECCPUConnector): drop --connector mooncake")
+    nixl = {Path(p).name: nixl_of_pod(iter_lines(Path(p))) for p in args.logs}
+    use_nixl = args.connector == "nixl" or args.encoder_outputs or (
+        args.connector == "auto" and any(has_nixl_evidence(p) for p in nixl.values()))
+    if use_nixl:
+        pods = nixl
+        result = verify_nixl(args.expect, pods, what="ec" if args.encoder_outputs else "kv")
+    else:
+        pods = {Path(p).name: transport_of_pod(iter_lines(Path(p))) for p in args.logs}
+        result = verify_transport(args.expect, pods)
     if args.json:
         print(json.dumps(result, indent=2, sort_keys=True))
+    elif use_nixl:
+        print(f"{result['verdict']}: " + "; ".join(result["reasons"]))
+        for name, pod in pods.items():
+            print(f"  {name}: UCX chose {pod['observed'] or '?'} (UCX {pod['ucx_version'] or '?'}, UCX_TLS asked "
+                  f"{pod['requested'] or '?'}" + (f", not available: {', '.join(pod['unavailable'])}"
+                                                  if pod["unavailable"] else "")
+                  + f"), {pod['successful_transfers']} successful transfers, {pod['ec_reads']} encoder-output reads")
+            for wname, w in sorted(pod["workers"].items()):
+                for c in w["configs"]:
+                    lanes = " ".join(f"{x['group']}({x['tl']}/{x['device']})" for x in c["lanes"]) or "no lanes"
+                    print(f"    {wname} {c['scope']} cfg#{c['cfg']}: {lanes}")
     else:
         print(f"{result['verdict']}: " + "; ".join(result["reasons"]))
         for name, pod in pods.items():

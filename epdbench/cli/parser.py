@@ -79,8 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_regression_flags(h)
 
     v = sub.add_parser("verify-transport", help="which KV transport did these pod logs really use?")
-    v.add_argument("logs", nargs="+", help="one log file per KV pod (Prefill and Decode)")
+    v.add_argument("logs", nargs="+", help="one log file per KV pod (Prefill and Decode; with --encoder-outputs, "
+                                            "Encode and Prefill)")
     v.add_argument("--expect", required=True, choices=["tcp", "rdma"], help="the transport the deployment asked for")
+    v.add_argument("--connector", choices=["auto", "mooncake", "nixl"], default="auto",
+                   help="whose lines to read: Mooncake's, or NIXL's and UCX's (default: auto, NIXL when a log shows "
+                        "UCX or NIXL lines)")
+    v.add_argument("--encoder-outputs", action="store_true",
+                   help="verify EPD's encoder outputs (ECCPUConnector over NIXL) instead of the KV")
     v.add_argument("--json", action="store_true", help="print transport.json instead of text")
 
     lg = sub.add_parser("loadgen", help="measure one suite against a URL, records as JSON lines on stdout "
@@ -115,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--data-dir", default=".epdbench", help="stores and logs (default: .epdbench)")
     u.add_argument("--nightly-cron", default="0 2 * * *", help="schedule of nightly-comparison (default: 02:00)")
     u.add_argument("--timezone", default="UTC", help="time zone of the schedule (default: UTC)")
-    u.add_argument("--nightly-preset", default="smoke", choices=["smoke", "pd-text", "epd-multimodal", "epd-reuse"])
+    u.add_argument("--nightly-preset", default="smoke", choices=["smoke", "pd-text", "epd-multimodal", "epd-reuse", "pd-nixl"])
     u.add_argument("--work-pool", choices=["kubernetes"], default=None,
                    help="run the flows as Jobs in the cluster (Prefect work pool epdbench-kubernetes) "
                         "instead of on this machine")

@@ -26,11 +26,13 @@ from epdbench.specs.models import SpecError, load_spec, parse_spec, spec_to_yaml
 GOLDEN = Path(__file__).parent / "golden"
 RUN = "golden"
 PRESET_CONFIGS = {"pd-text": ["aggregated", "pd-tcp", "pd-rdma"],
-                  "epd-multimodal": ["aggregated", "pd-tcp", "epd", "epd-rdma"]}
+                  "epd-multimodal": ["aggregated", "pd-tcp", "epd", "epd-rdma"],
+                  "pd-nixl": ["pd-nixl-tcp", "pd-nixl-rdma"]}
 CASES = [(preset, config) for preset, configs in PRESET_CONFIGS.items() for config in configs]
 EXPECTED_GPUS = {("pd-text", c): 6 for c in PRESET_CONFIGS["pd-text"]} | {
     ("epd-multimodal", "aggregated"): 1, ("epd-multimodal", "pd-tcp"): 2,
-    ("epd-multimodal", "epd"): 3, ("epd-multimodal", "epd-rdma"): 3}
+    ("epd-multimodal", "epd"): 3, ("epd-multimodal", "epd-rdma"): 3} | {
+    ("pd-nixl", c): 2 for c in PRESET_CONFIGS["pd-nixl"]}
 SCHEMA_VERSIONS = ["1.31", kubernetes_validate.latest_version()]
 
 
@@ -91,12 +93,22 @@ def test_gpu_count_matches_workloads_md(preset, config):
 @pytest.mark.parametrize("preset,config", CASES)
 def test_kv_pods_force_tcp_exactly_when_kv_goes_over_tcp(preset, config):
     spec = on_kubernetes(preset)
-    transport = spec.configuration(config).kv_transport
+    conf = spec.configuration(config)
+    transport = conf.kv_transport
     for role, _, container in engine_containers(render(preset, config)):
         env = env_of(container)
         kv_pod = role in ("prefill", "decode") and transport != "none"
-        assert (env.get("MC_FORCE_TCP") == "1") == (kv_pod and transport == "tcp"), (role, env)
-        assert (env.get("MC_TE_METRIC") == "1") == kv_pod
+        mooncake, nixl = kv_pod and conf.kv_connector == "mooncake", kv_pod and conf.kv_connector == "nixl"
+        assert (env.get("MC_FORCE_TCP") == "1") == (mooncake and transport == "tcp"), (role, env)
+        assert (env.get("MC_TE_METRIC") == "1") == mooncake
+        ec_pod = conf.topology == "epd" and role in ("encode", "prefill")
+        ucx = transport if nixl else conf.ec_expected if ec_pod else None
+        # UCX forced to the transport of the path the pod serves (no tcp lane to fall back on for RDMA), at info
+        # level so that its endpoint lines name every lane
+        assert env.get("UCX_TLS") == {"tcp": "tcp,cuda_copy,sm,self", "rdma": "rc,ud,cuda_copy,sm,self",
+                                      None: None}[ucx], (role, env)
+        assert (env.get("UCX_LOG_LEVEL") == "info") == (ucx is not None)
+        assert ("VLLM_NIXL_SIDE_CHANNEL_PORT" in env) == nixl
 
 
 @pytest.mark.parametrize("preset,config", CASES)
@@ -106,7 +118,8 @@ def test_rdma_pods_request_rdma_and_ipc_lock_and_nothing_else_does(preset, confi
     for role, _, container in engine_containers(render(preset, config)):
         limits = container["resources"]["limits"]
         added = container["securityContext"].get("capabilities", {}).get("add", [])
-        if conf.kv_transport == "rdma" and role in ("prefill", "decode"):
+        if (conf.kv_transport == "rdma" and role in ("prefill", "decode")) or (
+                conf.ec_expected == "rdma" and role in ("encode", "prefill")):
             assert int(limits["rdma/rdma_shared_device_a"]) == conf.role(role).rdma_interfaces >= 1
             assert added == ["IPC_LOCK"]
         else:
@@ -208,11 +221,15 @@ def test_engine_args_carry_role_connectors_tp_and_limits(preset, config):
         ec = flag_value(args, "--ec-transfer-config")
         if role in ("prefill", "decode") and conf.topology != "aggregated":
             want = "kv_producer" if role == "prefill" else "kv_consumer"
-            assert json.loads(kv)["kv_connector"] == "MooncakeConnector" and json.loads(kv)["kv_role"] == want
+            connector = {"mooncake": "MooncakeConnector", "nixl": "NixlConnector"}[conf.kv_connector]
+            assert json.loads(kv)["kv_connector"] == connector and json.loads(kv)["kv_role"] == want
         else:
             assert kv is None
         if conf.topology == "epd" and role in ("encode", "prefill"):
             assert json.loads(ec)["ec_role"] == ("ec_producer" if role == "encode" else "ec_consumer")
+            # ECCPUConnector moves encoder outputs over NIXL only when asked, and needs its buffer's size
+            assert json.loads(ec)["ec_connector_extra_config"]["ec_enable_nixl"] is True
+            assert json.loads(ec)["ec_connector_extra_config"]["ec_cpu_bytes"] > 0
         else:
             assert ec is None
         assert ("--enforce-eager" in args) == (role == "encode")
@@ -240,6 +257,36 @@ def test_pd_router_is_vllm_router_in_pd_mode_with_every_worker():
         "http://pd-tcp-prefill-0.pd-tcp-prefill:8000", "8998"]
     assert [args[i + 1] for i, a in enumerate(args) if a == "--decode"] == [
         "http://pd-tcp-decode-0.pd-tcp-decode:8000", "http://pd-tcp-decode-1.pd-tcp-decode:8000"]
+
+
+def test_nixl_router_names_the_nixl_connector_and_prefills_without_a_bootstrap_port():
+    args = router_of(render("pd-nixl", "pd-nixl-tcp"))["args"]
+    assert args[args.index("--kv-connector") + 1] == "nixl"
+    assert args[args.index("--prefill") + 1:args.index("--prefill") + 3] == [
+        "http://pd-nixl-tcp-prefill-0.pd-nixl-tcp-prefill:8000", "--decode"]
+
+
+def test_nixl_pods_announce_their_pod_ip_and_the_encode_pod_logs_its_nixl_reads():
+    for role, _, container in engine_containers(render("pd-nixl", "pd-nixl-rdma")):
+        host = next(e for e in container["env"] if e["name"] == "VLLM_NIXL_SIDE_CHANNEL_HOST")
+        assert host["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+        assert any(p["containerPort"] == 5600 for p in container["ports"])
+    for role, _, container in engine_containers(render("epd-multimodal", "epd")):
+        env = env_of(container)
+        assert (env.get("VLLM_LOGGING_LEVEL") == "DEBUG") == (role == "encode")
+        assert (env.get("VLLM_USE_V2_MODEL_RUNNER") == "1") == (role in ("encode", "prefill"))
+
+
+def test_one_prefill_pod_cannot_force_two_ucx_transports():
+    spec = on_kubernetes("epd-multimodal")
+    data = json.loads(spec.model_dump_json())
+    conf = next(c for c in data["configurations"] if c["name"] == "epd-rdma")
+    conf.update({"kv_connector": "nixl"})
+    for r in conf["roles"]:
+        r["rdma_interfaces"] = 1
+    bad = parse_spec(data)
+    with pytest.raises(ManifestError, match="one UCX_TLS cannot force both"):
+        render_manifests(bad, bad.configuration("epd-rdma"), RUN)
 
 
 def test_epd_router_is_vllms_epd_proxy_fed_from_the_environment():
@@ -321,10 +368,11 @@ def test_schema_version_follows_the_cluster_within_the_bundled_range():
         schema_version_for("1.20")
 
 
-def test_manifests_command_renders_every_configuration_of_both_presets(tmp_path, capsys):
-    for preset, configs in PRESET_CONFIGS.items():
+def test_manifests_command_renders_every_configuration_of_the_presets(tmp_path, capsys):
+    for preset in PRESET_CONFIGS:
         assert cli_main(["manifests", "--spec", preset, "--out", str(tmp_path / preset)]) == 0
-        assert sorted(p.name for p in (tmp_path / preset).iterdir()) == sorted(configs)
+        assert sorted(p.name for p in (tmp_path / preset).iterdir()) == sorted(
+            c.name for c in load_spec(preset).configurations)
     files = sorted(p.name for p in (tmp_path / "pd-text" / "pd-rdma").iterdir())
     assert files[0] == "00-serviceaccount-epdbench-pd-rdma.yaml" and files[6] == "06-deployment-pd-rdma-router.yaml"
     # then the in-cluster load generator: its ConfigMap and one Job per suite (fixed, mixed, capacity)

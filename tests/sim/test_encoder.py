@@ -27,8 +27,10 @@ GPU = HardwareSpec(gpu="toy", bf16_tflops=1000, hbm_tb_s=1.0, nvlink_gb_s=100, t
 def replica(topology: str = "aggregated") -> SimpleNamespace:
     spec = SimpleNamespace(model=MODEL, hardware=GPU, engine=EngineSpec(max_num_batched_tokens=16, max_model_len=1024))
     log: list[str] = []
-    return SimpleNamespace(spec=spec, config=SimpleNamespace(topology=topology), counters=Counters(), log=log,
-                           cost=CostModel(MODEL, GPU), time_scale=1.0, engine_log=lambda msg, **kw: log.append(msg))
+    return SimpleNamespace(spec=spec, config=SimpleNamespace(topology=topology, ec_expected="tcp"), counters=Counters(),
+                           log=log, cost=CostModel(MODEL, GPU), time_scale=1.0, pid=1,
+                           role="encode" if topology == "epd" else "server",
+                           engine_log=lambda msg, **kw: log.append(msg))
 
 
 def bmp(shade: int) -> bytes:

@@ -1,0 +1,274 @@
+"""Which transport NIXL's UCX really chose, per pod, worker and lane, from UCX's, NIXL's and vLLM's own log
+lines (pure: lines in, dicts out).
+
+UCX picks its transports itself (UCX_TLS only bounds the choice, and a transport that is not available is
+dropped with a warning), so the configuration proves nothing. At UCX_LOG_LEVEL=info every UCP worker prints
+each new endpoint configuration it uses (`ucp_worker_print_used_tls`, openucx/ucx src/ucp/core/ucp_worker.c):
+
+    ucp_context_0 inter-node cfg#1 rma(rc_mlx5/mlx5_0:1)  amo(rc_mlx5/mlx5_0:1)  am(rc_mlx5/mlx5_0:1)  ka(...)
+
+(UCX 1.15 on; up to 1.14 `ep_cfg[N]: tag(...) rma(...)`): every lane as transport/device. A lane's transport
+decides its class: rc/dc/ud (InfiniBand or RoCE verbs) and srd (EFA) are RDMA, tcp is TCP, cuda_ipc is
+NVLink; shared memory, self and cuda_copy never leave the host. `self` endpoints (a worker to itself) carry
+nothing between pods and are kept apart. A worker is the UCX process id, as glog's thread id names a Mooncake
+worker. A `verified` needs every remote lane of every worker on the expected transport and proof that bytes
+moved: vLLM's `KV Transfer metrics` on the reading side (NixlConnector's decode pulls) or, for the encoder
+outputs of EPD (ECCPUConnector over NIXL), its `NIXL READ completed` lines. Emulated lines give `emulated`.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from epdbench.analysis.logformats import LogLine, parse_line
+from epdbench.analysis.transport import check_kv_volume
+
+EP_CFG = re.compile(r"(?:(\S+) )?(self|intra-node|inter-node) cfg#(\d+)((?: {1,2}\w+\([^)]*\)?)*)")
+EP_CFG_LEGACY = re.compile(r"ep_cfg\[(\d+)\]:((?:;? ?\w+\([^)]*\)?)*);?")
+GROUP = re.compile(r"(\w+)\(([^)]*)\)?")
+RESOURCE = re.compile(r"([A-Za-z0-9_]+)/(\S+)")
+UCX_VERSION = re.compile(r"Version (\d+\.\d+\.\d+)(?: \(loaded from .*\))?")
+UCX_ENV = re.compile(r"UCX_\* env variables?: (.*)")
+UCX_UNAVAILABLE = re.compile(r"transports? ('[\w]+'(?:,'[\w]+')*) (?:is|are) not available, please use one or more "
+                             r"of: .*")
+NIXL_BOUND = re.compile(r"NIXL UCX backend bound to UCX (\S+) at .*")
+NIXL_BACKEND = re.compile(r"Backend (\w+) was instantiated")
+NIXL_ERRORS = [re.compile(r"(?:getXferStatus|postXferReq|createXferReq|makeXferReq|prepXferDlist|loadRemoteMD"
+                          r"|connect|createBackend): .*"),
+               re.compile(r"Unexpected UCX error: .*"), re.compile(r"UCX AM send failed with status .*")]
+KV_METRICS = re.compile(r"KV Transfer metrics: (.*)")
+KV_FIELD = re.compile(r"(Num successful transfers|num_successful_transfers|Num failed transfers|Num KV expired reqs"
+                      r"|Avg MB per transfer|Throughput \(MB/s\))=([\d.]+)")
+NIXL_FAILURE = re.compile(r"NIXL transfer failure: ([a-z_]+)(?:\. .*?)? \| Context: \{.*\}")
+NIXL_FAILURE_OLD = re.compile(r"NIXL (?:transfer failed|transfer exception|send_notif failed|transfer setup/initiation "
+                              r"failed) for request .*")
+NIXL_INIT = re.compile(r"Initializing NIXL (?:wrapper|worker.*)")
+EC_READ_DONE = re.compile(r"EC (?:consumer|producer): NIXL READ completed mm_hash=\S+(?: key=\S+)?")
+EC_FAILURES = re.compile(r"EC (?:consumer: (?:failed to start NIXL xfer|NIXL xfer failed)|Connector: READ for "
+                         r"mm_hash=\S+ (?:from \S+ timed out|unexpected NIXL state)).*")
+VLLM_METRICS_FILES = frozenset({"metrics.py", "loggers.py"})
+WORKER_PID = re.compile(r"^\S*Worker\S* pid=(\d+)$")
+MIB = 2 ** 20     # vLLM's NIXL stats count MB as bytes / 2**20 (nixl/stats.py)
+
+
+def lane_class(tl: str) -> str:
+    """rdma | tcp | nvlink | local (shared memory, self, GPU copies: never between pods)."""
+    name = tl.lower()
+    if name == "tcp":
+        return "tcp"
+    if re.match(r"^(rc|dc|ud)(_|$)", name) or name in ("srd", "gga_mlx5", "ib"):
+        return "rdma"
+    if name in ("cuda_ipc", "rocm_ipc", "ze_ipc"):
+        return "nvlink"
+    return "local"
+
+
+def parse_lanes(groups: str) -> list[dict]:
+    """Lanes of an endpoint configuration's groups (`rma(rc_mlx5/mlx5_0:1)  am(tcp/eth0 ...)`)."""
+    lanes = []
+    for g in GROUP.finditer(groups):
+        for r in RESOURCE.finditer(g.group(2)):
+            lanes.append({"group": g.group(1), "tl": r.group(1), "device": r.group(2), "class": lane_class(r.group(1))})
+    return lanes
+
+
+def new_worker() -> dict:
+    return {"configs": [], "observed": None, "emulated": False}
+
+
+def new_pod() -> dict:
+    return {"connector": "nixl", "observed": None, "workers": {}, "ucx_version": None, "requested": None,
+            "unavailable": [], "backends": [], "emulated": False, "successful_transfers": 0, "failed_transfers": 0,
+            "expired_requests": 0, "bytes": 0.0, "transfer_mb_s": [], "transfer_failures": [], "nixl_errors": [],
+            "ec_reads": 0, "ec_failures": 0, "nixl_init": 0, "lines": 0,
+            # the keys the Mooncake verdict and report read, so one view shows both connectors
+            "throughput_mb_s": [], "rdma_devices": [], "hcas": None, "force_tcp": False, "ready_acks_received": 0}
+
+
+def nixl_of_pod(lines: Iterable[str]) -> dict:
+    """Everything one pod's log says about NIXL and UCX, per worker (UCX process) and lane."""
+    pod = new_pod()
+    names: dict[str, str] = {}   # `thread <pid>` (UCX's process id) -> the vLLM worker prefix of that pid
+    for raw in lines:
+        pod["lines"] += 1
+        if (line := parse_line(raw)) is not None:
+            if m := WORKER_PID.match(line.worker):
+                names[f"thread {m.group(1)}"] = line.worker
+            _scan(pod, line)
+    pod["workers"] = {names.get(k, k): w for k, w in pod["workers"].items()}
+    for w in pod["workers"].values():
+        classes = {lane["class"] for c in w["configs"] if c["scope"] != "self" for lane in c["lanes"]}
+        w["observed"] = "+".join(sorted(classes - {"local"})) or None
+    observed = {w["observed"] for w in pod["workers"].values() if w["observed"]}
+    pod["observed"] = observed.pop() if len(observed) == 1 else ("mixed" if observed else None)
+    pod["rdma_devices"] = sorted({lane["device"] for w in pod["workers"].values() for c in w["configs"]
+                                  if c["scope"] != "self" for lane in c["lanes"] if lane["class"] == "rdma"})
+    pod["rdma_devices"] = [{"name": d, "lid": 0} for d in pod["rdma_devices"]]
+    pod["throughput_mb_s"] = list(pod["transfer_mb_s"])
+    pod["emulated"] |= any(w["emulated"] for w in pod["workers"].values())
+    return pod
+
+
+def _scan(pod: dict, line: LogLine) -> None:
+    msg = line.message
+    if line.kind == "ucx":
+        if line.file == "ucp_worker.c" and (m := EP_CFG.fullmatch(msg)):
+            _config(pod, line, m.group(2), int(m.group(3)), m.group(4))
+        elif line.file == "ucp_worker.c" and (m := EP_CFG_LEGACY.fullmatch(msg)):
+            _config(pod, line, "unknown", int(m.group(1)), m.group(2))
+        elif line.file == "ucp_context.c" and (m := UCX_UNAVAILABLE.fullmatch(msg)):
+            pod["unavailable"] += [t.strip("'") for t in m.group(1).split(",") if t.strip("'") not in pod["unavailable"]]
+        elif line.file == "ucp_context.c" and (m := UCX_VERSION.fullmatch(msg)):
+            pod["ucx_version"] = m.group(1)
+        elif line.file == "parser.c" and (m := UCX_ENV.fullmatch(msg)):
+            env = dict(kv.split("=", 1) for kv in m.group(1).split() if "=" in kv)
+            pod["requested"] = env.get("UCX_TLS", pod["requested"])   # a request, never evidence
+    elif line.kind == "nixl":
+        if line.file == "_api.py" and (m := NIXL_BACKEND.fullmatch(msg)):
+            pod["backends"].append(m.group(1))
+            pod["emulated"] |= line.emulated
+    elif line.kind == "glog":
+        if line.file == "ucx_plugin.cpp" and (m := NIXL_BOUND.fullmatch(msg)):
+            pod["ucx_version"] = pod["ucx_version"] or m.group(1)
+        elif line.severity in ("E", "W") and line.file.startswith(("nixl_", "ucx_")) and \
+                any(p.fullmatch(msg) for p in NIXL_ERRORS):
+            pod["nixl_errors"].append(f"{line.file}: {msg[:200]}")
+    elif line.kind == "vllm":
+        _scan_vllm(pod, line)
+
+
+def _config(pod: dict, line: LogLine, scope: str, index: int, groups: str) -> None:
+    w = pod["workers"].setdefault(line.worker, new_worker())
+    w["emulated"] |= line.emulated
+    w["configs"].append({"scope": scope, "cfg": index, "lanes": parse_lanes(groups)})
+
+
+def _scan_vllm(pod: dict, line: LogLine) -> None:
+    msg = line.message
+    if line.file in VLLM_METRICS_FILES and (m := KV_METRICS.fullmatch(msg)):
+        fields = {k: float(v) for k, v in KV_FIELD.findall(m.group(1))}
+        n = int(fields.get("Num successful transfers", fields.get("num_successful_transfers", 0)))
+        pod["successful_transfers"] += n
+        pod["failed_transfers"] += int(fields.get("Num failed transfers", 0))
+        pod["expired_requests"] += int(fields.get("Num KV expired reqs", 0))
+        pod["bytes"] += n * fields.get("Avg MB per transfer", 0.0) * MIB
+        if fields.get("Throughput (MB/s)"):
+            pod["transfer_mb_s"].append(fields["Throughput (MB/s)"])
+        pod["emulated"] |= line.emulated
+    elif m := NIXL_FAILURE.fullmatch(msg):
+        pod["transfer_failures"].append(m.group(1))
+    elif NIXL_FAILURE_OLD.fullmatch(msg):
+        pod["transfer_failures"].append("transfer_failed")
+    elif NIXL_INIT.fullmatch(msg):
+        pod["nixl_init"] += 1
+        pod["emulated"] |= line.emulated
+    elif EC_READ_DONE.fullmatch(msg):
+        pod["ec_reads"] += 1
+        pod["emulated"] |= line.emulated
+    elif EC_FAILURES.fullmatch(msg):
+        pod["ec_failures"] += 1
+
+
+def has_nixl_evidence(pod: dict) -> bool:
+    """Whether a pod's log shows NIXL or UCX at all (verify-transport's choice of reader)."""
+    return bool(pod["workers"] or pod["backends"] or pod["nixl_init"] or pod["ucx_version"])
+
+
+def _lane_text(lane: dict) -> str:
+    return f"{lane['group']}({lane['tl']}/{lane['device']})"
+
+
+def worker_mismatches(expected: str, name: str, pod: dict) -> list[str]:
+    """One line per worker and endpoint configuration with a remote lane on another transport than `expected`."""
+    out = []
+    for wname, w in sorted(pod["workers"].items()):
+        for c in w["configs"]:
+            if c["scope"] == "self":
+                continue
+            other = [lane for lane in c["lanes"] if lane["class"] not in ("local", expected)]
+            if other:
+                kinds = sorted({lane["class"].upper() for lane in other})
+                out.append(f"expected {expected}; {name} {wname} {c['scope']} cfg#{c['cfg']}: lane"
+                           f"{'s' if len(other) > 1 else ''} {', '.join(_lane_text(x) for x in other)} on "
+                           f"{'/'.join(kinds)}")
+    return out
+
+
+def _moved(pod: dict, what: str) -> bool:
+    return pod["ec_reads"] > 0 if what == "ec" else pod["successful_transfers"] > 0
+
+
+def verify_nixl(expected: str, pods: dict[str, dict], roles: dict[str, str] | None = None, kv: dict | None = None,
+                what: str = "kv", movers: Iterable[str] = ("decode",), tcp_mb_s: float | None = None) -> dict:
+    """Verdict over the pods of a NIXL path (expected: none | tcp | rdma). `what`: kv (NixlConnector; `movers`,
+    the reading roles, must show successful transfers) or ec (the encoder outputs, ECCPUConnector: some pod must
+    log a completed NIXL READ). `kv` (analysis.transport.kv_expectation plus `transfers`, `bytes`) checks the
+    volume; `tcp_mb_s` flags an RDMA transfer rate TCP could have carried."""
+    label = "encoder outputs" if what == "ec" else "KV"
+    base = {"expected": expected, "connector": "nixl", "what": what, "pods": pods, "kv_check": kv,
+            "throughput_mb_s_min": min((t for p in pods.values() for t in p["transfer_mb_s"]), default=None),
+            "throughput_mb_s_max": max((t for p in pods.values() for t in p["transfer_mb_s"]), default=None),
+            "failed_transfers": sum(p["failed_transfers"] + len(p["transfer_failures"]) + p["ec_failures"]
+                                    for p in pods.values()),
+            "failed_recvs": 0, "ready_acks": 0, "suspicious": False}
+    if expected == "none":
+        return {**base, "verdict": "not-applicable", "reasons": [f"no {label} moves between pods"]}
+    if not pods or all(not p["workers"] for p in pods.values()):
+        asked = sorted({p["requested"] for p in pods.values() if p["requested"]})
+        why = (f"no UCX endpoint configuration line (ucp_worker.c, UCX_LOG_LEVEL=info) in any {label} pod log")
+        if asked:
+            why += f" (UCX_TLS={', '.join(asked)} was asked for: not evidence)"
+        return {**base, "verdict": "no-evidence", "reasons": [why]}
+    reasons: list[str] = []
+    mismatch = missing = False
+    for name, p in sorted(pods.items()):
+        if p["observed"] is None:
+            missing = True
+            reasons.append(f"{name}: no UCX endpoint to another process (only self or host-local lanes)")
+        if found := worker_mismatches(expected, name, p):
+            mismatch = True
+            if p["unavailable"]:
+                found[0] += f" (UCX: {', '.join(p['unavailable'])} not available)"
+            reasons += found
+        fails = {k: v for k, v in (("failed_transfers", p["failed_transfers"]),
+                                   ("transfer_failures", len(p["transfer_failures"])), ("ec_failures", p["ec_failures"]),
+                                   ("nixl_errors", len(p["nixl_errors"]))) if v}
+        if fails:
+            mismatch = True
+            reasons.append(f"{name}: transfers failed ({', '.join(f'{k}={v}' for k, v in fails.items())})"
+                           + (f"; first: {p['nixl_errors'][0]}" if p["nixl_errors"] else ""))
+    readers = {n for n, r in (roles or {}).items() if r in set(movers) and n in pods}
+    gaps = [f"{n}: UCX set up {pods[n]['observed'] or 'no'} lanes but no {label} transfer succeeded"
+            for n in sorted(readers) if what == "kv" and not _moved(pods[n], what)]
+    if (what == "ec" or not readers) and not any(_moved(p, what) for p in pods.values()):
+        gaps.append("no pod shows " + ("a completed NIXL READ of encoder outputs (`EC consumer/producer: NIXL READ "
+                                       "completed`, logged at DEBUG)" if what == "ec" else
+                                       "a successful NIXL transfer (vLLM's `KV Transfer metrics`, --disable-log-stats "
+                                       "off)"))
+    volume = check_kv_volume(kv) if kv else []
+    mismatch |= bool(volume)
+    reasons += gaps + volume
+    rates = [r for p in pods.values() for r in p["transfer_mb_s"]]
+    if expected == "rdma" and tcp_mb_s and rates and max(rates) < tcp_mb_s:
+        base["suspicious"] = True
+        reasons.append(f"suspicious: RDMA transfers ran at most {max(rates):.0f} MB/s, no faster than TCP carries "
+                       f"({tcp_mb_s:.0f} MB/s)")
+    verdict = "mismatch" if mismatch else "no-evidence" if (missing or gaps) else "verified"
+    if verdict == "verified":
+        devices = sorted({d["name"] for p in pods.values() for d in p["rdma_devices"]})
+        n_workers = sum(1 for p in pods.values() for w in p["workers"].values() if w["observed"])
+        proof = (f"{sum(p['ec_reads'] for p in pods.values())} NIXL READs of encoder outputs completed" if what == "ec"
+                 else f"{sum(p['successful_transfers'] for p in pods.values())} successful NIXL transfers")
+        pods_label = "Encode and Prefill pod" if what == "ec" else "KV pod"
+        reasons.insert(0, f"every {pods_label} and UCX worker ({n_workers}) used only {expected.upper()} lanes"
+                          + (f" on {', '.join(devices)}" if devices and expected == "rdma" else "")
+                          + f"; {label} moved ({proof})")
+        if kv and kv.get("bytes") is not None:
+            reasons.append(f"{kv['bytes'] / 1e6:.1f} MB moved in {kv.get('transfers') or 0:.0f} transfers for "
+                           f"{kv['measured_requests']} measured requests, within ± {kv['tolerance']:.0%} of their "
+                           "prompts' KV")
+    if any(p["emulated"] for p in pods.values()):
+        if verdict == "verified":
+            verdict = "emulated"
+        reasons.append(f"simulator: NIXL over UCX {expected} is emulated by the cost model, no NIC used")
+    return {**base, "verdict": verdict, "reasons": reasons}
