@@ -5,7 +5,9 @@ the HTTP cell's own noise band (analysis.noise.band: its sample CI, floored by t
 lag) plus, for TTFT, the host path the virtual core does not model: the client, router and API-server hops of
 the HTTP simulator, which run on the host in real time (HOST_PATH_MS, measured by
 benchmarks/vtime_agreement.py on the smoke preset: 2–6 ms at concurrency 1). The virtual core has no
-measurement noise of its own (one seeded run is the answer).
+measurement noise of its own (one seeded run is the answer). An HTTP cell contaminated by host load
+(analysis.noise.is_contaminated: its lag p99 above a share of what it reports) is no reference: its rows are
+shown but not judged (`judged` False), as such a cell names no winner in a comparison.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ METRICS = ["ttft_p50_ms", "tpot_p50_ms", "itl_p99_ms", "output_tok_s"]
 INFORMATIVE = ["ttft_p95_ms"]
 HOST_PATH_MS = 10.0      # allowance for TTFT: the HTTP path's host time (measured 2–6 ms, rounded up)
 THROUGHPUT_SHARE = 0.05  # throughput also carries the host path once per request: 5% beyond its band
-COLUMNS = KEYS + ["metric", "http", "virtual", "ratio", "allowed", "agrees"]
+COLUMNS = KEYS + ["metric", "http", "virtual", "ratio", "allowed", "agrees", "judged"]
 
 
 def allowance(row: dict, metric: str) -> float:
@@ -30,9 +32,14 @@ def allowance(row: dict, metric: str) -> float:
     return band({**row, "trials": 1}, metric) + extra
 
 
+def _contaminated(row: dict) -> bool:
+    flag = row.get("contaminated")
+    return bool(flag) and not (isinstance(flag, float) and flag != flag)   # NaN: not known, so judged
+
+
 def agreement(http: pd.DataFrame, virtual: pd.DataFrame, metrics: list[str] | None = None) -> pd.DataFrame:
-    """One row per matched cell (first trial) and metric: both figures, their ratio, the allowance and
-    whether they agree. Cells only one side has are left out."""
+    """One row per matched cell (first trial) and metric: both figures, their ratio, the allowance, whether they
+    agree and whether the pair is judged (the HTTP cell not contaminated). Cells only one side has are left out."""
     metrics = [m for m in (metrics or METRICS) if m in http.columns and m in virtual.columns]
     h = http[http["trial"] == http["trial"].min()] if "trial" in http else http
     v = virtual[virtual["trial"] == virtual["trial"].min()] if "trial" in virtual else virtual
@@ -45,5 +52,6 @@ def agreement(http: pd.DataFrame, virtual: pd.DataFrame, metrics: list[str] | No
                 continue
             allowed = allowance(r, m)
             rows.append({**{k: r[k] for k in KEYS}, "metric": m, "http": hv, "virtual": vv,
-                         "ratio": vv / hv if hv else None, "allowed": allowed, "agrees": abs(vv - hv) <= allowed})
+                         "ratio": vv / hv if hv else None, "allowed": allowed, "agrees": abs(vv - hv) <= allowed,
+                         "judged": not _contaminated(r)})
     return pd.DataFrame(rows, columns=COLUMNS)

@@ -243,6 +243,36 @@ def check_kv_volume(kv: dict) -> list[str]:
     return problems
 
 
+def volume_and_rate(base: dict, expected: str, pods: dict[str, dict], kv: dict | None, tcp_mb_s: float | None,
+                    reasons: list[str]) -> bool:
+    """The checks both connectors' verdicts share: the KV volume against the records (True: a mismatch), and an
+    RDMA transfer rate TCP could have carried (flagged `suspicious` in `base`, with a reason)."""
+    volume = check_kv_volume(kv) if kv else []
+    reasons += volume
+    rates = [r for p in pods.values() for r in p["transfer_mb_s"]]
+    if expected == "rdma" and tcp_mb_s and rates and max(rates) < tcp_mb_s:
+        base["suspicious"] = True
+        reasons.append(f"suspicious: RDMA transfers ran at most {max(rates):.0f} MB/s, no faster than TCP "
+                       f"carries ({tcp_mb_s:.0f} MB/s)")
+    return bool(volume)
+
+
+def volume_line(kv: dict | None) -> list[str]:
+    """The verified volume, when the sending or reading side's counters gave one."""
+    if not kv or kv.get("bytes") is None:
+        return []
+    return [f"{kv['bytes'] / 1e6:.1f} MB moved in {kv.get('transfers') or 0:.0f} transfers for "
+            f"{kv['measured_requests']} measured requests, within ± {kv['tolerance']:.0%} of their prompts' KV"]
+
+
+def emulated(verdict: str, pods: dict[str, dict], reasons: list[str], what: str) -> str:
+    """On the simulator's lines a verified verdict is `emulated`, and the reasons say so."""
+    if not any(p["emulated"] for p in pods.values()):
+        return verdict
+    reasons.append(f"simulator: {what} is emulated by the cost model, no NIC used")
+    return "emulated" if verdict == "verified" else verdict
+
+
 def _install_detail(w: dict) -> str:
     hcas = f"{w['hcas']} HCAs found" if w["hcas"] is not None else "HCAs unknown"
     return hcas + (", MC_FORCE_TCP set" if w["force_tcp"] else ", no MC_FORCE_TCP line")
@@ -306,14 +336,8 @@ def verify_transport(expected: str, pods: dict[str, dict], roles: dict[str, str]
     if not senders and not any(moved(p) for p in pods.values()):
         gaps.append("no KV pod shows KV moving: every throughput window is 0 MB/s or absent and no transfer "
                     "succeeded (enable MC_TE_METRIC=1 and KV transfer stats logging)")
-    volume = check_kv_volume(kv) if kv else []
-    mismatch |= bool(volume)
-    reasons += gaps + volume
-    rates = [r for p in pods.values() for r in p["transfer_mb_s"]]
-    if expected == "rdma" and tcp_mb_s and rates and max(rates) < tcp_mb_s:
-        base["suspicious"] = True
-        reasons.append(f"suspicious: RDMA transfers ran at most {max(rates):.0f} MB/s, no faster than TCP "
-                       f"carries ({tcp_mb_s:.0f} MB/s)")
+    reasons += gaps
+    mismatch |= volume_and_rate(base, expected, pods, kv, tcp_mb_s, reasons)
     if mismatch:
         verdict = "mismatch"
     elif missing or gaps:
@@ -326,12 +350,6 @@ def verify_transport(expected: str, pods: dict[str, dict], roles: dict[str, str]
         proof = (f"{len(tputs)} throughput windows, max {max(tputs):.1f} MB/s" if tputs else
                  f"{sum(p['successful_transfers'] for p in pods.values())} successful transfers")
         reasons.insert(0, f"every KV pod and worker ({n_workers}) installed {what}; KV moved ({proof})")
-        if kv and kv.get("bytes") is not None:
-            reasons.append(f"{kv['bytes'] / 1e6:.1f} MB moved in {kv.get('transfers') or 0:.0f} transfers for "
-                           f"{kv['measured_requests']} measured requests, within ± {kv['tolerance']:.0%} of "
-                           "their prompts' KV")
-    if any(p["emulated"] for p in pods.values()):
-        if verdict == "verified":
-            verdict = "emulated"
-        reasons.append(f"simulator: the {expected} transport is emulated by the cost model, no NIC used")
+        reasons += volume_line(kv)
+    verdict = emulated(verdict, pods, reasons, f"the {expected} transport")
     return {**base, "verdict": verdict, "reasons": reasons}

@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterable
 
 from epdbench.analysis.logformats import LogLine, parse_line
-from epdbench.analysis.transport import check_kv_volume
+from epdbench.analysis.transport import emulated, volume_and_rate, volume_line
 
 EP_CFG = re.compile(r"(?:(\S+) )?(self|intra-node|inter-node) cfg#(\d+)((?: {1,2}\w+\([^)]*\)?)*)")
 EP_CFG_LEGACY = re.compile(r"ep_cfg\[(\d+)\]:((?:;? ?\w+\([^)]*\)?)*);?")
@@ -245,14 +245,8 @@ def verify_nixl(expected: str, pods: dict[str, dict], roles: dict[str, str] | No
                                        "completed`, logged at DEBUG)" if what == "ec" else
                                        "a successful NIXL transfer (vLLM's `KV Transfer metrics`, --disable-log-stats "
                                        "off)"))
-    volume = check_kv_volume(kv) if kv else []
-    mismatch |= bool(volume)
-    reasons += gaps + volume
-    rates = [r for p in pods.values() for r in p["transfer_mb_s"]]
-    if expected == "rdma" and tcp_mb_s and rates and max(rates) < tcp_mb_s:
-        base["suspicious"] = True
-        reasons.append(f"suspicious: RDMA transfers ran at most {max(rates):.0f} MB/s, no faster than TCP carries "
-                       f"({tcp_mb_s:.0f} MB/s)")
+    reasons += gaps
+    mismatch |= volume_and_rate(base, expected, pods, kv, tcp_mb_s, reasons)
     verdict = "mismatch" if mismatch else "no-evidence" if (missing or gaps) else "verified"
     if verdict == "verified":
         devices = sorted({d["name"] for p in pods.values() for d in p["rdma_devices"]})
@@ -263,12 +257,6 @@ def verify_nixl(expected: str, pods: dict[str, dict], roles: dict[str, str] | No
         reasons.insert(0, f"every {pods_label} and UCX worker ({n_workers}) used only {expected.upper()} lanes"
                           + (f" on {', '.join(devices)}" if devices and expected == "rdma" else "")
                           + f"; {label} moved ({proof})")
-        if kv and kv.get("bytes") is not None:
-            reasons.append(f"{kv['bytes'] / 1e6:.1f} MB moved in {kv.get('transfers') or 0:.0f} transfers for "
-                           f"{kv['measured_requests']} measured requests, within ± {kv['tolerance']:.0%} of their "
-                           "prompts' KV")
-    if any(p["emulated"] for p in pods.values()):
-        if verdict == "verified":
-            verdict = "emulated"
-        reasons.append(f"simulator: NIXL over UCX {expected} is emulated by the cost model, no NIC used")
+        reasons += volume_line(kv)
+    verdict = emulated(verdict, pods, reasons, f"NIXL over UCX {expected}")
     return {**base, "verdict": verdict, "reasons": reasons}

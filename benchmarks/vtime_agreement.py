@@ -49,8 +49,10 @@ def main() -> int:
     pd.set_option("display.width", 220)
     pd.set_option("display.max_rows", 500)
     print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-    judged = table[table["metric"].isin(METRICS)]
-    print(f"\nspec {spec.name}: {int(judged['agrees'].sum())} of {len(judged)} figures agree "
+    judged = table[table["metric"].isin(METRICS) & table["judged"]]
+    print(f"\nspec {spec.name}: {int(judged['agrees'].sum())} of {len(judged)} judged figures agree "
+          f"({int((table['metric'].isin(METRICS) & ~table['judged']).sum())} not judged: HTTP cell contaminated by "
+          "host load) "
           f"({', '.join(METRICS)}); informative only: "
           + ", ".join(f"{m} {int(g['agrees'].sum())} of {len(g)}" for m, g in table[table['metric'].isin(INFORMATIVE)]
                       .groupby('metric')))

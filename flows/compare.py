@@ -139,7 +139,9 @@ def run_configuration(spec: ExperimentSpec, config: ConfigurationSpec, run: str,
             outcome.status = "degraded"
         else:
             outcome.ok = True
-        say(f"[{config.name}] transport {outcome.transport['verdict']}, stages {outcome.stages['verdict']}")
+        ec = outcome.transport.get("ec")
+        say(f"[{config.name}] transport {outcome.transport['verdict']}"
+            + (f", encoder outputs {ec['verdict']}" if ec else "") + f", stages {outcome.stages['verdict']}")
     except ProvisionError as e:
         outcome.error = f"provisioning failed: {e}"
     except CellTimeout as e:
@@ -305,7 +307,8 @@ def _compare(spec: ExperimentSpec, run: str, rdir: Path, tracking_uri: str | Non
     outcome = {"run": run, "results_dir": str(rdir), "tracking_uri": uri, "mlflow_run_id": parent,
                "mlflow_url": tracker.run_url(parent) if tracker and parent else None, "trigger": trigger,
                "configs": {n: {"ok": o.ok, "status": o.status, "verified": o.verified(spec.target.kind), "error": o.error,
-                               "transport": o.transport.get("verdict"), "stages": o.stages.get("verdict")}
+                               "transport": o.transport.get("verdict"), "stages": o.stages.get("verdict"),
+                               "ec_transport": (o.transport.get("ec") or {}).get("verdict")}
                            for n, o in outcomes.items()}}
     outcome["all_verified"] = all(c["verified"] for c in outcome["configs"].values())
     outcome["contaminated_cells"] = int(summary["contaminated"].fillna(False).astype(bool).sum()) if len(summary) else 0

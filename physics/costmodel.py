@@ -233,9 +233,9 @@ MOONCAKE_TCP_LANES_PER_PEER = 4   # tcp_transport.h ConnectionLaneState::lanes_p
 KV_BLOCK_TOKENS = 16              # vLLM's KV cache block on CUDA: CacheConfig.DEFAULT_BLOCK_SIZE (vllm/config/cache.py)
 # NIXL over UCX (NixlConnector): the decode READs the prefill's blocks, one descriptor per region and block
 # (CostModel.nixl_descriptors), all posted as one transfer request. Over TCP UCX emulates each remote read with
-# active messages on its tcp lanes (the `rma_am` lanes its endpoint lines show): a setup per transfer and a cost per
-# further descriptor, measured with the real NIXL 1.5.1 / UCX 1.23.0 by benchmarks/nixl_ucx.py (HardwareSpec
-# ucx_tcp_setup_ms, ucx_tcp_descriptor_ms). Over RDMA each descriptor is a work request posted in the same batch:
+# active messages on its tcp lanes (the `rma_am` lanes its endpoint lines show): a setup per transfer, measured with
+# the real NIXL 1.5.1 / UCX 1.23.0 by benchmarks/nixl_ucx.py (HardwareSpec ucx_tcp_setup_ms); a cost per further
+# descriptor was not resolvable above the noise there (ucx_tcp_descriptor_ms 0: UCX pipelines them). Over RDMA each descriptor is a work request posted in the same batch:
 # one latency per transfer (rdma_latency_ms, as Mooncake's). UCX keeps no per-peer queue of transfers (no lanes).
 
 

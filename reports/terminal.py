@@ -34,7 +34,8 @@ def print_summary(outcome: dict, console: Console | None = None) -> None:
         console.print(line)
     for name, c in outcome["configs"].items():
         state = "ok" if c["ok"] else f"{c.get('status', 'failed').upper()}: {c['error']}"
-        console.print(f"{name}: {state}; transport {c['transport']}, stages {c['stages']}")
+        ec = f", encoder outputs {c['ec_transport']}" if c.get("ec_transport") else ""
+        console.print(f"{name}: {state}; transport {c['transport']}{ec}, stages {c['stages']}")
     spoilt = contamination_line(summary, outcome.get("meta") or {})
     if spoilt:
         console.print(spoilt)

@@ -86,9 +86,13 @@ class ModelSpec(Strict):
 TCP_SETUP_MS = 0.064
 TCP_DESCRIPTOR_MS = 0.034
 # NIXL over UCX TCP's fixed costs, measured with the real NIXL 1.5.1 (nixl-cu12 wheel, bundling UCX 1.23.0) over
-# loopback by benchmarks/nixl_ucx.py (UCX_TLS=tcp), same host: the intercept of one READ's time against its size, and
-# the slope of a READ's time against its number of descriptors.
-UCX_TCP_SETUP_MS = 0.0
+# loopback by benchmarks/nixl_ucx.py (UCX_TLS=tcp) on 2026-12-01, same VM, three runs: the intercept of one READ's
+# time against its size (64 KiB to 256 MiB; fits 0.032, 0.022, 0.005 ms: the median), and the slope of a READ's time
+# against its descriptors (1 to 1024 at 16 and 64 MiB, 16 KiB to 64 KiB each): -0.033 to +0.015 ms, no cost
+# resolvable above the noise (UCX pipelines the descriptors of one request), so none is modelled. Loopback moved
+# 460-540 MB/s per READ (Mooncake's engine 1.3-1.8 GB/s on the same host): a figure of this host's CPU, not of a
+# link; the link stays hardware.tcp_gb_s.
+UCX_TCP_SETUP_MS = 0.022
 UCX_TCP_DESCRIPTOR_MS = 0.0
 
 
@@ -156,9 +160,9 @@ class HardwareSpec(Strict):
     ucx_tcp_descriptor_ms: float = Field(UCX_TCP_DESCRIPTOR_MS, ge=0,
                                          title="UCX TCP cost per further descriptor (ms)",
                                          description="Added by each descriptor of a READ after the first (UCX "
-                                                     "emulates remote reads over TCP with active messages): measured "
-                                                     "by benchmarks/nixl_ucx.py. vLLM's NixlConnector reads one "
-                                                     "descriptor per layer, K/V and block.")
+                                                     "emulates remote reads over TCP with active messages): "
+                                                     "benchmarks/nixl_ucx.py resolved none above its noise (0). vLLM's "
+                                                     "NixlConnector reads one descriptor per layer, K/V and block.")
     tcp_latency_ms: float = Field(0.5, ge=0, title="TCP network latency per transfer (ms)",
                                   description="What the pod network adds once per KV transfer over TCP beyond "
                                               "tcp_setup_ms and tcp_descriptor_ms, which loopback measured without "

@@ -119,7 +119,10 @@ def test_up_adhoc_run_from_the_prefect_api_and_down(tmp_path):
                 assert "| pd-tcp |" in report.data and f"Results: `{data / 'results'}" in report.data
                 progress = next(a for a in own if a.key == "epdbench-progress")
                 assert float(progress.data) == 100.0
-        assert (data / "results" / fr.name / "summary.csv").exists()      # under --data-dir
+        # under --data-dir: the folder the report names (an ad hoc run without a run key is stamped to the second)
+        folder = Path(report.data.split("Results: `", 1)[1].split("`", 1)[0])
+        assert folder.parent == data / "results" and folder.name.startswith(fr.name)
+        assert (folder / "summary.csv").exists()
         mlflow = MlflowClient(f"http://127.0.0.1:{mp}")
         exp = mlflow.get_experiment_by_name("epdbench")
         runs = mlflow.search_runs([exp.experiment_id], filter_string="tags.`epdbench.kind` = 'comparison'")

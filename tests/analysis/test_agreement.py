@@ -24,3 +24,10 @@ def test_unmatched_cells_and_missing_figures_are_left_out():
     http = pd.concat([frame(ttft_p50_ms=10.0), frame(ttft_p50_ms=10.0).assign(workload="4096/64")])
     virtual = frame(ttft_p50_ms=None, output_tok_s=5.0)
     assert agreement(http, virtual).empty
+
+
+def test_a_contaminated_http_cell_is_shown_but_not_judged():
+    http = frame(ttft_p50_ms=100.0, ttft_p50_ms_sample_ci95=4.0, contaminated=True)
+    row = agreement(http, frame(ttft_p50_ms=50.0)).iloc[0]
+    assert not row["agrees"] and not row["judged"]
+    assert agreement(frame(ttft_p50_ms=100.0, contaminated=float("nan")), frame(ttft_p50_ms=100.0)).iloc[0]["judged"]

@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 
 from epdbench.physics.costmodel import (CostModel, PrefillChunk, chunk_prefill, encoder_cache_tokens, image_tokens,
-                                        link_bytes_per_s, max_mm_item_tokens, peer_lanes, setup_seconds,
-                                        transfer_seconds)
+                                        kv_descriptors, link_bytes_per_s, max_mm_item_tokens, peer_lanes,
+                                        setup_seconds, transfer_seconds)
 from epdbench.specs.models import HardwareSpec, load_spec
-from epdbench.specs.node import TCP_DESCRIPTOR_MS, TCP_SETUP_MS
+from epdbench.specs.node import TCP_DESCRIPTOR_MS, TCP_SETUP_MS, UCX_TCP_SETUP_MS
 
 GiB = 2 ** 30
 
@@ -133,6 +133,16 @@ def test_measured_tcp_setup_is_the_default_and_old_spec_files_still_load(smoke):
 def test_a_tcp_transfer_holds_one_lane_per_descriptor_up_to_four_and_rdma_none():
     assert [peer_lanes("tcp", d) for d in (1, 2, 4, 56)] == [1, 2, 4, 4]
     assert peer_lanes("rdma", 56) == 0
+
+
+def test_nixl_reads_one_descriptor_per_region_and_block_at_ucxs_measured_setup_and_holds_no_lanes(smoke):
+    cost = CostModel(smoke.model, smoke.hardware)
+    assert kv_descriptors(cost, "nixl", 4096) == 2 * 28 * 256 and kv_descriptors(cost, "nixl", 17) == 2 * 28 * 2
+    assert kv_descriptors(cost, "mooncake", 4096) == 56
+    hw = smoke.hardware
+    assert setup_seconds(hw, "tcp", 14336, "nixl") * 1e3 == pytest.approx(UCX_TCP_SETUP_MS + hw.tcp_latency_ms)
+    assert setup_seconds(hw, "rdma", 14336, "nixl") == setup_seconds(hw, "rdma", 56) == hw.rdma_latency_ms / 1e3
+    assert peer_lanes("tcp", 14336, "nixl") == 0 and peer_lanes("tcp", 56) == 4
 
 
 def test_chunk_prefill_packs_fcfs_and_splits_the_last():
