@@ -37,8 +37,10 @@ NIXL_ERRORS = [re.compile(r"(?:getXferStatus|postXferReq|createXferReq|makeXferR
                           r"|connect|createBackend): .*"),
                re.compile(r"Unexpected UCX error: .*"), re.compile(r"UCX AM send failed with status .*")]
 KV_METRICS = re.compile(r"KV Transfer metrics: (.*)")
-KV_FIELD = re.compile(r"(Num successful transfers|num_successful_transfers|Num failed transfers|Num KV expired reqs"
-                      r"|Avg MB per transfer|Throughput \(MB/s\))=([\d.]+)")
+# `Name=value` (vLLM 0.12-0.33), `num_successful_transfers=N` (0.11), or under a MultiConnector the NIXL
+# connector's dict: `NixlConnector={'Num successful transfers': 3, ...}`
+KV_FIELD = re.compile(r"'?(Num successful transfers|num_successful_transfers|Num failed transfers|Num KV expired reqs"
+                      r"|Avg MB per transfer|Throughput \(MB/s\))'?(?:=|: )([\d.]+)")
 NIXL_FAILURE = re.compile(r"NIXL transfer failure: ([a-z_]+)(?:\. .*?)? \| Context: \{.*\}")
 NIXL_FAILURE_OLD = re.compile(r"NIXL (?:transfer failed|transfer exception|send_notif failed|transfer setup/initiation "
                               r"failed) for request .*")

@@ -146,10 +146,16 @@ def kv_transport(dep: Deployment, spec: ExperimentSpec, config: ConfigurationSpe
     return verify_transport(config.kv_transport, pods, roles=roles, kv=kv, tcp_mb_s=tcp_mb_s)
 
 
-def ec_transport(dep: Deployment, config: ConfigurationSpec) -> dict:
+def ec_transport(dep: Deployment, spec: ExperimentSpec, config: ConfigurationSpec) -> dict:
     """EPD: which transport carried the encoder outputs from Encode to Prefill (ECCPUConnector over NIXL), from
     the UCX lanes of the Encode and Prefill pods and their completed NIXL READs. When the KV connector is NIXL too,
-    a Prefill pod's lanes serve both paths (UCX does not name the agent an endpoint belongs to)."""
+    a Prefill pod's lanes serve both paths (UCX does not name the agent an endpoint belongs to). Another encoder-cache
+    connector on a cluster (shared storage, Mooncake) is `not-read`: shown, never claimed verified."""
+    connector = spec.target.kubernetes.engine.ec_connector
+    if spec.target.kind == "kubernetes" and connector != "ECCPUConnector":
+        return {"expected": config.ec_expected, "connector": connector, "what": "ec", "pods": {}, "verdict": "not-read",
+                "reasons": [f"encoder outputs go through {connector}; epdbench reads ECCPUConnector's NIXL and UCX "
+                            "lines only"]}
     pods = {p.name: nixl_of_pod(iter_lines(p.log_path)) for p in dep.processes if p.role in ("encode", "prefill")}
     ec = verify_nixl(config.ec_expected, pods, what="ec")
     if config.kv_connector == "nixl":
@@ -169,7 +175,7 @@ def collect(dep: Deployment, spec: ExperimentSpec, config: ConfigurationSpec, fi
     deltas = _metric_deltas(dep, first, last)
     transport = kv_transport(dep, spec, config, deltas, records)
     if config.topology == "epd":
-        transport["ec"] = ec_transport(dep, config)
+        transport["ec"] = ec_transport(dep, spec, config)
         write_json(out_dir / "ec_transport.json", transport["ec"])
     stages = verify_stages(expected_roles(config, records), _role_counts(dep, first, last), emulated, deltas)
     stages["metrics_delta"] = deltas

@@ -127,3 +127,12 @@ def test_simulated_lines_give_emulated():
 
 def test_expected_none_is_not_applicable():
     assert verify_nixl("none", {})["verdict"] == "not-applicable"
+
+
+def test_stats_lines_of_every_vllm_form_count():
+    old = "(APIServer pid=1) INFO 10-01 12:00:00 [metrics.py:97] KV Transfer metrics: num_successful_transfers=4"
+    multi = ("(APIServer pid=1) INFO 10-01 12:00:00 [metrics.py:103] KV Transfer metrics: NixlConnector="
+             "{'Num successful transfers': 3, 'Avg xfer time (ms)': 2.5, 'Avg MB per transfer': 1.0}, "
+             "LMCacheConnectorV1={'hits': 9}")
+    pod = nixl_of_pod([ep(TCP), old, multi])
+    assert pod["successful_transfers"] == 7 and pod["bytes"] == 3 * 2 ** 20
