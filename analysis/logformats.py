@@ -21,6 +21,8 @@ EMULATED_MARK = "[emulated by epdbench sim: no GPU, no NIC]"
 MODELLED_FIELD = "epdbench_modelled_ns"
 _PREFIXES = re.compile(r"^((?:\([A-Za-z_][\w.-]* pid=\d+\) )*)")
 _ONE_PREFIX = re.compile(r"\(([A-Za-z_][\w.-]*) pid=(\d+)\) ")
+# A worker named by its vLLM prefix (`Worker_TP1 pid=802`): its pid is the glog thread / UCX process id of its lines.
+WORKER_PID = re.compile(r"^\S*Worker\S* pid=(\d+)$")
 GLOG = re.compile(r"^([IWEF])(\d{4}) (\d\d:\d\d:\d\d\.\d{6})\s+(\d+) ([\w.+-]+\.(?:cpp|cc|h)):(\d+)\] (.*)$")
 # vLLM's [file:line] is the file's name, or a shortened relative path under VLLM_LOGGING_LEVEL=DEBUG
 # (`distributed/.../v1/metrics.py`): the name is kept (vllm/logging_utils/formatter.py).

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from epdbench.analysis.logformats import LogLine, parse_line
+from epdbench.analysis.logformats import WORKER_PID, LogLine, parse_line
 
 # Relative tolerance between the KV bytes moved and the KV of the prompts (kv bytes per token × prompt
 # tokens not already cached on the decode side): per-block rounding, probes and TP shards stay inside it.
@@ -93,13 +93,10 @@ def transport_of_pod(lines: Iterable[str]) -> dict:
     return pod
 
 
-_WORKER_PID = re.compile(r"^\S*Worker\S* pid=(\d+)$")
-
-
 def _merge_aliases(workers: dict[str, dict]) -> dict[str, str]:
     """One worker under two names (`Worker_TP0 pid=801` on prefixed lines, `thread 801` on glog lines
     written straight to the process's stderr) becomes one, under the prefix name; returns the aliases."""
-    alias = {f"thread {m.group(1)}": name for name in workers if (m := _WORKER_PID.match(name))}
+    alias = {f"thread {m.group(1)}": name for name in workers if (m := WORKER_PID.match(name))}
     for thread, name in alias.items():
         if (other := workers.pop(thread, None)) is not None:
             w = workers[name]

@@ -20,8 +20,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from epdbench.analysis.logformats import LogLine, parse_line
-from epdbench.analysis.transport import emulated, volume_and_rate, volume_line
+from epdbench.analysis.logformats import WORKER_PID, LogLine, parse_line
+from epdbench.analysis.transport import KV_METRICS, KV_METRICS_FILES, emulated, volume_and_rate, volume_line
 
 EP_CFG = re.compile(r"(?:(\S+) )?(self|intra-node|inter-node) cfg#(\d+)((?: {1,2}\w+\([^)]*\)?)*)")
 EP_CFG_LEGACY = re.compile(r"ep_cfg\[(\d+)\]:((?:;? ?\w+\([^)]*\)?)*);?")
@@ -36,7 +36,6 @@ NIXL_BACKEND = re.compile(r"Backend (\w+) was instantiated")
 NIXL_ERRORS = [re.compile(r"(?:getXferStatus|postXferReq|createXferReq|makeXferReq|prepXferDlist|loadRemoteMD"
                           r"|connect|createBackend): .*"),
                re.compile(r"Unexpected UCX error: .*"), re.compile(r"UCX AM send failed with status .*")]
-KV_METRICS = re.compile(r"KV Transfer metrics: (.*)")
 # `Name=value` (vLLM 0.12-0.33), `num_successful_transfers=N` (0.11), or under a MultiConnector the NIXL
 # connector's dict: `NixlConnector={'Num successful transfers': 3, ...}`
 KV_FIELD = re.compile(r"'?(Num successful transfers|num_successful_transfers|Num failed transfers|Num KV expired reqs"
@@ -48,8 +47,6 @@ NIXL_INIT = re.compile(r"Initializing NIXL (?:wrapper|worker.*)")
 EC_READ_DONE = re.compile(r"EC (?:consumer|producer): NIXL READ completed mm_hash=\S+(?: key=\S+)?")
 EC_FAILURES = re.compile(r"EC (?:consumer: (?:failed to start NIXL xfer|NIXL xfer failed)|Connector: READ for "
                          r"mm_hash=\S+ (?:from \S+ timed out|unexpected NIXL state)).*")
-VLLM_METRICS_FILES = frozenset({"metrics.py", "loggers.py"})
-WORKER_PID = re.compile(r"^\S*Worker\S* pid=(\d+)$")
 MIB = 2 ** 20     # vLLM's NIXL stats count MB as bytes / 2**20 (nixl/stats.py)
 
 
@@ -72,6 +69,11 @@ def parse_lanes(groups: str) -> list[dict]:
         for r in RESOURCE.finditer(g.group(2)):
             lanes.append({"group": g.group(1), "tl": r.group(1), "device": r.group(2), "class": lane_class(r.group(1))})
     return lanes
+
+
+def remote_lanes(worker: dict) -> list[dict]:
+    """A worker's lanes to other processes that leave the host: its non-self endpoints, host-local lanes left out."""
+    return [lane for c in worker["configs"] if c["scope"] != "self" for lane in c["lanes"] if lane["class"] != "local"]
 
 
 def new_worker() -> dict:
@@ -99,13 +101,11 @@ def nixl_of_pod(lines: Iterable[str]) -> dict:
             _scan(pod, line)
     pod["workers"] = {names.get(k, k): w for k, w in pod["workers"].items()}
     for w in pod["workers"].values():
-        classes = {lane["class"] for c in w["configs"] if c["scope"] != "self" for lane in c["lanes"]}
-        w["observed"] = "+".join(sorted(classes - {"local"})) or None
+        w["observed"] = "+".join(sorted({lane["class"] for lane in remote_lanes(w)})) or None
     observed = {w["observed"] for w in pod["workers"].values() if w["observed"]}
     pod["observed"] = observed.pop() if len(observed) == 1 else ("mixed" if observed else None)
-    pod["rdma_devices"] = sorted({lane["device"] for w in pod["workers"].values() for c in w["configs"]
-                                  if c["scope"] != "self" for lane in c["lanes"] if lane["class"] == "rdma"})
-    pod["rdma_devices"] = [{"name": d, "lid": 0} for d in pod["rdma_devices"]]
+    devices = {lane["device"] for w in pod["workers"].values() for lane in remote_lanes(w) if lane["class"] == "rdma"}
+    pod["rdma_devices"] = [{"name": d, "lid": 0} for d in sorted(devices)]
     pod["throughput_mb_s"] = list(pod["transfer_mb_s"])
     pod["emulated"] |= any(w["emulated"] for w in pod["workers"].values())
     return pod
@@ -147,7 +147,7 @@ def _config(pod: dict, line: LogLine, scope: str, index: int, groups: str) -> No
 
 def _scan_vllm(pod: dict, line: LogLine) -> None:
     msg = line.message
-    if line.file in VLLM_METRICS_FILES and (m := KV_METRICS.fullmatch(msg)):
+    if line.file in KV_METRICS_FILES and (m := KV_METRICS.fullmatch(msg)):
         fields = {k: float(v) for k, v in KV_FIELD.findall(m.group(1))}
         n = int(fields.get("Num successful transfers", fields.get("num_successful_transfers", 0)))
         pod["successful_transfers"] += n

@@ -6,6 +6,7 @@ import datetime as dt
 from typing import TYPE_CHECKING
 
 from epdbench.analysis.prom import cache_by_role
+from epdbench.analysis.ucx import remote_lanes
 from epdbench.reports.findings import regression_line
 from epdbench.reports.verdict import contamination_line
 from epdbench.specs.models import ExperimentSpec
@@ -77,8 +78,7 @@ def worker_view(t: dict) -> list[str]:
     for name, pod in sorted((t.get("pods") or {}).items()):
         for wname, w in sorted(pod.get("workers", {}).items()):
             if "configs" in w:
-                lanes = sorted({f"{x['tl']}/{x['device']}" for c in w["configs"] if c["scope"] != "self"
-                                for x in c["lanes"] if x["class"] != "local"})
+                lanes = sorted({f"{x['tl']}/{x['device']}" for x in remote_lanes(w)})
                 out.append(f"{name} {wname}: UCX {w['observed'] or '?'} ({', '.join(lanes) or 'no remote lanes'})")
             else:
                 out.append(f"{name} {wname}: Mooncake {w.get('observed') or '?'}")
