@@ -13,7 +13,7 @@ import pandas as pd
 
 from epdbench.analysis.chunks import Lists, gaps
 from epdbench.analysis.noise import (SAMPLE_CI_METRICS, cell_noise, delivery_lags_ns, finite_values, is_contaminated,
-                                     percentile_ci_half, samples_p99_ms, timing_of)
+                                     percentile_ci, percentile_ci_half, samples_p99_ms, timing_of)
 
 CELL_KEYS = ["config", "suite", "workload", "concurrency", "stream", "trial"]
 METRIC_KEYS = ["ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "tpot_p50_ms", "itl_p99_ms", "itl_max_ms",
@@ -25,7 +25,7 @@ SUMMARY_COLUMNS = CELL_KEYS + ["requests_ok", "requests_total", "requests_failed
                                "prompt_tokens_mean", "target_prompt_tokens", "n_ttft_samples", "n_itl_samples",
                                "gpus", "output_tok_s_per_gpu", "timing", "emulation_lag_p99_ms", "loop_lag_p99_ms",
                                "delivery_lag_p99_ms", "coalesced_share", "contaminated"] + [
-                                   f"{m}_sample_ci95" for m in SAMPLE_CI_METRICS]
+                                   f"{m}_sample_ci95{side}" for m in SAMPLE_CI_METRICS for side in ("", "_lo", "_hi")]
 # The record columns summarize reads (tasks.results.read_records(path, RECORD_COLUMNS) leaves the others on disk).
 RECORD_COLUMNS = CELL_KEYS + ["cell", "phase", "ok", "ttft_ms", "e2e_ms", "output_tokens", "prompt_tokens",
                               "target_prompt_tokens", "done_ms", "send_ns", "scheduled_ns", "chunk_offsets_ns",
@@ -132,12 +132,22 @@ def cell_stats(req: Requests, rows: np.ndarray, window_ns: tuple[int, int] | Non
         "prompt_tokens_mean": float(prompt.mean()) if len(prompt) else None,
         "target_prompt_tokens": float(target.mean()) if len(target) else None,
         "timing": timing_of(pd.unique(req.timing[ok])) if req.timing is not None else None,
-        **{f"{m}_sample_ci95": percentile_ci_half(ttfts if m.startswith("ttft") else
-                                                  tpots if m.startswith("tpot") else itls, q)
-           for m, q in SAMPLE_CI_METRICS.items()},
+        **sample_cis({"ttft": ttfts, "tpot": tpots, "itl": itls}),
         "delivery_lag_p99_ms": samples_p99_ms(lags / 1e9) if lags is not None and len(lags) else None,
         "coalesced_share": float((arrived == 0).mean()) if len(arrived) else None,
     }
+
+
+def sample_cis(samples: dict[str, np.ndarray]) -> dict[str, float | None]:
+    """`<metric>_sample_ci95` (the larger half-width) and its bounds `_lo`/`_hi` for every SAMPLE_CI_METRICS
+    percentile, from the cell's samples by kind (ttft, tpot, itl)."""
+    out: dict[str, float | None] = {}
+    for m, q in SAMPLE_CI_METRICS.items():
+        xs = samples[m.split("_")[0]]
+        ci = percentile_ci(xs, q)
+        out[f"{m}_sample_ci95"] = percentile_ci_half(xs, q)
+        out[f"{m}_sample_ci95_lo"], out[f"{m}_sample_ci95_hi"] = ci if ci is not None else (None, None)
+    return out
 
 
 def arrival_gaps(req: Requests, rows: np.ndarray) -> np.ndarray:

@@ -10,11 +10,12 @@ event-loop lag per cell, the contamination rule, and the noise band every compar
   the smallest latency figure host load can move: on the simulator, whose tokens are timed by their modelled
   emission (tasks/loadgen.py), only TTFT p50 (the request's way in runs in host time); timed by arrival,
   also TPOT p50 and ITL p99.
-- Noise band of a value: with trials > 1, its 95% CI half-width over trials; with one trial, the larger of
-  the distribution-free 95% CI of the percentile from the cell's own samples (order statistics: wide when a
-  closed loop makes TTFT bimodal) and the run-to-run spread of that metric (RUN_TO_RUN_SPREAD); for latency
-  figures host load can move never less than the cell's lag p99. Two values differ only when their bands do
-  not overlap.
+- Noise band of a value: with trials > 1, its 95% CI half-width over trials; with one trial, the
+  distribution-free 95% CI of the percentile from the cell's own samples (order statistics, kept with its two
+  bounds: wide on the side of a second cluster when a closed loop makes TTFT bimodal, short on the other),
+  each side at least the run-to-run spread of that metric (RUN_TO_RUN_SPREAD); for latency figures host load
+  can move, each side never less than the cell's lag p99. Two values differ only when their bands do not
+  overlap.
 """
 from __future__ import annotations
 
@@ -135,21 +136,38 @@ def samples_p99_ms(samples_s) -> float | None:
     return 1e3 * (a + (b - a) * (k - lo))
 
 
-def percentile_ci_half(values, q: float) -> float | None:
-    """Half-width (the larger side) of the distribution-free 95% CI of the q-th percentile of `values`: the
-    order statistics at n·p ∓ z·√(n·p·(1−p)) (normal approximation of the binomial); None below 2 values."""
+def percentile_ci(values, q: float) -> tuple[float, float] | None:
+    """The distribution-free 95% CI (low, high) of the q-th percentile of `values`: the order statistics at
+    n·p ∓ z·√(n·p·(1−p)) (normal approximation of the binomial). Asymmetric where the samples are: a median
+    at the top of a cluster has a short side towards it and a long one towards the next. None below 2 values."""
     xs = finite_values(values)
     n = len(xs)
     if n < 2:
         return None
     p = q / 100
     spread = Z95 * math.sqrt(n * p * (1 - p))
-    k = (n - 1) * p
+    lo, hi = _order_stats(xs, [max(0, math.floor(n * p - spread) - 1), min(n - 1, math.ceil(n * p + spread))])
+    return lo, hi
+
+
+def percentile_value(values, q: float) -> float | None:
+    """The q-th percentile of `values` as numpy.percentile (linear), None without values."""
+    xs = finite_values(values)
+    if not len(xs):
+        return None
+    k = (len(xs) - 1) * q / 100
     f = math.floor(k)
-    lo, hi, a, b = _order_stats(xs, [max(0, math.floor(n * p - spread) - 1), min(n - 1, math.ceil(n * p + spread)),
-                                     f, min(n - 1, f + 1)])
-    mid = a + (b - a) * (k - f)
-    return max(hi - mid, mid - lo)
+    a, b = _order_stats(xs, [f, min(len(xs) - 1, f + 1)])
+    return a + (b - a) * (k - f)
+
+
+def percentile_ci_half(values, q: float) -> float | None:
+    """Half-width (the larger side) of percentile_ci around the percentile; None below 2 values."""
+    ci = percentile_ci(values, q)
+    if ci is None:
+        return None
+    mid = percentile_value(values, q)
+    return max(ci[1] - mid, mid - ci[0])
 
 
 def lag_ms(row) -> float:
@@ -197,24 +215,40 @@ def delivery_lags_ns(modelled: Lists, arrival: Lists, rows: np.ndarray | None = 
     return arrival.flat(pick) - modelled.flat(pick)
 
 
-def band(row, metric: str) -> float:
-    """Half-width of the noise band around `row[metric]` (row from analysis.trials.aggregate_trials)."""
+def band_sides(row, metric: str) -> tuple[float, float]:
+    """How far below and above `row[metric]` its noise band reaches (row from analysis.trials.aggregate_trials):
+    with trials > 1 the 95% CI over trials on both sides; with one trial the percentile's own CI bounds
+    (`<metric>_sample_ci95_lo`/`_hi`, else the larger half-width `<metric>_sample_ci95` on both sides), each side
+    at least the run-to-run spread; for a latency host load can move, each side at least the cell's lag p99."""
     value = finite(row.get(metric))
     if value is None:
-        return 0.0
+        return 0.0, 0.0
     ci = finite(row.get(f"{metric}_ci95"))
     if int(row.get("trials") or 1) > 1 and ci is not None:
-        half = ci
+        below = above = ci
     else:
-        half = max(RUN_TO_RUN_SPREAD.get(metric, 0.05) * abs(value), finite(row.get(f"{metric}_sample_ci95")) or 0.0)
+        half = finite(row.get(f"{metric}_sample_ci95")) or 0.0
+        lo, hi = finite(row.get(f"{metric}_sample_ci95_lo")), finite(row.get(f"{metric}_sample_ci95_hi"))
+        below = value - lo if lo is not None else half
+        above = hi - value if hi is not None else half
+        floor = RUN_TO_RUN_SPREAD.get(metric, 0.05) * abs(value)
+        below, above = max(below, floor), max(above, floor)
     if metric.endswith("_ms") and not (row.get("timing") == "modelled" and metric in ARRIVAL_ONLY):
-        half = max(half, lag_ms(row))
-    return half
+        lag = lag_ms(row)
+        below, above = max(below, lag), max(above, lag)
+    return below, above
+
+
+def band(row, metric: str) -> float:
+    """Half-width of the noise band around `row[metric]`: the larger of its two sides (band_sides)."""
+    return max(band_sides(row, metric))
 
 
 def distinct(a, b, metric: str) -> bool:
-    """True when the values of `metric` in rows a and b differ by more than their noise bands together."""
+    """True when the values of `metric` in rows a and b lie apart by more than their noise bands reach towards
+    each other: the lower value's band above it and the higher value's band below it (band_sides)."""
     va, vb = finite(a.get(metric)), finite(b.get(metric))
     if va is None or vb is None:
         return False
-    return abs(va - vb) > band(a, metric) + band(b, metric)
+    (low_row, low), (high_row, high) = sorted(((a, va), (b, vb)), key=lambda x: x[1])
+    return high - low > band_sides(low_row, metric)[1] + band_sides(high_row, metric)[0]

@@ -54,8 +54,7 @@ def aggregate_trials(summary: pd.DataFrame) -> pd.DataFrame:
             row[col] = float(lags.max()) if len(lags) else None
         row["timing"] = timing_of(g["timing"]) if "timing" in g else None
         if row["trials"] == 1:   # one trial: the percentiles' CIs from the cell's own samples
-            for m in SAMPLE_CI_METRICS:
-                col = f"{m}_sample_ci95"
+            for col in (f"{m}_sample_ci95{side}" for m in SAMPLE_CI_METRICS for side in ("", "_lo", "_hi")):
                 row[col] = float(g[col].iloc[0]) if col in g and g[col].notna().any() else None
         row["contaminated"] = bool(g["contaminated"].fillna(False).astype(bool).any()) if "contaminated" in g else False
         rows.append(row)

@@ -27,16 +27,17 @@ def pct(xs, q):
     return float(np.percentile(xs, q)) if xs else None
 
 
-def ci_half(xs, q):
+def ci(xs, q):
+    """(larger half-width, low bound, high bound) of the percentile's order-statistic 95% CI."""
     xs, n, p = sorted(xs), len(xs), q / 100
     if n < 2:
-        return None
+        return None, None, None
     spread = Z95 * math.sqrt(n * p * (1 - p))
     lo, hi = xs[max(0, math.floor(n * p - spread) - 1)], xs[min(n - 1, math.ceil(n * p + spread))]
     k = (n - 1) * p
     f = math.floor(k)
     mid = xs[f] + (xs[min(n - 1, f + 1)] - xs[f]) * (k - f)
-    return max(hi - mid, mid - lo)
+    return max(hi - mid, mid - lo), lo, hi
 
 
 def p99_sorted(xs):
@@ -85,7 +86,8 @@ def reference_cell(rows, window=None) -> dict:
         "prompt_tokens_mean": sum(prompts) / len(prompts) if prompts else None,
         "target_prompt_tokens": sum(targets) / len(targets) if targets else None,
         "timing": None if not kinds else kinds.pop() if len(kinds) == 1 else "mixed",
-        **{f"{k}_sample_ci95": ci_half(samples[k.split("_")[0]], q) for k, q in SAMPLE_CI_METRICS.items()},
+        **{f"{k}_sample_ci95{side}": v for k, q in SAMPLE_CI_METRICS.items()
+           for side, v in zip(("", "_lo", "_hi"), ci(samples[k.split("_")[0]], q))},
         "delivery_lag_p99_ms": 1e3 * p99_sorted(lags) if lags and "chunk_arrival_ns" in rows[0] else None,
     }
 

@@ -9,7 +9,8 @@ import pytest
 from epdbench.analysis.metrics import summarize
 from epdbench.analysis.noise import (CONTAMINATION_FRACTION, EMIT_LAG, RUN_TO_RUN_SPREAD, band, bucket_quantile,
                                      delivery_lag_p99_ms, distinct, emulation_lag_p99_ms, histogram_buckets,
-                                     is_contaminated, percentile_ci_half, samples_p99_ms, timing_of)
+                                     is_contaminated, percentile_ci, percentile_ci_half, percentile_value,
+                                     samples_p99_ms, timing_of, band_sides)
 from epdbench.sim.engine import LAG_BUCKETS_S, Lag
 from epdbench.sim.metrics import lag_histogram
 
@@ -129,3 +130,53 @@ def test_percentile_ci_from_the_cells_own_samples_is_wide_when_the_closed_loop_m
     b = {"trials": 1, "ttft_p50_ms": 150.0, "ttft_p50_ms_sample_ci95": 1.0}
     assert distinct(a, b, "ttft_p50_ms")
     assert not distinct({**a, "ttft_p50_ms_sample_ci95": percentile_ci_half(bimodal, 50)}, b, "ttft_p50_ms")
+
+
+# TTFTs (ms) of the smoke preset's 512/64 concurrency-8 cell, measured 2026-12-02 on the idle 2-core machine:
+# the closed loop sits in a few queueing positions, so pd-rdma's median lies at the top of its first cluster.
+AGGREGATED_C8 = [18.5, 20.0, 20.1, 20.9, 21.1, 21.2, 22.6, 22.9, 22.9, 22.9, 22.9, 23.0, 23.0, 23.0, 23.0, 23.2,
+                 23.6, 28.5, 31.1, 32.9, 33.0, 33.2, 33.2, 33.3]
+PD_RDMA_C8 = [29.9, 32.2, 32.5, 32.9, 32.9, 32.9, 33.0, 33.1, 33.1, 33.1, 33.1, 33.1, 33.3, 45.7, 45.8, 46.2, 46.6,
+              46.7, 53.3, 60.6, 65.2, 71.5, 74.1, 77.9]
+
+
+def one_trial(metric: str, xs) -> dict:
+    lo, hi = percentile_ci(xs, 50)
+    return {"trials": 1, metric: percentile_value(xs, 50), f"{metric}_sample_ci95": percentile_ci_half(xs, 50),
+            f"{metric}_sample_ci95_lo": lo, f"{metric}_sample_ci95_hi": hi}
+
+
+def test_percentile_ci_keeps_both_bounds_and_the_median_matches_numpy():
+    lo, hi = percentile_ci(PD_RDMA_C8, 50)
+    mid = percentile_value(PD_RDMA_C8, 50)
+    assert mid == pytest.approx(float(pd.Series(PD_RDMA_C8).quantile(0.5)))
+    assert lo <= mid <= hi
+    assert (mid - lo, hi - mid) == pytest.approx((0.2, 13.5), abs=0.05)       # short below, long above
+    assert percentile_ci_half(PD_RDMA_C8, 50) == pytest.approx(hi - mid)
+    assert percentile_ci([1.0], 50) is None and percentile_value([], 50) is None
+
+
+def test_a_bimodal_median_is_judged_by_the_side_that_faces_the_other_value():
+    """Two idle smoke runs put pd-rdma's median at either cluster (33.2 ms, then 51.2 ms); aggregated (23 ms)
+    wins both times, because its band reaches up to 28.5 ms and pd-rdma's reaches down only to its first
+    cluster. The larger half-width on both sides called the first run a tie."""
+    agg = one_trial("ttft_p50_ms", AGGREGATED_C8)
+    low_run = one_trial("ttft_p50_ms", PD_RDMA_C8)
+    # the other run: same clusters, five more requests in the upper one, so the median sits in it
+    high_run = one_trial("ttft_p50_ms", PD_RDMA_C8[:8] + [46.0, 46.2, 46.4, 46.5, 46.8] + PD_RDMA_C8[13:])
+    assert high_run["ttft_p50_ms"] > 45
+    for rdma in (low_run, high_run):
+        assert distinct(agg, rdma, "ttft_p50_ms") and distinct(rdma, agg, "ttft_p50_ms")
+        symmetric = {k: v for k, v in rdma.items() if not k.endswith(("_lo", "_hi"))}
+        below, above = band_sides(symmetric, "ttft_p50_ms")
+        assert below == above == band(rdma, "ttft_p50_ms")               # without bounds: the larger side twice
+    assert not distinct({k: v for k, v in agg.items() if not k.endswith(("_lo", "_hi"))},
+                        {k: v for k, v in low_run.items() if not k.endswith(("_lo", "_hi"))}, "ttft_p50_ms")
+    # floors still hold on each side: run-to-run spread, and the cell's lag for a latency host load can move
+    tight = {**agg, "ttft_p50_ms_sample_ci95_lo": agg["ttft_p50_ms"], "ttft_p50_ms_sample_ci95_hi": agg["ttft_p50_ms"]}
+    spread = RUN_TO_RUN_SPREAD["ttft_p50_ms"] * agg["ttft_p50_ms"]
+    assert band_sides(tight, "ttft_p50_ms") == pytest.approx((spread, spread))
+    assert band_sides({**tight, "emulation_lag_p99_ms": 4.0}, "ttft_p50_ms") == (4.0, 4.0)
+    # with trials > 1 the CI over trials, on both sides
+    assert band_sides({"trials": 3, "ttft_p50_ms": 30.0, "ttft_p50_ms_ci95": 2.5,
+                       "ttft_p50_ms_sample_ci95_lo": 1.0}, "ttft_p50_ms") == (2.5, 2.5)
