@@ -10,11 +10,14 @@ from epdbench.analysis.metrics import HIGHER_IS_BETTER, LOWER_IS_BETTER
 from epdbench.analysis.noise import distinct
 from epdbench.analysis.trials import MATCH_KEYS, aggregate_trials
 
-__all__ = ["MATCH_KEYS", "REPORT_METRICS", "VERDICT_METRICS", "Comparison", "compare", "ratio_phrase", "verdict_table", "wins"]
+__all__ = ["MATCH_KEYS", "NOT_JUDGED", "REPORT_METRICS", "VERDICT_METRICS", "Comparison", "compare", "ratio_phrase", "verdict_table", "wins"]
 
 REPORT_METRICS = ["ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms", "itl_p99_ms", "itl_max_ms", "output_tok_s", "req_s",
                   "output_tok_s_per_gpu"]
 VERDICT_METRICS = ["ttft_p50_ms", "itl_p99_ms", "output_tok_s_per_gpu"]   # "which one should I deploy?"
+# Shown, never judged: one extreme sample per cell has no CI, and where a long prefill meets a decode in a
+# closed loop moves from run to run (two idle smoke runs: aggregated's burst-stream ITL max 6.8 ms, then 71.7 ms).
+NOT_JUDGED = ("itl_max_ms",)
 TIE, CONTAMINATED = "tie", "contaminated"
 
 
@@ -57,8 +60,9 @@ def _value(row, metric: str) -> float | None:
 def compare(summary: pd.DataFrame, metrics: list[str] = REPORT_METRICS) -> list[Comparison]:
     """Compare every matched cell (same suite, workload, concurrency, stream) across configurations on the
     trial means. The best value wins only when it lies outside the noise of the runner-up (disjoint 95%
-    CIs with trials > 1, else the run-to-run spread and the cells' lag: analysis.noise.distinct); a cell
-    where host load contaminated any configuration has no winner."""
+    CIs with trials > 1, else each percentile's sample CI bounds floored by the run-to-run spread and the
+    cells' lag: analysis.noise.distinct); a cell where host load contaminated any configuration has no
+    winner, nor has a metric in NOT_JUDGED."""
     if summary.empty:
         return []
     agg = aggregate_trials(summary)
@@ -76,6 +80,8 @@ def compare(summary: pd.DataFrame, metrics: list[str] = REPORT_METRICS) -> list[
                 b, w = present[ordered[0]], present[ordered[-1]]
                 if contaminated:
                     verdict = CONTAMINATED
+                elif metric in NOT_JUDGED:
+                    pass
                 else:
                     leaders = tuple(c for c in ordered if c == ordered[0] or not distinct(rows[ordered[0]], rows[c], metric))
                     if len(leaders) == 1:

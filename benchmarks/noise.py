@@ -59,7 +59,8 @@ def run(name: str, spec_path: Path, out: Path, hogs: int) -> tuple[pd.DataFrame,
 
 def side(row, suffix: str) -> dict:
     """One run's summary row (columns without the merge suffix), as a single trial."""
-    return {**{k[: -len(suffix)]: v for k, v in row.items() if k.endswith(suffix)}, "trials": 1}
+    return {**{k: row[k] for k in KEYS}, **{k[: -len(suffix)]: v for k, v in row.items() if k.endswith(suffix)},
+            "trials": 1}
 
 
 def beyond_sample_cis(r, metric: str) -> float | None:
@@ -137,14 +138,16 @@ def main() -> int:
               f"{g['loop_lag_p99_ms'].max():.3f} ms, token delivery {g['delivery_lag_p99_ms'].median():.3f} / "
               f"{g['delivery_lag_p99_ms'].max():.3f} ms; timing {', '.join(sorted(set(map(str, g['timing']))))}; "
               f"{int(g['contaminated'].sum())} of {len(g)} cells contaminated")
-    print("\nrun-to-run spread |b/a − 1| over cells clean in both runs (median / p90 / max):")
     clean = m[~m["contaminated_a"].astype(bool) & ~m["contaminated_b"].astype(bool)]
-    for metric in SPREAD_METRICS:
-        r = (clean[f"{metric}_b"] / clean[f"{metric}_a"] - 1).abs().dropna()
-        beyond = pd.Series([beyond_sample_cis(r, metric) for _, r in clean.iterrows()], dtype=float).dropna()
-        if len(r):
-            print(f"  {metric:<22} {r.median():6.3f} / {r.quantile(0.9):6.3f} / {r.max():6.3f}; beyond the cells' "
-                  f"sample CIs: max {beyond.max():6.3f}  ({len(r)} cells)")
+    for label, part in (("main cells", clean[clean["stream"] == "main"]),
+                        ("streams of mixed suites", clean[clean["stream"] != "main"])):
+        print(f"\nrun-to-run spread |b/a − 1| over {label} clean in both runs (median / p90 / max):")
+        for metric in SPREAD_METRICS:
+            r = (part[f"{metric}_b"] / part[f"{metric}_a"] - 1).abs().dropna()
+            beyond = pd.Series([beyond_sample_cis(x, metric) for _, x in part.iterrows()], dtype=float).dropna()
+            if len(r):
+                print(f"  {metric:<22} {r.median():6.3f} / {r.quantile(0.9):6.3f} / {r.max():6.3f}; beyond the cells' "
+                      f"sample CIs: max {beyond.max():6.3f}  ({len(r)} cells)")
     print(f"\nTTFT p50 and ITL p99 within {100 * WITHIN:.0f}% of the idle run or marked contaminated: {ok} of {total}; "
           f"also counting differences inside the two cells' noise bands (analysis.noise.distinct): {explained} of {total}")
     va, vb = verdicts(a), verdicts(b)

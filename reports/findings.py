@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from epdbench.analysis.compare import CONTAMINATED, REPORT_METRICS, TIE, Comparison, wins
+from epdbench.analysis.compare import CONTAMINATED, NOT_JUDGED, REPORT_METRICS, TIE, Comparison, wins
 from epdbench.analysis.headline import Change, Finding, Tally
 from epdbench.analysis.metrics import LOWER_IS_BETTER
 from epdbench.analysis.regression import FLAGGED
@@ -67,6 +67,9 @@ def suite_prose(comparisons: list[Comparison]) -> list[str]:
         per = sorted(table.get(metric, {}).items(), key=lambda kv: -kv[1])
         best = "lowest" if metric in LOWER_IS_BETTER else "highest"
         name = METRIC_NAMES[metric][0]
+        if metric in NOT_JUDGED:
+            lines.append(f"{name}: one extreme sample per cell, shown but never judged.")
+            continue
         if not per and not any(c.verdict == TIE and c.separated for c in decided):
             lines.append(f"{name}: no winner outside the noise in any of {len(decided)} matched cells.")
             continue

@@ -148,3 +148,25 @@ def test_verdict_table_has_one_row_per_matched_cell_with_the_three_deployment_me
         (8, {"ttft_p50_ms": "pd-rdma", "itl_p99_ms": None, "output_tok_s_per_gpu": "tie"}),
         (1, {"ttft_p50_ms": "pd-rdma", "itl_p99_ms": None, "output_tok_s_per_gpu": "pd-rdma"}),
     ]
+
+
+def test_itl_max_is_shown_but_never_judged():
+    """One extreme sample per cell: even a 10× difference names no winner, bolds nothing and counts no win."""
+    s = summary([{"config": "aggregated", "itl_max_ms": 71.7}, {"config": "pd-rdma", "itl_max_ms": 6.8}])
+    c = one(compare(s), "itl_max_ms")
+    assert c.values == {"aggregated": 71.7, "pd-rdma": 6.8}
+    assert (c.best, c.verdict, c.leaders, c.separated) == (None, None, (), False)
+    assert c.worst == "aggregated" and c.ratio == pytest.approx(71.7 / 6.8)
+    assert "itl_max_ms" not in wins(compare(s))
+
+
+def test_one_trial_bands_reach_towards_the_other_value_from_the_sample_ci_bounds():
+    """Medians 23 ms and 33.2 ms, the higher one's CI [33.0, 46.7]: apart although its larger half-width
+    (13.5 ms) alone would cover the gap."""
+    s = summary([{"config": "aggregated", "ttft_p50_ms": 23.0, "ttft_p50_ms_sample_ci95": 5.5,
+                  "ttft_p50_ms_sample_ci95_lo": 22.6, "ttft_p50_ms_sample_ci95_hi": 28.5},
+                 {"config": "pd-rdma", "ttft_p50_ms": 33.2, "ttft_p50_ms_sample_ci95": 13.5,
+                  "ttft_p50_ms_sample_ci95_lo": 33.0, "ttft_p50_ms_sample_ci95_hi": 46.7}])
+    assert one(compare(s, ["ttft_p50_ms"]), "ttft_p50_ms").verdict == "aggregated"
+    halves = s.drop(columns=["ttft_p50_ms_sample_ci95_lo", "ttft_p50_ms_sample_ci95_hi"])
+    assert one(compare(halves, ["ttft_p50_ms"]), "ttft_p50_ms").verdict == "tie"
