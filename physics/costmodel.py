@@ -11,6 +11,7 @@ Pure functions of the model and hardware figures in the spec: no fitting to any 
   the sending pod's link, whose bandwidth the transfers in flight share (sim.link).
 - An image costs the FLOPs of the vision tower as Qwen2.5-VL builds it (patch embedding, blocks attending within
   windows or over the whole image, gated MLPs, patch merger), or reading the tower's weights if longer.
+- Every API server a request passes tokenizes its prompt text on the CPU first: a cost per text token (measured).
 - Before that, the API server's CPU decodes and preprocesses each image: a fixed cost plus one per pixel (less
   for an image whose processed output vLLM's processor cache holds: it is only decoded and hashed).
 - The KV cache holds what GPU memory leaves after the weights; the encoder cache what vLLM allots it.
@@ -103,6 +104,12 @@ def image_preprocess_seconds(hw: HardwareSpec, sizes: Iterable[tuple[int, int]],
     full = sum(hw.image_preprocess_ms + hw.image_preprocess_ms_per_mp * w * h / 1e6 for w, h in sizes)
     hits = sum(hw.image_preprocess_ms + hw.image_decode_ms_per_mp * w * h / 1e6 for w, h in cached)
     return (full + hits) / 1e3
+
+
+def tokenize_seconds(hw: HardwareSpec, text_tokens: int) -> float:
+    """API-server CPU time to tokenize a prompt of `text_tokens` text tokens (image placeholders are expanded by
+    the multimodal processor, not the BPE): hardware.tokenize_us_per_token each, from benchmarks/tokenize_cost.py."""
+    return hw.tokenize_us_per_token * max(0, text_tokens) / 1e6
 
 
 def encoder_cache_tokens(model: ModelSpec, engine: EngineSpec) -> int:

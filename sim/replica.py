@@ -12,6 +12,7 @@ from aiohttp import web
 
 from epdbench.physics.costmodel import CostModel
 from epdbench.sim import logfmt, responses
+from epdbench.sim.apiserver import ApiServer
 from epdbench.sim.encoder import Encoder, PullError
 from epdbench.sim.engine import Engine, Lag, Sequence
 from epdbench.sim.kv_handoff import KVHandoff
@@ -52,6 +53,7 @@ class Replica:
         self.session: aiohttp.ClientSession | None = None
         self.kv = KVHandoff(self)
         self.encoder = Encoder(self)
+        self.api = ApiServer(self)
 
     def kv_capacity_tokens(self) -> int:
         """KV cache of the replica in tokens: its engine's blocks (CostModel.kv_capacity_tokens: memory left after
@@ -152,7 +154,9 @@ class Replica:
 
         seq = Sequence(request_id=rid, prompt_tokens=prompt_tokens, max_tokens=max_tokens)
         hashes = [image_hash(b) for b in images]
-        await self.encoder.preprocess(images, hashes)    # the API server's CPU on them, before the engine sees them
+        # the API server's CPU before the engine sees the request: the prompt text's tokens, then the images
+        await self.api.tokenize(prompt_tokens - sum(self.encoder.tokens(b) for b in images))
+        await self.encoder.preprocess(images, hashes)
         cached = self.prefix_lookup(seq, ids, kvp)
         prefill_only = self.role in ("prefill", "encode") or bool(kvp.get("do_remote_decode"))
         if prefill_only:

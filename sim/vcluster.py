@@ -20,6 +20,7 @@ import itertools
 from dataclasses import dataclass
 
 from epdbench.physics.costmodel import CostModel, kv_descriptors, link_bytes_per_s, peer_lanes, setup_seconds
+from epdbench.sim.apiserver import ApiServer
 from epdbench.sim.encoder import Encoder
 from epdbench.sim.engine import Engine, Sequence
 from epdbench.sim.link import Link
@@ -58,6 +59,7 @@ class VReplica:
                              if spec.engine.enable_prefix_caching and role in ("server", "prefill", "decode")
                              else None)
         self.encoder = Encoder(self)
+        self.api = ApiServer(self)
 
     def kv_capacity_tokens(self) -> int:
         """As sim.replica.Replica: its engine's KV blocks, in tokens."""
@@ -149,6 +151,11 @@ class VirtualCluster:
                           f"However, you requested {len(ids) + max_tokens} tokens.")
         return Prompt(ids, images, hashes, ends, max_tokens)
 
+    def text_tokens(self, prompt: Prompt) -> int:
+        """The prompt's tokens its API server's tokenizer produces: all but the images' placeholders."""
+        enc = self.any_encoder()
+        return len(prompt.ids) - sum(enc.tokens(b) for b in prompt.images)
+
     def any_encoder(self) -> Encoder:
         return self.all()[0].encoder
 
@@ -160,6 +167,7 @@ class VirtualCluster:
         encoder = None
         if "encode" in self.replicas and prompt.images:
             encoder = next(self._next["encode"])
+            await encoder.api.tokenize(self.text_tokens(prompt))
             await encoder.encoder.preprocess(prompt.images, prompt.hashes)
             await encoder.encoder.encode_images(rid, prompt.images, prompt.hashes)
         prefill = next(self._next["prefill"])
@@ -169,6 +177,7 @@ class VirtualCluster:
     async def _leg(self, rep: VReplica, rid: str, prompt: Prompt, on_token, encoder: VReplica | None = None,
                    kv_from: VReplica | None = None) -> tuple[int, int]:
         """One replica's part (sim.replica.Replica.generate): a prefill-only leg when on_token is None."""
+        await rep.api.tokenize(self.text_tokens(prompt))                # every API server on the path
         await rep.encoder.preprocess(prompt.images, prompt.hashes)    # on the replica that parses the images
         seq, cached = rep.admit(rid, prompt, prompt.max_tokens if on_token else 1)
         todo = [i for i, end in enumerate(prompt.image_ends) if end > cached]

@@ -79,6 +79,7 @@ class ModelSpec(Strict):
         return self.params_b * 1e9 * self.dtype_bytes
 
 
+TOKENIZE_US_PER_TOKEN = 0.91   # benchmarks/tokenize_cost.py, see HardwareSpec.tokenize_us_per_token
 # Mooncake TCP's fixed costs, measured with the real transfer engine (mooncake-transfer-engine-non-cuda
 # 0.3.13.post1) over loopback by benchmarks/mooncake_tcp.py on 2026-12-01, on this project's 2-core AMD EPYC VM
 # (Linux 6.18, load average 0.7): the intercept of one transfer's time against its size (64 KiB to 512 MiB), and the
@@ -142,6 +143,16 @@ class HardwareSpec(Strict):
                                                       "output: base64 and image decode and the multimodal hash "
                                                       "(resize, normalise and patchify are skipped). Measured with "
                                                       "benchmarks/image_preprocess.py.")
+    # Measured with benchmarks/tokenize_cost.py (2026-12-02, this 2-core machine, tokenizers 0.23.3, Qwen's
+    # 151,643-rank byte-level BPE with Qwen2's pre-tokenizer): 0.91 µs per token on the load generator's prompts
+    # (fit over 128–8192 tokens; no fixed part above 0), 1.16 on English prose. Host CPUs differ: re-measure.
+    tokenize_us_per_token: float = Field(TOKENIZE_US_PER_TOKEN, ge=0, title="Prompt tokenization per token (µs)",
+                                         description="API-server CPU time per text token of a prompt before the "
+                                                     "request reaches the engine, on every replica the request "
+                                                     "passes (each vLLM API server tokenizes what it is sent): "
+                                                     "Hugging Face tokenizers' byte-level BPE, as vLLM runs it "
+                                                     "for Qwen2/Qwen2.5. Measured with "
+                                                     "benchmarks/tokenize_cost.py.")
     tcp_gb_s: float = Field(gt=0, title="KV transfer bandwidth over TCP (GB/s)",
                             description="Effective Mooncake TCP transport bandwidth out of one pod, a figure of "
                                         "the pod network: the pod's transfers in flight share it.")

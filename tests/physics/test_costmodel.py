@@ -189,3 +189,12 @@ def test_encoder_cache_is_the_token_budget_raised_to_the_largest_item(smoke):
     assert encoder_cache_tokens(model, engine.model_copy(update={"max_num_batched_tokens": 20000})) == 20000
     assert encoder_cache_tokens(model, engine.model_copy(update={"encoder_cache_tokens": 50000})) == 50000
     assert encoder_cache_tokens(model.model_copy(update={"vision": None}), engine) == 0
+
+
+def test_tokenizing_a_prompt_costs_its_text_tokens_at_the_measured_rate():
+    from epdbench.physics.costmodel import tokenize_seconds
+    from epdbench.specs.node import TOKENIZE_US_PER_TOKEN
+    hw = LINK
+    assert hw.tokenize_us_per_token == TOKENIZE_US_PER_TOKEN
+    assert tokenize_seconds(hw, 4096) == pytest.approx(4096 * TOKENIZE_US_PER_TOKEN / 1e6)
+    assert tokenize_seconds(hw, 0) == tokenize_seconds(hw, -5) == 0.0

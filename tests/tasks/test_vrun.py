@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from epdbench.analysis.metrics import summarize
-from epdbench.physics.costmodel import CostModel, link_bytes_per_s, setup_seconds, transfer_seconds
+from epdbench.physics.costmodel import CostModel, image_tokens, link_bytes_per_s, setup_seconds, transfer_seconds
 from epdbench.sim import vloop
 from epdbench.sim.link import Link
 from epdbench.sim.vcluster import VirtualCluster
@@ -94,7 +94,8 @@ def test_a_bigger_image_reaches_its_first_token_later_by_its_modelled_preprocess
 def kv_transfers(spec, config, monkeypatch) -> tuple[list[tuple[float, float]], int]:
     """(start, end) of each KV transfer, and the prompt length, when two PD requests of the same length arrive
     together, served by sim.vcluster on the virtual-time loop: both prefills end in the same engine step, so their
-    KV transfers start together."""
+    KV transfers start together (without the tokenizer, which would take them one after the other)."""
+    spec = spec.model_copy(update={"hardware": spec.hardware.model_copy(update={"tokenize_us_per_token": 0.0})})
     log = []
     send = Link.send
 
@@ -138,3 +139,28 @@ def test_overlapping_kv_transfers_wait_for_the_peers_lanes_or_share_the_link(tin
     else:
         expected = [start + setup + 2 * move] * 2
     assert [end for _, end in transfers] == [pytest.approx(e, abs=1e-9) for e in expected]
+
+
+def test_every_api_server_on_the_path_tokenizes_the_prompt_text_before_its_engine(tiny_spec):
+    """aggregated pays the tokenizer once, PD on the prefill and again on the decode, EPD on the encode replica too;
+    image placeholders are not tokenized. At concurrency 1 nothing queues, so TTFT moves by exactly that."""
+    fixed = next(s for s in tiny_spec.suites if s.name == "fixed")
+    mm = next(s for s in tiny_spec.suites if s.name == "mm")
+    suites = [fixed.model_copy(update={"concurrencies": [1]}), mm.model_copy(update={"concurrencies": [1]})]
+    spec = only(tiny_spec, {"aggregated", "pd-tcp", "epd"}).model_copy(update={"suites": suites})
+
+    def run(us_per_token: float) -> pd.DataFrame:
+        hw = spec.hardware.model_copy(update={"tokenize_us_per_token": us_per_token})
+        return simulate_records(spec.model_copy(update={"hardware": hw}))
+    base, slow = run(0.0), run(100.0)
+    key = ["config", "suite", "workload", "index"]
+    m = base[base["phase"] == "measured"].set_index(key)
+    extra = (slow[slow["phase"] == "measured"].set_index(key)["ttft_ms"] - m["ttft_ms"])
+    for (config, suite, workload, index), ms in extra.items():
+        row = m.loc[(config, suite, workload, index)]
+        px = row["image_px"]
+        placeholders = 0 if pd.isna(px) or not px else image_tokens(spec.model, int(px), int(px))
+        servers = {"aggregated": 1, "pd-tcp": 2, "epd": 3 if placeholders else 2}[config]
+        text = int(row["prompt_tokens"]) - placeholders
+        assert ms == pytest.approx(servers * 100.0 * text / 1e3, abs=1e-6), (config, workload)
+    assert (extra > 0).all()
