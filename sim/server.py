@@ -114,6 +114,7 @@ async def serve(replica: Replica) -> None:
             t.cancel()
         if not replica.engine.task.done():
             await replica.engine.stop()
+        await replica.api.close()
         await replica.session.close()
         for r in runners:
             await r.cleanup()

@@ -126,6 +126,7 @@ class VirtualCluster:
     async def stop(self) -> None:
         for rep in self.all():
             await rep.engine.stop()
+            await rep.api.close()
 
     def all(self) -> list[VReplica]:
         return [rep for reps in self.replicas.values() for rep in reps]

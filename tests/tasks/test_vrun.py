@@ -6,7 +6,7 @@ import pytest
 
 from epdbench.analysis.metrics import summarize
 from epdbench.physics.costmodel import CostModel, image_tokens, link_bytes_per_s, setup_seconds, transfer_seconds
-from epdbench.sim import vloop
+from epdbench.sim import apiserver, vloop
 from epdbench.sim.link import Link
 from epdbench.sim.vcluster import VirtualCluster
 from epdbench.tasks.results import append_records, read_records
@@ -141,9 +141,10 @@ def test_overlapping_kv_transfers_wait_for_the_peers_lanes_or_share_the_link(tin
     assert [end for _, end in transfers] == [pytest.approx(e, abs=1e-9) for e in expected]
 
 
-def test_every_api_server_on_the_path_tokenizes_the_prompt_text_before_its_engine(tiny_spec):
+def test_every_api_server_on_the_path_tokenizes_the_prompt_text_before_its_engine(tiny_spec, monkeypatch):
     """aggregated pays the tokenizer once, PD on the prefill and again on the decode, EPD on the encode replica too;
-    image placeholders are not tokenized. At concurrency 1 nothing queues, so TTFT moves by exactly that."""
+    image placeholders are not tokenized; each pays vLLM's 2 ms micro-batching window. At concurrency 1 nothing
+    queues, so TTFT moves by exactly that."""
     fixed = next(s for s in tiny_spec.suites if s.name == "fixed")
     mm = next(s for s in tiny_spec.suites if s.name == "mm")
     suites = [fixed.model_copy(update={"concurrencies": [1]}), mm.model_copy(update={"concurrencies": [1]})]
@@ -153,6 +154,8 @@ def test_every_api_server_on_the_path_tokenizes_the_prompt_text_before_its_engin
         hw = spec.hardware.model_copy(update={"tokenize_us_per_token": us_per_token})
         return simulate_records(spec.model_copy(update={"hardware": hw}))
     base, slow = run(0.0), run(100.0)
+    monkeypatch.setattr(apiserver, "BATCH_WAIT_S", 0.0)
+    no_window = run(0.0)
     key = ["config", "suite", "workload", "index"]
     m = base[base["phase"] == "measured"].set_index(key)
     extra = (slow[slow["phase"] == "measured"].set_index(key)["ttft_ms"] - m["ttft_ms"])
@@ -163,4 +166,6 @@ def test_every_api_server_on_the_path_tokenizes_the_prompt_text_before_its_engin
         servers = {"aggregated": 1, "pd-tcp": 2, "epd": 3 if placeholders else 2}[config]
         text = int(row["prompt_tokens"]) - placeholders
         assert ms == pytest.approx(servers * 100.0 * text / 1e3, abs=1e-6), (config, workload)
+        window = row["ttft_ms"] - no_window.set_index(key).loc[(config, suite, workload, index), "ttft_ms"]
+        assert window == pytest.approx(servers * 2.0, abs=1e-6), (config, workload)
     assert (extra > 0).all()
