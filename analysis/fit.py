@@ -13,7 +13,8 @@ together:
   one simulator run per step and at most a given number in all. Nelder–Mead needed about a thousand runs to
   recover seven constants of a synthetic law (tests/analysis/test_fit.py) that this recovers in a few dozen;
 - identifiability: a constant is fitted only if the run has a configuration that uses it (TCP figures need a
-  TCP or EPD configuration, RDMA figures an RDMA one, the all-reduce latency a role with TP > 1) and moving
+  TCP or EPD configuration, RDMA figures an RDMA one, the all-reduce latency a role with TP > 1, the image
+  preprocessing cost a cell that sends images) and moving
   it by STEP_RATIO, or failing that by WIDE_RATIO, moves some observed figure by at least MIN_EFFECT —
   otherwise it is left as the spec has it, and the result says why (the probe that identified it starts the
   search);
@@ -48,6 +49,8 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "tcp_latency_ms": (1e-3, 1e3),
     "rdma_latency_ms": (1e-3, 1e3),
     "tcp_gb_s": (1e-3, 1e4),
+    "image_preprocess_ms_per_mp": (1e-3, 1e4),
+    "request_hop_ms": (1e-3, 1e3),
 }
 STEP_RATIO = 1.5      # first trust region and identifiability probe: each constant moved by 50 %,
 WIDE_RATIO = 10.0     # or, if that moved too little, 10-fold (a 0.05 ms latency hides in a 30 ms TTFT) ...
@@ -192,6 +195,12 @@ def spec_for_cells(spec: ExperimentSpec, observed: pd.DataFrame) -> ExperimentSp
     return spec
 
 
+def sends_images(spec: ExperimentSpec) -> bool:
+    """Whether some suite of the spec sends images: a multimodal suite, or a stream of a mixed one with image_px."""
+    return any(s.kind == "multimodal" or any(st.image_px for st in getattr(s, "streams", None) or [])
+               for s in spec.suites)
+
+
 def structural_constants(spec: ExperimentSpec) -> tuple[list[str], dict[str, str]]:
     """(constants the spec's configurations use, {constant: why not} for the others). KV moves over the
     configuration's transport; EPD also sends image embeddings over TCP; all-reduces need TP > 1."""
@@ -201,6 +210,8 @@ def structural_constants(spec: ExperimentSpec) -> tuple[list[str], dict[str, str
             for link, names in LINK_CONSTANTS.items() if not used[link] for name in names}
     if all(r.tp == 1 for c in spec.configurations for r in c.roles):
         left["allreduce_latency_us"] = "no role of the run is tensor-parallel: tp is 1 throughout"
+    if not sends_images(spec):
+        left["image_preprocess_ms_per_mp"] = "no cell of the run sends images"
     return [n for n in FREE_CONSTANTS if n not in left], left
 
 

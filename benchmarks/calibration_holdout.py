@@ -18,9 +18,10 @@ from epdbench.specs.models import load_spec
 from epdbench.tasks.vrun import simulate_summary
 
 # The "hardware": every free constant moved from the presets' values (0.5, 0.8, 1.0 ms, 3 GB/s, 0.5 ms, 0.8,
-# 0.05 ms).
+# 0.05 ms, 36 ms/Mpx, 3.3 ms).
 HIDDEN = {"compute_efficiency": 0.38, "hbm_efficiency": 0.68, "step_overhead_ms": 1.6, "tcp_gb_s": 2.2,
-          "tcp_latency_ms": 1.5, "rdma_efficiency": 0.6, "rdma_latency_ms": 0.15}
+          "tcp_latency_ms": 1.5, "rdma_efficiency": 0.6, "rdma_latency_ms": 0.15, "image_preprocess_ms_per_mp": 50.0,
+          "request_hop_ms": 2.0}
 
 
 def main() -> int:

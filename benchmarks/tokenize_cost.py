@@ -97,6 +97,15 @@ def hf_tokenizer(ranks: dict[bytes, int]):
     return tok
 
 
+def agrees_with_ranks(tok, ranks: dict[bytes, int], text: str) -> bool:
+    """Whether the tokenizer's ids equal a plain rank-ordered BPE over each pre-tokenized piece of `text`."""
+    unbyte = {c: b for b, c in bytes_to_unicode().items()}
+    pieces = tok.pre_tokenizer.pre_tokenize_str(tok.normalizer.normalize_str(text))
+    expected = [ranks[part] for piece, _ in pieces
+                for part in _split(ranks, bytes(unbyte[c] for c in piece), len(ranks) + 1)]
+    return tok.encode(text).ids == expected
+
+
 def loadgen_text(words: int) -> str:
     """The load generator's prompt text of about `words` words (specs.workload, seed 0)."""
     from epdbench.specs.workload import _rng, synth_text
@@ -150,6 +159,12 @@ def main() -> int:
     sources = {"load generator prompts": loadgen_text(2 * max(LENGTHS))}
     if args.text:
         sources[args.text.name] = args.text.read_text(errors="replace")
+    hello = tok.encode("Hello world").ids
+    same = all(agrees_with_ranks(tok, ranks, text[:20000]) for text in sources.values())
+    print(f"# check: 'Hello world' -> {hello} (Qwen2: [9707, 1879]); equal to a plain rank-BPE over the first 20,000 "
+          f"characters of each text: {same}")
+    if hello != [9707, 1879] or not same:
+        raise SystemExit("the tokenizer built from the ranks is not Qwen's: not measuring it")
     for name, text in sources.items():
         xs, ys = [], []
         print(f"\n{name}:\n  {'tokens':>7} {'encode µs':>10} {'µs/token':>9}")

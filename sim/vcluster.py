@@ -152,6 +152,12 @@ class VirtualCluster:
                           f"However, you requested {len(ids) + max_tokens} tokens.")
         return Prompt(ids, images, hashes, ends, max_tokens)
 
+    async def hop(self) -> None:
+        """One HTTP exchange of the request's path (a leg to a replica, or a KV or encoder-output pull's
+        handshake): hardware.request_hop_ms of host time, which the HTTP simulator spends for real."""
+        if self.spec.hardware.request_hop_ms > 0:
+            await asyncio.sleep(self.spec.hardware.request_hop_ms / 1e3)
+
     def text_tokens(self, prompt: Prompt) -> int:
         """The prompt's tokens its API server's tokenizer produces: all but the images' placeholders."""
         enc = self.any_encoder()
@@ -168,6 +174,7 @@ class VirtualCluster:
         encoder = None
         if "encode" in self.replicas and prompt.images:
             encoder = next(self._next["encode"])
+            await self.hop()
             await encoder.api.tokenize(self.text_tokens(prompt))
             await encoder.encoder.preprocess(prompt.images, prompt.hashes)
             await encoder.encoder.encode_images(rid, prompt.images, prompt.hashes)
@@ -178,18 +185,21 @@ class VirtualCluster:
     async def _leg(self, rep: VReplica, rid: str, prompt: Prompt, on_token, encoder: VReplica | None = None,
                    kv_from: VReplica | None = None) -> tuple[int, int]:
         """One replica's part (sim.replica.Replica.generate): a prefill-only leg when on_token is None."""
+        await self.hop()                                                # the leg's HTTP exchange
         await rep.api.tokenize(self.text_tokens(prompt))                # every API server on the path
         await rep.encoder.preprocess(prompt.images, prompt.hashes)    # on the replica that parses the images
         seq, cached = rep.admit(rid, prompt, prompt.max_tokens if on_token else 1)
         todo = [i for i, end in enumerate(prompt.image_ends) if end > cached]
         if todo and encoder is not None:      # EPD prefill: the encoder outputs come over the encode pod's link
             n_tok = sum(rep.encoder.tokens(prompt.images[i]) for i in todo)
+            await self.hop()                                            # the pull's handshake
             await _link(encoder, self.config.ec_expected, rep.cost.embedding_bytes(n_tok), connector="nixl")
         elif todo:
             seq.image_tokens = await rep.encoder.image_work(rid, {}, [prompt.images[i] for i in todo],
                                                             [prompt.hashes[i] for i in todo])
         if kv_from is not None:               # PD decode: pull the prompt's KV not cached here, then decode
             moved = len(prompt.ids) - cached
+            await self.hop()                                            # the pull's handshake
             await _link(kv_from, self.config.kv_transport, rep.cost.kv_bytes(moved),
                         kv_descriptors(rep.cost, self.config.kv_connector, moved), peer=rep,
                         connector=self.config.kv_connector)

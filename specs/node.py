@@ -80,6 +80,10 @@ class ModelSpec(Strict):
 
 
 TOKENIZE_US_PER_TOKEN = 0.91   # benchmarks/tokenize_cost.py, see HardwareSpec.tokenize_us_per_token
+# The HTTP simulator's host time per exchange of a request's path (vllm-router or the EPD proxy, aiohttp API
+# servers, loopback), from benchmarks/vtime_agreement.py on smoke (2026-12-02): TTFT over HTTP minus virtual at
+# concurrency 1, per exchange (aggregated 1, PD and text-only EPD 3, EPD with an image 5), median 3.3 ms.
+REQUEST_HOP_MS = 3.3
 # Mooncake TCP's fixed costs, measured with the real transfer engine (mooncake-transfer-engine-non-cuda
 # 0.3.13.post1) over loopback by benchmarks/mooncake_tcp.py on 2026-12-01, on this project's 2-core AMD EPYC VM
 # (Linux 6.18, load average 0.7): the intercept of one transfer's time against its size (64 KiB to 512 MiB), and the
@@ -153,6 +157,13 @@ class HardwareSpec(Strict):
                                                      "Hugging Face tokenizers' byte-level BPE, as vLLM runs it "
                                                      "for Qwen2/Qwen2.5. Measured with "
                                                      "benchmarks/tokenize_cost.py.")
+    request_hop_ms: float = Field(REQUEST_HOP_MS, ge=0, title="Host time per HTTP exchange on the path (ms)",
+                                  description="What one exchange of a request's path costs outside the engines: a "
+                                              "leg from the client or router to a replica's API server (routing, "
+                                              "HTTP, JSON, validation), or a KV or encoder-output pull's "
+                                              "handshake. The virtual-time core charges it; the HTTP simulator "
+                                              "and a real deployment spend it for real. Default measured on the "
+                                              "HTTP simulator's own path with benchmarks/vtime_agreement.py.")
     tcp_gb_s: float = Field(gt=0, title="KV transfer bandwidth over TCP (GB/s)",
                             description="Effective Mooncake TCP transport bandwidth out of one pod, a figure of "
                                         "the pod network: the pod's transfers in flight share it.")

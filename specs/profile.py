@@ -19,7 +19,7 @@ from epdbench.specs.models import ExperimentSpec, HardwareSpec, SpecError, descr
 # The hardware fields the cost model reads that no datasheet gives: what calibration fits.
 # (The per-ring-step NVLink latency is left out: for a given TP it only adds to the all-reduce's base latency.)
 FREE_CONSTANTS = ("compute_efficiency", "hbm_efficiency", "step_overhead_ms", "allreduce_latency_us", "tcp_gb_s",
-                  "tcp_latency_ms", "rdma_efficiency", "rdma_latency_ms")
+                  "tcp_latency_ms", "rdma_efficiency", "rdma_latency_ms", "image_preprocess_ms_per_mp", "request_hop_ms")
 
 
 def check_constant(name: str, value: float) -> float:

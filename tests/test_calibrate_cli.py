@@ -51,7 +51,9 @@ def test_calibration_recovers_the_hidden_constants(run, tmp_path, capsys):
     profile = load_profile(out)
     for name, hidden in HIDDEN.items():
         assert profile["hardware"][name] == pytest.approx(hidden, rel=0.05), name
-    assert set(profile["left_as_in_spec"]) == {"rdma_efficiency", "rdma_latency_ms", "allreduce_latency_us"}
+    assert set(profile["left_as_in_spec"]) == {"rdma_efficiency", "rdma_latency_ms", "allreduce_latency_us",
+                                               "image_preprocess_ms_per_mp"}
+    assert "no cell of the run sends images" in printed
     assert "no configuration of the run moves data over RDMA" in printed
     assert max(profile["fit_error"].values()) < 0.02 and max(profile["holdout_error"].values()) < 0.03
     assert "  run   1/60  loss " in printed and 0 < profile["evaluations"] <= 60

@@ -11,11 +11,14 @@ import pytest
 from epdbench.analysis import fit
 from epdbench.specs.models import load_spec, select_configurations
 
-# (suite, workload, input tokens, output tokens, concurrency): the smoke spec's fixed cells.
-CELLS = [("fixed", "512/64", 512, 64, 1), ("fixed", "512/64", 512, 64, 8),
-         ("fixed", "4096/64", 4096, 64, 1), ("fixed", "4096/64", 4096, 64, 8)]
+# (suite, workload, input tokens, output tokens, concurrency, image megapixels): the smoke spec's fixed cells
+# and its image cell.
+CELLS = [("fixed", "512/64", 512, 64, 1, 0.0), ("fixed", "512/64", 512, 64, 8, 0.0),
+         ("fixed", "4096/64", 4096, 64, 1, 0.0), ("fixed", "4096/64", 4096, 64, 8, 0.0),
+         ("mm-context", "1k:560px+624/64", 1024, 64, 4, 0.3136)]
 HIDDEN = {"compute_efficiency": 0.35, "hbm_efficiency": 0.6, "step_overhead_ms": 2.0, "tcp_gb_s": 1.5,
-          "tcp_latency_ms": 4.0, "rdma_efficiency": 0.5, "rdma_latency_ms": 1.0}
+          "tcp_latency_ms": 4.0, "rdma_efficiency": 0.5, "rdma_latency_ms": 1.0, "image_preprocess_ms_per_mp": 60.0,
+          "request_hop_ms": 5.0}
 
 
 def synthetic_summary(spec) -> pd.DataFrame:
@@ -23,7 +26,7 @@ def synthetic_summary(spec) -> pd.DataFrame:
     hw = spec.hardware
     rows = []
     for c in spec.configurations:
-        for suite, workload, n_in, n_out, conc in CELLS:
+        for suite, workload, n_in, n_out, conc, mpx in CELLS:
             prefill = n_in * 0.01 / hw.compute_efficiency + hw.step_overhead_ms
             if c.kv_transport == "tcp":
                 link = n_in * 0.05 / hw.tcp_gb_s + hw.tcp_latency_ms
@@ -31,7 +34,9 @@ def synthetic_summary(spec) -> pd.DataFrame:
                 link = n_in * 0.05 / (40 * hw.rdma_efficiency) + hw.rdma_latency_ms
             else:
                 link = 0.0
-            ttft = prefill * (1 + 0.4 * (conc - 1)) + link
+            hops = 1 if c.topology == "aggregated" else 3        # legs and pulls on the request's path
+            ttft = (prefill * (1 + 0.4 * (conc - 1)) + link + mpx * hw.image_preprocess_ms_per_mp
+                    + hops * hw.request_hop_ms)
             tpot = 4.0 / hw.hbm_efficiency * (1 + 0.02 * conc) + hw.step_overhead_ms
             e2e_s = (ttft + tpot * (n_out - 1)) / 1e3
             rows.append({"config": c.name, "suite": suite, "workload": workload, "concurrency": conc,
@@ -93,12 +98,17 @@ def test_constants_no_configuration_uses_are_left_as_in_the_spec():
     assert set(result.left) == {"tcp_gb_s", "tcp_latency_ms", "rdma_efficiency", "rdma_latency_ms",
                                 "allreduce_latency_us"}
     assert all("RDMA" in result.left[n] for n in ("rdma_efficiency", "rdma_latency_ms"))
-    assert set(result.values) == {"compute_efficiency", "hbm_efficiency", "step_overhead_ms"}
+    assert set(result.values) == {"compute_efficiency", "hbm_efficiency", "step_overhead_ms",
+                                  "image_preprocess_ms_per_mp", "request_hop_ms"}   # smoke's image cell tells it
 
 
 def test_a_spec_with_tp_tcp_and_rdma_configurations_uses_every_free_constant():
-    assert fit.structural_constants(load_spec("pd-text")) == (list(fit.FREE_CONSTANTS), {})
-    assert "tensor-parallel" in fit.structural_constants(load_spec("smoke"))[1]["allreduce_latency_us"]
+    used, left = fit.structural_constants(load_spec("pd-text"))
+    assert used == [n for n in fit.FREE_CONSTANTS if n != "image_preprocess_ms_per_mp"]
+    assert left == {"image_preprocess_ms_per_mp": "no cell of the run sends images"}     # pd-text is text only
+    used, left = fit.structural_constants(load_spec("smoke"))
+    assert "tensor-parallel" in left["allreduce_latency_us"] and "image_preprocess_ms_per_mp" in used
+    assert fit.sends_images(load_spec("epd-multimodal")) and not fit.sends_images(load_spec("pd-text"))
 
 
 def test_a_constant_that_moves_no_observed_figure_is_not_fitted(smoke):
@@ -126,14 +136,14 @@ def test_the_fit_stays_within_its_budget_and_reports_each_run(smoke):
 
 def test_a_budget_too_small_to_probe_is_an_input_error(smoke):
     observed = fit.observed_cells(run_of(smoke, HIDDEN))
-    with pytest.raises(fit.FitInputError, match="at least 8 simulator runs"):
-        fit.fit_constants(smoke, observed, synthetic_summary, max_evaluations=7)
+    with pytest.raises(fit.FitInputError, match="at least 10 simulator runs"):
+        fit.fit_constants(smoke, observed, synthetic_summary, max_evaluations=9)
 
 
 def test_a_budget_spent_on_wide_probes_is_an_input_error(smoke):
     observed = fit.observed_cells(run_of(smoke, HIDDEN))    # rdma_latency_ms (0.05 ms) needs a wide probe
-    with pytest.raises(fit.FitInputError, match="ran out while probing the constants.*at least 15"):
-        fit.fit_constants(smoke, observed, synthetic_summary, max_evaluations=8)
+    with pytest.raises(fit.FitInputError, match="ran out while probing the constants.*at least 19"):
+        fit.fit_constants(smoke, observed, synthetic_summary, max_evaluations=10)
 
 
 def test_a_shared_cache_spares_the_runs_already_made(smoke):
@@ -186,7 +196,8 @@ def test_the_spec_is_narrowed_to_what_was_observed_and_unknown_names_are_errors(
     spec = load_spec("smoke")
     observed = fit.observed_cells(run_of(select_configurations(spec, ["pd-tcp"]), HIDDEN))
     narrowed = fit.spec_for_cells(spec, observed)
-    assert [c.name for c in narrowed.configurations] == ["pd-tcp"] and [s.name for s in narrowed.suites] == ["fixed"]
+    assert [c.name for c in narrowed.configurations] == ["pd-tcp"]
+    assert [s.name for s in narrowed.suites] == ["fixed", "mm-context"]          # not smoke's mixed suite
     with pytest.raises(fit.FitInputError, match="config pd-tcp not in spec"):
         fit.spec_for_cells(select_configurations(spec, ["aggregated"]), observed)
     wrong = fit.observed_cells(run_of(select_configurations(spec, ["pd-tcp"]), HIDDEN).assign(concurrency=3))
