@@ -2,9 +2,10 @@
 
 Per matched cell and metric, the virtual figure agrees with the HTTP one when their difference lies within
 the HTTP cell's own noise band (analysis.noise.band: its sample CI, floored by the run-to-run spread, and its
-lag) plus, for TTFT, the host path the virtual core does not model: the client, router and API-server hops of
-the HTTP simulator, which run on the host in real time (HOST_PATH_MS, measured by
-benchmarks/vtime_agreement.py on the smoke preset: 2–6 ms at concurrency 1). The virtual core has no
+lag) plus, for TTFT, what remains of the host path: the HTTP simulator's client, router and API-server hops run
+on the host in real time, which the virtual core models as hardware.request_hop_ms per exchange (HOST_PATH_MS:
+benchmarks/vtime_agreement.py on the smoke preset left −2 to +2.5 ms at concurrency 1 with it, 3–13 ms
+without). The virtual core has no
 measurement noise of its own (one seeded run is the answer). An HTTP cell contaminated by host load
 (analysis.noise.is_contaminated: its lag p99 above a share of what it reports) is no reference: its rows are
 shown but not judged (`judged` False), as such a cell names no winner in a comparison.
@@ -20,7 +21,7 @@ METRICS = ["ttft_p50_ms", "tpot_p50_ms", "itl_p99_ms", "output_tok_s"]
 # Shown beside them, not judged: an upper percentile of a few requests (the smoke preset's mixed streams have 16
 # and 8) has no sample CI to judge by, and where the two streams' requests meet depends on the host path.
 INFORMATIVE = ["ttft_p95_ms"]
-HOST_PATH_MS = 10.0      # allowance for TTFT: the HTTP path's host time (measured 2–6 ms, rounded up)
+HOST_PATH_MS = 10.0      # allowance for TTFT: the host path's jitter and what request_hop_ms leaves (see above)
 THROUGHPUT_SHARE = 0.05  # throughput also carries the host path once per request: 5% beyond its band
 COLUMNS = KEYS + ["metric", "http", "virtual", "ratio", "allowed", "agrees", "judged"]
 
