@@ -148,8 +148,9 @@ class HardwareSpec(Strict):
                                                       "(resize, normalise and patchify are skipped). Measured with "
                                                       "benchmarks/image_preprocess.py.")
     # Measured with benchmarks/tokenize_cost.py (2026-12-02, this 2-core machine, tokenizers 0.23.3, Qwen's
-    # 151,643-rank byte-level BPE with Qwen2's pre-tokenizer): 0.91 µs per token on the load generator's prompts
-    # (fit over 128–8192 tokens; no fixed part above 0), 1.16 on English prose. Host CPUs differ: re-measure.
+    # 151,643-rank byte-level BPE with Qwen2's pre-tokenizer): 0.91–0.93 µs per token on the load generator's
+    # prompts over three runs (fit over 128–8192 tokens; no fixed part above 0), 1.16 on English prose. Host CPUs
+    # differ: re-measure.
     tokenize_us_per_token: float = Field(TOKENIZE_US_PER_TOKEN, ge=0, title="Prompt tokenization per token (µs)",
                                          description="API-server CPU time per text token of a prompt before the "
                                                      "request reaches the engine, on every replica the request "
