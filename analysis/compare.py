@@ -80,9 +80,7 @@ def compare(summary: pd.DataFrame, metrics: list[str] = REPORT_METRICS) -> list[
                 b, w = present[ordered[0]], present[ordered[-1]]
                 if contaminated:
                     verdict = CONTAMINATED
-                elif metric in NOT_JUDGED:
-                    pass
-                else:
+                elif metric not in NOT_JUDGED:
                     leaders = tuple(c for c in ordered if c == ordered[0] or not distinct(rows[ordered[0]], rows[c], metric))
                     if len(leaders) == 1:
                         best = verdict = ordered[0]

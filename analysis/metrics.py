@@ -13,7 +13,7 @@ import pandas as pd
 
 from epdbench.analysis.chunks import Lists, gaps
 from epdbench.analysis.noise import (SAMPLE_CI_METRICS, cell_noise, delivery_lags_ns, finite_values, is_contaminated,
-                                     percentile_ci, percentile_ci_half, samples_p99_ms, timing_of)
+                                     SAMPLE_CI_COLUMNS, percentile_ci_sides, samples_p99_ms, timing_of)
 
 CELL_KEYS = ["config", "suite", "workload", "concurrency", "stream", "trial"]
 METRIC_KEYS = ["ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "tpot_p50_ms", "itl_p99_ms", "itl_max_ms",
@@ -25,7 +25,7 @@ SUMMARY_COLUMNS = CELL_KEYS + ["requests_ok", "requests_total", "requests_failed
                                "prompt_tokens_mean", "target_prompt_tokens", "n_ttft_samples", "n_itl_samples",
                                "gpus", "output_tok_s_per_gpu", "timing", "emulation_lag_p99_ms", "loop_lag_p99_ms",
                                "delivery_lag_p99_ms", "coalesced_share", "contaminated"] + [
-                                   f"{m}_sample_ci95{side}" for m in SAMPLE_CI_METRICS for side in ("", "_lo", "_hi")]
+                                   *SAMPLE_CI_COLUMNS]
 # The record columns summarize reads (tasks.results.read_records(path, RECORD_COLUMNS) leaves the others on disk).
 RECORD_COLUMNS = CELL_KEYS + ["cell", "phase", "ok", "ttft_ms", "e2e_ms", "output_tokens", "prompt_tokens",
                               "target_prompt_tokens", "done_ms", "send_ns", "scheduled_ns", "chunk_offsets_ns",
@@ -143,10 +143,8 @@ def sample_cis(samples: dict[str, np.ndarray]) -> dict[str, float | None]:
     percentile, from the cell's samples by kind (ttft, tpot, itl)."""
     out: dict[str, float | None] = {}
     for m, q in SAMPLE_CI_METRICS.items():
-        xs = samples[m.split("_")[0]]
-        ci = percentile_ci(xs, q)
-        out[f"{m}_sample_ci95"] = percentile_ci_half(xs, q)
-        out[f"{m}_sample_ci95_lo"], out[f"{m}_sample_ci95_hi"] = ci if ci is not None else (None, None)
+        out[f"{m}_sample_ci95"], out[f"{m}_sample_ci95_lo"], out[f"{m}_sample_ci95_hi"] = percentile_ci_sides(
+            samples[m.split("_")[0]], q)
     return out
 
 

@@ -51,6 +51,8 @@ RUN_TO_RUN_SPREAD = {
 # 59.0, 60.3 and 67.4 tok/s for the burst stream; main cells at most 1.3%), so streams have their own floor.
 STREAM_RUN_TO_RUN_SPREAD = {"output_tok_s": 0.14, "req_s": 0.14, "output_tok_s_per_gpu": 0.14}
 SAMPLE_CI_METRICS = {"ttft_p50_ms": 50, "ttft_p95_ms": 95, "ttft_p99_ms": 99, "tpot_p50_ms": 50, "itl_p99_ms": 99}
+# Per SAMPLE_CI_METRICS percentile: the larger half-width of its sample CI, and the CI's bounds.
+SAMPLE_CI_COLUMNS = [f"{m}_sample_ci95{side}" for m in SAMPLE_CI_METRICS for side in ("", "_lo", "_hi")]
 Z95 = 1.959964
 
 
@@ -169,11 +171,17 @@ def percentile_value(values, q: float) -> float | None:
 
 def percentile_ci_half(values, q: float) -> float | None:
     """Half-width (the larger side) of percentile_ci around the percentile; None below 2 values."""
-    ci = percentile_ci(values, q)
+    return percentile_ci_sides(values, q)[0]
+
+
+def percentile_ci_sides(values, q: float) -> tuple[float | None, float | None, float | None]:
+    """(larger half-width, low bound, high bound) of percentile_ci; Nones below 2 values."""
+    xs = finite_values(values)
+    ci = percentile_ci(xs, q)
     if ci is None:
-        return None
-    mid = percentile_value(values, q)
-    return max(ci[1] - mid, mid - ci[0])
+        return None, None, None
+    mid = percentile_value(xs, q)
+    return max(ci[1] - mid, mid - ci[0]), ci[0], ci[1]
 
 
 def lag_ms(row) -> float:

@@ -5,7 +5,7 @@ import math
 
 import pandas as pd
 
-from epdbench.analysis.noise import SAMPLE_CI_METRICS, timing_of
+from epdbench.analysis.noise import SAMPLE_CI_COLUMNS, timing_of
 
 MATCH_KEYS = ["suite", "workload", "concurrency", "stream"]   # what makes two configurations' cells comparable
 
@@ -54,7 +54,7 @@ def aggregate_trials(summary: pd.DataFrame) -> pd.DataFrame:
             row[col] = float(lags.max()) if len(lags) else None
         row["timing"] = timing_of(g["timing"]) if "timing" in g else None
         if row["trials"] == 1:   # one trial: the percentiles' CIs from the cell's own samples
-            for col in (f"{m}_sample_ci95{side}" for m in SAMPLE_CI_METRICS for side in ("", "_lo", "_hi")):
+            for col in SAMPLE_CI_COLUMNS:
                 row[col] = float(g[col].iloc[0]) if col in g and g[col].notna().any() else None
         row["contaminated"] = bool(g["contaminated"].fillna(False).astype(bool).any()) if "contaminated" in g else False
         rows.append(row)

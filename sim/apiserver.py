@@ -22,14 +22,16 @@ MAX_BATCH = 32          # AsyncMicrobatchTokenizer(max_batch_size=32)
 
 class ApiServer:
     def __init__(self, replica):
-        self.replica = replica          # spec and time_scale of a Replica or VReplica
+        self.replica = replica          # spec, time_scale and encoder of a Replica or VReplica
         self.queue: asyncio.Queue | None = None
         self.batcher: asyncio.Task | None = None
         self.current: list = []         # the batch being collected or tokenized
         self.batches = 0                # tokenizer calls, for tests and diagnostics
 
-    async def tokenize(self, text_tokens: int) -> None:
-        """Return when this API server has tokenized a prompt of `text_tokens` text tokens."""
+    async def tokenize(self, prompt_tokens: int, images: list[bytes] = ()) -> None:
+        """Return when this API server has tokenized a prompt's text: its `prompt_tokens` but the placeholders of
+        its `images`, which the multimodal processor expands instead."""
+        text_tokens = prompt_tokens - sum(self.replica.encoder.tokens(b) for b in images)
         loop = asyncio.get_running_loop()
         if self.batcher is None:
             self.queue = asyncio.Queue()

@@ -155,7 +155,7 @@ class Replica:
         seq = Sequence(request_id=rid, prompt_tokens=prompt_tokens, max_tokens=max_tokens)
         hashes = [image_hash(b) for b in images]
         # the API server's CPU before the engine sees the request: the prompt text's tokens, then the images
-        await self.api.tokenize(prompt_tokens - sum(self.encoder.tokens(b) for b in images))
+        await self.api.tokenize(prompt_tokens, images)
         await self.encoder.preprocess(images, hashes)
         cached = self.prefix_lookup(seq, ids, kvp)
         prefill_only = self.role in ("prefill", "encode") or bool(kvp.get("do_remote_decode"))

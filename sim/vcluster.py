@@ -158,11 +158,6 @@ class VirtualCluster:
         if self.spec.hardware.request_hop_ms > 0:
             await asyncio.sleep(self.spec.hardware.request_hop_ms / 1e3)
 
-    def text_tokens(self, prompt: Prompt) -> int:
-        """The prompt's tokens its API server's tokenizer produces: all but the images' placeholders."""
-        enc = self.any_encoder()
-        return len(prompt.ids) - sum(enc.tokens(b) for b in prompt.images)
-
     def any_encoder(self) -> Encoder:
         return self.all()[0].encoder
 
@@ -175,7 +170,7 @@ class VirtualCluster:
         if "encode" in self.replicas and prompt.images:
             encoder = next(self._next["encode"])
             await self.hop()
-            await encoder.api.tokenize(self.text_tokens(prompt))
+            await encoder.api.tokenize(len(prompt.ids), prompt.images)
             await encoder.encoder.preprocess(prompt.images, prompt.hashes)
             await encoder.encoder.encode_images(rid, prompt.images, prompt.hashes)
         prefill = next(self._next["prefill"])
@@ -186,7 +181,7 @@ class VirtualCluster:
                    kv_from: VReplica | None = None) -> tuple[int, int]:
         """One replica's part (sim.replica.Replica.generate): a prefill-only leg when on_token is None."""
         await self.hop()                                                # the leg's HTTP exchange
-        await rep.api.tokenize(self.text_tokens(prompt))                # every API server on the path
+        await rep.api.tokenize(len(prompt.ids), prompt.images)         # every API server on the path
         await rep.encoder.preprocess(prompt.images, prompt.hashes)    # on the replica that parses the images
         seq, cached = rep.admit(rid, prompt, prompt.max_tokens if on_token else 1)
         todo = [i for i, end in enumerate(prompt.image_ends) if end > cached]
