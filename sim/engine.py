@@ -50,7 +50,6 @@ class Sequence:
     aborted: bool = False
     on_prefilled: object = None    # callable run once the prompt's KV is complete (prefix-cache insert)
     arrived: float | None = None   # host clock at submit: no step that serves it can start earlier
-    scheduled: bool = False        # served by a step already
     admitted: int | None = None    # when it got KV blocks (vLLM's running order); None while it holds none
     recompute_tokens: int = 0      # generated tokens a preemption dropped from the KV: prefilled again
     preemptions: int = 0
@@ -169,10 +168,11 @@ class Engine:
         return (sum((s.computed + s.generated + b - 2) // b for s in self.running)
                 + sum((s.computed + b - 1) // b for s in self.waiting if s.admitted is not None))
 
-    def plan_step(self):
+    def plan_step(self, start: float | None = None):
         """Choose this step's work: (decodes, [(seq, chunk)], [tokens of each image to encode]). Every running decode
         first, each taking the block its token needs (preempting when none is free), then prefill chunks FCFS in the
-        token budget: sequences already admitted first, then waiting ones while their whole sequence fits."""
+        token budget: sequences already admitted first, then waiting ones while their whole sequence fits. With
+        `start` (the step's modelled start), a sequence that arrived after it is not there yet."""
         free = self.kv_blocks - self.used_blocks()
         preempted = False
         decodes = self.running[: self.limits.max_num_seqs]
@@ -189,6 +189,8 @@ class Engine:
         for s in self.waiting:
             if s.admitted is not None:
                 admitted.append(s)
+            elif start is not None and s.arrived is not None and s.arrived > start:
+                continue                     # it came after the step was modelled to start
             elif len(fresh) < slots:
                 fresh.append(s)
         candidates = (sorted(admitted, key=_order) + fresh)[:slots]
@@ -265,9 +267,11 @@ class Engine:
     async def _run(self) -> None:
         """Steps on the modelled timeline: while the engine stays busy, a step starts where the last one was
         modelled to end, not when the host woke it, so a late step is made up by the next one and host
-        overheads never add up; after an idle wait the timeline restarts at the wake-up, and a step that
-        serves a sequence for the first time starts no earlier than its arrival (a host that fell behind
-        cannot let a new request into a step modelled to start before it came). Each step lasts
+        overheads never add up; after an idle wait the timeline restarts at the wake-up. A step serves only the
+        sequences that arrived by its modelled start: one that a host which fell behind saw arrive later waits
+        for the first step modelled to start after it came (the engine idling until then if it has nothing
+        else), so host lag neither lets a request in early nor stretches the running sequences' token gaps.
+        Each step lasts
         its modelled duration × time_scale on the host clock. How late each step ended against its
         modelled end is measured (`lag`, in modelled seconds); the tokens it emits carry that end, so the
         response writer can measure how late each reached the client's socket."""
@@ -279,19 +283,18 @@ class Engine:
                 modelled_end = None
             start = self.clock() if modelled_end is None else modelled_end
             preemptions = self.stats.preemptions
-            decodes, scheduled, encoder_images = self.plan_step()
+            decodes, scheduled, encoder_images = self.plan_step(start)
             if not decodes and not scheduled:
-                if self.stats.preemptions == preemptions:
+                later = [s.arrived for s in self.waiting if s.arrived is not None and s.arrived > start]
+                if later:
+                    modelled_end = min(later)   # the modelled engine idles until the next one comes
+                elif self.stats.preemptions == preemptions:
                     # nothing fits (a sequence larger than the whole KV cache): idle until a submit or an abort,
                     # as vLLM leaves it waiting, instead of spinning
                     self._wake.clear()
                     await self._wake.wait()
                     modelled_end = None
                 continue
-            newcomers = [s.arrived for s, _ in scheduled if not s.scheduled and s.arrived is not None]
-            start = max([start, *newcomers])
-            for s, _ in scheduled:
-                s.scheduled = True
             duration = self.cost.step_seconds([s.context for s in decodes],
                                               [c for _, c in scheduled], encoder_images)
             modelled_end = start + duration * self.time_scale

@@ -262,6 +262,34 @@ def test_a_request_joining_a_late_engine_is_not_served_before_it_arrived():
     assert first_token >= arrived + COST.step_seconds([17], [PrefillChunk(0, 16)]) - 1e-9
 
 
+def test_a_request_joining_a_late_engine_does_not_stretch_the_running_token_gaps():
+    d = COST.step_seconds([16], [])
+    mixed = COST.step_seconds([60], [PrefillChunk(0, 256)])  # the longest step a's tokens can see: a decode, b's prefill
+    host = HostClock([0.0, 0.0, 20 * d])                   # the second decode step wakes 20 steps late
+    e = Engine(COST, EngineSpec(), clock=host.clock, sleep=host.sleep)
+    a, b = Sequence("a", 16, 40), Sequence("b", 256, 1)
+
+    async def go():
+        e.start()
+        e.submit(a)
+        stamps = [(await asyncio.wait_for(a.out.get(), timeout=5))[1] for _ in range(3)]
+        arrived = host.now                                   # b comes 20 steps after a's last modelled token
+        e.submit(b)
+        while (event := await asyncio.wait_for(a.out.get(), timeout=5))[0] != "done":
+            stamps.append(event[1])
+        first_b = (await asyncio.wait_for(b.out.get(), timeout=5))[1]
+        await e.stop()
+        return stamps, arrived, first_b
+    stamps, arrived, first_b = asyncio.run(go())
+    gaps = _gaps(stamps)
+    assert len(stamps) == 40 and stamps[2] < arrived - 10 * d
+    # the modelled engine went on decoding a while the host was late, and took b in at the first step that starts
+    # after b came: no gap of a holds the host's lateness, one holds b's prefill
+    assert max(gaps) <= mixed + 1e-9 and sum(g > 1.5 * d for g in gaps) == 1
+    assert arrived <= first_b - COST.step_seconds([], [PrefillChunk(0, 256)]) + 1e-9
+    assert first_b - arrived < d + mixed
+
+
 # --- KV cache capacity, admission, preemption and recompute (vLLM v1's scheduler) ---------------------------
 
 def test_kv_blocks_come_from_gpu_memory_or_the_override():
@@ -367,11 +395,11 @@ def test_a_request_larger_than_the_kv_cache_waits_without_spinning():
     e = Engine(COST, EngineSpec(num_gpu_blocks_override=2), clock=host.clock, sleep=host.sleep)
     plan, plans = e.plan_step, []
 
-    def counted():
+    def counted(*args):
         plans.append(1)
         if len(plans) > 100:
             raise RuntimeError("the engine spins")
-        return plan()
+        return plan(*args)
     e.plan_step = counted
     huge, small = Sequence("huge", 64, 2), Sequence("small", 8, 2)
 

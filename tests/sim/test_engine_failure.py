@@ -13,7 +13,7 @@ def test_an_engine_failure_ends_the_replica_with_vllms_line(tiny_spec, capsys):
     config = tiny_spec.configuration("aggregated")
     replica = Replica(tiny_spec, config, "server", 0, "127.0.0.1", 0, None)
 
-    def broken():
+    def broken(*args):
         raise RuntimeError("planned failure")
     replica.engine.plan_step = broken
 
