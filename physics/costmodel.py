@@ -112,6 +112,13 @@ def tokenize_seconds(hw: HardwareSpec, text_tokens: int) -> float:
     return hw.tokenize_us_per_token * max(0, text_tokens) / 1e6
 
 
+def output_seconds(hw: HardwareSpec, tokens: int) -> float:
+    """API-server CPU time to hand `tokens` generated tokens to their clients: per token, vLLM's output processor
+    (incremental detokenization, the RequestOutput) and the OpenAI server's SSE chunk, hardware.output_us_per_token
+    each, from benchmarks/output_cost.py."""
+    return hw.output_us_per_token * max(0, tokens) / 1e6
+
+
 def encoder_cache_tokens(model: ModelSpec, engine: EngineSpec) -> int:
     """Encoder cache size of one engine in image tokens: vLLM 0.33 gives it max_num_batched_tokens, raised to the
     largest multimodal item (vllm/v1/core/encoder_cache_manager.py `compute_mm_encoder_budget`)."""

@@ -29,7 +29,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from epdbench.physics.costmodel import CostModel, chunk_prefill
+from epdbench.physics.costmodel import CostModel, chunk_prefill, output_seconds
 from epdbench.sim.prefix_cache import BLOCK_TOKENS
 from epdbench.specs.models import EngineSpec
 from epdbench.timer import cancel_and_wait
@@ -134,6 +134,7 @@ class Engine:
         self.kv_blocks = (limits.num_gpu_blocks_override if limits.num_gpu_blocks_override is not None
                           else cost.kv_capacity_tokens(limits.gpu_memory_utilization) // BLOCK_TOKENS)
         self._admissions = 0
+        self._output_busy = 0.0   # when the API server's output path is done with the tokens handed to it so far
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
 
@@ -306,9 +307,7 @@ class Engine:
             self._finish_step(decodes, scheduled, modelled_end)
 
     def _finish_step(self, decodes, scheduled, modelled_end: float = 0.0) -> None:
-        for seq in decodes:
-            if not seq.aborted:
-                self._emit(seq, modelled_end)
+        emitted = [seq for seq in decodes if not seq.aborted]
         for seq, chunk in scheduled:
             if seq.aborted:
                 continue
@@ -322,10 +321,28 @@ class Engine:
                 seq.recompute_tokens = 0
                 _drop(self.waiting, seq)
                 bisect.insort(self.running, seq, key=_order)
-                self._emit(seq, modelled_end)  # the step that completes a prefill also samples the next token
+                emitted.append(seq)    # the step that completes a prefill also samples the next token
+        for seq, stamp in zip(emitted, self.output_stamps(modelled_end, len(emitted))):
+            self._emit(seq, stamp)
+
+    def output_stamps(self, step_end: float, n: int) -> list[float]:
+        """When each of a step's `n` tokens leaves the API server, on the host clock: vLLM's output handler
+        (vllm/v1/engine/async_llm.py) takes a step's outputs in order once the step ends and, on the API server's
+        one event loop, detokenizes each, turns it into a RequestOutput and its SSE chunk
+        (hardware.output_us_per_token each, physics.costmodel.output_seconds); a step's outputs wait for the
+        previous step's. The engine core runs on in its own process meanwhile, so this never delays a step."""
+        per_token = output_seconds(self.cost.hw, 1) * self.time_scale
+        if per_token <= 0:
+            return [step_end] * n
+        t = max(step_end, self._output_busy)
+        stamps = [t + per_token * (k + 1) for k in range(n)]
+        if stamps:
+            self._output_busy = stamps[-1]
+        return stamps
 
     def _emit(self, seq: Sequence, modelled_end: float) -> None:
-        """One token; its event carries the host-clock time the step was modelled to end."""
+        """One token; its event carries the host-clock time it was modelled to leave the API server (its step's end,
+        plus the output path: output_stamps)."""
         seq.generated += 1
         self.stats.generation_tokens += 1
         seq.out.put_nowait(("token", modelled_end))

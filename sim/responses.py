@@ -47,11 +47,19 @@ def response_json(replica: Replica, body: dict, rid: str, seq: Sequence, chat: b
             "choices": [choice], "usage": usage(seq)}
 
 
+async def until(stamp: float) -> None:
+    """Wait until the host clock reaches a token's stamp: when the engine modelled it to leave the API server."""
+    delay = stamp - time.perf_counter()
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
 async def collect(seq: Sequence) -> str:
     while True:
-        kind, _ = await seq.out.get()
+        kind, stamp = await seq.out.get()
         if kind == "done":
             return seq.finish_reason or "length"
+        await until(stamp)
 
 
 async def respond_prefill_only(replica: Replica, body: dict, rid: str, seq: Sequence, chat: bool,
@@ -108,6 +116,7 @@ async def stream(replica: Replica, request: web.Request, body: dict, rid: str, s
             reason = "length" if last else None
             piece = ({"index": 0, "delta": {"content": text}, "finish_reason": reason} if chat
                      else {"index": 0, "text": text, "finish_reason": reason})
+            await until(modelled_end)
             await resp.write(chunk([piece], usage(seq, n) if continuous else None, modelled_end))
             replica.emit_lag.observe(max(0.0, time.perf_counter() - modelled_end) / replica.time_scale)
         replica.counters.finish(seq.finish_reason or "length", seq.generated)

@@ -94,18 +94,30 @@ async def _link(sender: VReplica, transport: str, n_bytes: int, descriptors: int
 
 class _Sink:
     """Stands in for a sequence's event queue (Engine only calls `put_nowait`): tokens go straight to the
-    callback and only the end wakes the request's coroutine — no task switch per token."""
+    callback and only the end wakes the request's coroutine — no task switch per token — at the last token's
+    stamp (when the API server's output path hands it over: sim.engine.Engine.output_stamps), as the HTTP
+    simulator's response writer waits for each stamp."""
 
     def __init__(self, on_token):
         self.on_token = on_token
-        self.done = asyncio.get_running_loop().create_future()
+        self.loop = asyncio.get_running_loop()
+        self.done = self.loop.create_future()
+        self.last = 0.0
 
     def put_nowait(self, event: tuple) -> None:
         kind, value = event
         if kind == "token":
+            self.last = value
             if self.on_token is not None:
                 self.on_token(value)
         elif not self.done.done():
+            if self.last > self.loop.time():
+                self.loop.call_at(self.last, self._finish, value)
+            else:
+                self.done.set_result(value)
+
+    def _finish(self, value) -> None:
+        if not self.done.done():
             self.done.set_result(value)
 
 

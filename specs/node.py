@@ -80,6 +80,11 @@ class ModelSpec(Strict):
 
 
 TOKENIZE_US_PER_TOKEN = 0.91   # benchmarks/tokenize_cost.py, see HardwareSpec.tokenize_us_per_token
+# vLLM 0.33.0's own output path (msgpack decode of the engine core's outputs, OutputProcessor with incremental
+# detokenization, the chat stream generator with continuous usage, as epdbench asks) per generated token, measured
+# by benchmarks/output_cost.py on 2026-12-02 on this project's 2-core VM: 44.1, 33.6, 31.9, 36.1 µs at 1, 8, 64 and
+# 256 requests per step (median of 5 runs each); the median at 8 and more. Host CPUs differ: re-measure.
+OUTPUT_US_PER_TOKEN = 33.6
 # The HTTP simulator's host time per exchange of a request's path (vllm-router or the EPD proxy, aiohttp API
 # servers, loopback), from benchmarks/vtime_agreement.py on smoke (2026-12-02): TTFT over HTTP minus virtual at
 # concurrency 1, per exchange (aggregated 1, PD and text-only EPD 3, EPD with an image 5), median 3.3 ms.
@@ -158,6 +163,14 @@ class HardwareSpec(Strict):
                                                      "Hugging Face tokenizers' byte-level BPE, as vLLM runs it "
                                                      "for Qwen2/Qwen2.5. Measured with "
                                                      "benchmarks/tokenize_cost.py.")
+    output_us_per_token: float = Field(OUTPUT_US_PER_TOKEN, ge=0, title="Output path per generated token (µs)",
+                                       description="API-server CPU time per generated token on its way to the "
+                                                   "client, on the replica that streams it: vLLM's output "
+                                                   "handler (incremental detokenization, the RequestOutput) and "
+                                                   "the OpenAI server's SSE chunk, one token after another on "
+                                                   "the API server's event loop, each step's tokens after the "
+                                                   "step ends. Measured with benchmarks/output_cost.py running "
+                                                   "vLLM's own code.")
     request_hop_ms: float = Field(REQUEST_HOP_MS, ge=0, title="Host time per HTTP exchange on the path (ms)",
                                   description="What one exchange of a request's path costs outside the engines: a "
                                               "leg from the client or router to a replica's API server (routing, "

@@ -14,7 +14,7 @@ from epdbench.specs.models import EngineSpec, HardwareSpec, ModelSpec
 # a 512-token prefill chunk needs ~1 TFLOP at 20 TFLOP/s (~51 ms).
 TINY = ModelSpec(name="toy/tiny", params_b=1.0, n_layers=4, hidden_size=256, n_heads=4, n_kv_heads=2, head_dim=64)
 TOY_GPU = HardwareSpec(gpu="toy", bf16_tflops=20, hbm_tb_s=1.0, compute_efficiency=1.0, hbm_efficiency=1.0,
-                       step_overhead_ms=1.0, nvlink_gb_s=100, tcp_gb_s=1.0, rdma_nic_gbit_s=100)
+                       step_overhead_ms=1.0, nvlink_gb_s=100, tcp_gb_s=1.0, rdma_nic_gbit_s=100, output_us_per_token=0.0)
 COST = CostModel(TINY, TOY_GPU)
 
 
@@ -240,6 +240,34 @@ def test_emitted_tokens_carry_their_steps_modelled_end():
     assert (k1, k2, k3) == ("token", "token", "done")
     assert t1 == pytest.approx(COST.step_seconds([], [PrefillChunk(0, 16)]))
     assert t2 - t1 == pytest.approx(COST.step_seconds([16], []), rel=1e-3)
+
+
+def test_a_steps_tokens_leave_the_api_server_one_after_another_without_delaying_the_engine():
+    c = 0.5e-3                                               # 500 µs per token on the output path
+    cost = CostModel(TINY, TOY_GPU.model_copy(update={"output_us_per_token": c * 1e6}))
+    host = HostClock([])
+    e = Engine(cost, EngineSpec(), clock=host.clock, sleep=host.sleep)
+    seqs = [Sequence(f"s{i}", 16, 3) for i in range(4)]
+
+    async def go():
+        e.start()
+        for s in seqs:
+            e.submit(s)
+        out = {s.request_id: [(await asyncio.wait_for(s.out.get(), timeout=5)) for _ in range(4)] for s in seqs}
+        await e.stop()
+        return out
+    out = asyncio.run(go())
+    prefill = cost.step_seconds([], [PrefillChunk(0, 16)] * 4)
+    decode = cost.step_seconds([17] * 4, [])
+    stamps = [[v for k, v in out[s.request_id] if k == "token"] for s in seqs]
+    assert all(out[s.request_id][-1] == ("done", "length") for s in seqs)
+    # the prefill step's four tokens leave at its end + 1, 2, 3, 4 × c, in the step's order
+    assert [st[0] for st in stamps] == pytest.approx([prefill + k * c for k in (1, 2, 3, 4)], abs=1e-9)
+    # the engine stepped on its own timeline (decode steps of ~3 ms); each step's tokens queue behind the last's
+    assert [st[1] for st in stamps] == pytest.approx([prefill + decode + k * c for k in (1, 2, 3, 4)], abs=1e-6)
+    assert e.stats.busy_s == pytest.approx(prefill + 2 * decode, rel=1e-3)
+    # an output path slower than the steps falls behind: tokens leave at its pace, not the engine's
+    assert e.output_stamps(0.0, 1000)[-1] > stamps[-1][-1] + 1000 * c - 1e-9
 
 
 def test_a_request_joining_a_late_engine_is_not_served_before_it_arrived():

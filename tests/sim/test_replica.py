@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import json
 import time
 
 import pytest
@@ -87,3 +88,36 @@ def test_a_bigger_image_reaches_its_first_token_later_by_its_modelled_preprocess
     # 400 ms per megapixel: 125.4 ms for 560 × 560 px, 1.3 ms for 56 × 56 px; the host's jitter is a few ms
     assert big_on - big_off == pytest.approx(0.4 * 0.3136, abs=0.03)
     assert small_on - small_off == pytest.approx(0.4 * 0.003136, abs=0.03)
+
+
+def test_a_streamed_token_is_written_once_its_modelled_output_path_is_done(tiny_spec):
+    """With 5 ms per token on the API server's output path, every chunk reaches the client no earlier than the
+    stamp it carries (when it was modelled to leave the API server), and a lone request's first token comes
+    at least that much after its send."""
+    from epdbench.analysis.logformats import MODELLED_FIELD
+    hw = tiny_spec.hardware.model_copy(update={"output_us_per_token": 5000.0})
+    spec = tiny_spec.model_copy(update={"hardware": hw})
+    replica = Replica(spec, spec.configuration("aggregated"), "server", 0, "127.0.0.1", 0, None)
+
+    async def go():
+        replica.engine.start()
+        client = TestClient(TestServer(app(replica)))
+        await client.start_server()
+        try:
+            t0 = time.perf_counter_ns()
+            resp = await client.post("/v1/completions", json={"model": spec.model.name, "prompt": "hello there",
+                                                              "max_tokens": 4, "stream": True})
+            chunks = []
+            async for line in resp.content:
+                if line.startswith(b"data: {"):
+                    stamp = json.loads(line[6:]).get(MODELLED_FIELD)
+                    if stamp is not None:
+                        chunks.append((stamp, time.perf_counter_ns()))
+            return t0, chunks
+        finally:
+            await client.close()
+            await replica.engine.stop()
+    t0, chunks = asyncio.run(go())
+    assert len(chunks) == 4
+    assert all(arrived >= stamp for stamp, arrived in chunks)
+    assert chunks[0][0] - t0 >= 5e6

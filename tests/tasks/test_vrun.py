@@ -94,8 +94,10 @@ def test_a_bigger_image_reaches_its_first_token_later_by_its_modelled_preprocess
 def kv_transfers(spec, config, monkeypatch) -> tuple[list[tuple[float, float]], int]:
     """(start, end) of each KV transfer, and the prompt length, when two PD requests of the same length arrive
     together, served by sim.vcluster on the virtual-time loop: both prefills end in the same engine step, so their
-    KV transfers start together (without the tokenizer, which would take them one after the other)."""
-    spec = spec.model_copy(update={"hardware": spec.hardware.model_copy(update={"tokenize_us_per_token": 0.0})})
+    KV transfers start together (without the tokenizer and the output path, which take them one after the
+    other)."""
+    spec = spec.model_copy(update={"hardware": spec.hardware.model_copy(update={"tokenize_us_per_token": 0.0,
+                                                                                "output_us_per_token": 0.0})})
     log = []
     send = Link.send
 
@@ -169,3 +171,25 @@ def test_every_api_server_on_the_path_tokenizes_the_prompt_text_before_its_engin
         window = row["ttft_ms"] - no_window.set_index(key).loc[(config, suite, workload, index), "ttft_ms"]
         assert window == pytest.approx(servers * 2.0, abs=1e-6), (config, workload)
     assert (extra > 0).all()
+
+
+def test_each_token_leaves_through_the_streaming_api_servers_output_path(tiny_spec):
+    """At concurrency 1 each step hands one token to the streaming replica's API server (PD: the prefill leg's one
+    token too, on the prefill's): TTFT moves by the output path once per replica, every later token by it too,
+    so TPOT does not move; the response ends when its last token has left."""
+    fixed = next(s for s in tiny_spec.suites if s.name == "fixed")
+    spec = only(tiny_spec, {"aggregated", "pd-tcp"}).model_copy(
+        update={"suites": [fixed.model_copy(update={"concurrencies": [1]})]})
+
+    def run(us: float) -> pd.DataFrame:
+        hw = spec.hardware.model_copy(update={"output_us_per_token": us})
+        recs = simulate_records(spec.model_copy(update={"hardware": hw}))
+        return recs[recs["phase"] == "measured"].set_index(["config", "workload", "index"])
+    base, slow = run(0.0), run(500.0)
+    extra = slow["ttft_ms"] - base["ttft_ms"]
+    for (config, _, _), ms in extra.items():
+        assert ms == pytest.approx({"aggregated": 0.5, "pd-tcp": 1.0}[config], abs=1e-6), config
+    decode_span = lambda r: r["e2e_ms"] - r["ttft_ms"]           # noqa: E731
+    assert (decode_span(slow) - decode_span(base)).abs().max() < 1e-6
+    last = slow["chunk_offsets_ns"].map(lambda o: o[-1] / 1e6)
+    assert (slow["done_ms"] - last).abs().max() < 1e-6 and (base["done_ms"] < slow["done_ms"]).all()
