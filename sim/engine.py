@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import itertools
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -95,15 +96,19 @@ class Lag:
     count: int = 0
     sum_s: float = 0.0
     max_s: float = 0.0
-    buckets: list[int] = field(default_factory=lambda: [0] * len(LAG_BUCKETS_S))
+    per_bucket: list[int] = field(default_factory=lambda: [0] * (len(LAG_BUCKETS_S) + 1))   # the last: above all
 
     def observe(self, lag_s: float) -> None:
         self.count += 1
         self.sum_s += lag_s
-        self.max_s = max(self.max_s, lag_s)
-        for i, edge in enumerate(LAG_BUCKETS_S):
-            if lag_s <= edge:
-                self.buckets[i] += 1
+        if lag_s > self.max_s:
+            self.max_s = lag_s
+        self.per_bucket[bisect.bisect_left(LAG_BUCKETS_S, lag_s)] += 1
+
+    @property
+    def buckets(self) -> list[int]:
+        """Observations at or below each edge of LAG_BUCKETS_S (Prometheus' cumulative `le` buckets)."""
+        return list(itertools.accumulate(self.per_bucket[:-1]))
 
 
 @dataclass
