@@ -277,10 +277,10 @@ class Engine:
         sequences that arrived by its modelled start: one that a host which fell behind saw arrive later waits
         for the first step modelled to start after it came (the engine idling until then if it has nothing
         else), so host lag neither lets a request in early nor stretches the running sequences' token gaps.
-        Each step lasts
-        its modelled duration × time_scale on the host clock. How late each step ended against its
-        modelled end is measured (`lag`, in modelled seconds); the tokens it emits carry that end, so the
-        response writer can measure how late each reached the client's socket."""
+        Each step lasts its modelled duration × time_scale on the host clock. How late each step ended against
+        its modelled end is measured (`lag`, in modelled seconds); the tokens it emits carry when they were
+        modelled to leave the API server (output_stamps), so the response writer writes each no earlier and can
+        measure how late each reached the client's socket."""
         modelled_end: float | None = None
         while True:
             if not self.waiting and not self.running:
