@@ -162,22 +162,40 @@ class CostModel:
         per_allreduce = latency_s + ring_bytes / (hw.nvlink_gb_s / 2 * 1e9)
         return 2 * m.n_layers * per_allreduce
 
+    def decode_attention_flops(self, n: int, context_sum: int) -> float:
+        """attention_flops of `n` decodes, one query each over its context, the contexts adding up to `context_sum`."""
+        m = self.model
+        return 4.0 * m.n_layers * m.n_heads * m.head_dim * (context_sum + 0.5 * n)
+
     def step_seconds(self, decode_contexts: list[int], prefill: list[PrefillChunk],
                      encoder_images: Sequence[int] = ()) -> float:
         """Duration of one continuous-batching step; `encoder_images` are the LM tokens of each image it encodes."""
+        if not prefill and not any(encoder_images):
+            return self.decode_step_seconds(len(decode_contexts), sum(decode_contexts))
         m = self.model
         n_tokens = len(decode_contexts) + sum(c.tokens for c in prefill)
         if n_tokens == 0 and not any(encoder_images):
             return 0.0
         flops = 2.0 * m.params_b * 1e9 * n_tokens
         flops += sum(self.attention_flops(c.start, c.tokens) for c in prefill)
-        flops += sum(self.attention_flops(ctx, 1) for ctx in decode_contexts)
+        flops += self.decode_attention_flops(len(decode_contexts), sum(decode_contexts))
         bytes_read = m.weight_bytes if n_tokens else 0.0
         bytes_read += m.kv_bytes_per_token * sum(decode_contexts)
         compute_s = flops / self.flops_per_s
         memory_s = bytes_read / self.bytes_per_s
         return (max(compute_s, memory_s) + self.allreduce_s(n_tokens)
                 + self.encode_seconds(encoder_images) + self.hw.step_overhead_ms / 1e3)
+
+    def decode_step_seconds(self, n: int, context_sum: int) -> float:
+        """step_seconds of a step of `n` decodes whose contexts add up to `context_sum` and nothing else: what
+        sim.engine's fused decode steps (virtual time) read one after another without building the contexts."""
+        if n == 0:
+            return 0.0
+        m = self.model
+        flops = 2.0 * m.params_b * 1e9 * n + self.decode_attention_flops(n, context_sum)
+        bytes_read = m.weight_bytes + m.kv_bytes_per_token * context_sum
+        return (max(flops / self.flops_per_s, bytes_read / self.bytes_per_s) + self.allreduce_s(n)
+                + self.hw.step_overhead_ms / 1e3)
 
     def encode_seconds(self, image_tokens: int | Iterable[int]) -> float:
         """One vision-tower pass over images of these LM-token counts (an int: one image): their FLOPs

@@ -31,6 +31,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from epdbench.physics.costmodel import CostModel, chunk_prefill, output_seconds
+from epdbench.sim.fused import decode_stretch
 from epdbench.sim.prefix_cache import BLOCK_TOKENS
 from epdbench.specs.models import EngineSpec
 from epdbench.timer import cancel_and_wait
@@ -127,8 +128,11 @@ class Engine:
     ("token", n) events and a final ("done", finish_reason)."""
 
     def __init__(self, cost: CostModel, limits: EngineSpec, clock=time.perf_counter, sleep=asyncio.sleep,
-                 time_scale: float = 1.0):
+                 time_scale: float = 1.0, fuse_decodes: bool = False):
         self.cost = cost
+        # virtual time only (clock must be the running loop's): runs of decode-only steps as one event (sim.fused)
+        self.fuse_decodes = fuse_decodes
+        self._interrupt: asyncio.Future | None = None   # set while a fused stretch waits: a submit or abort cuts it
         self.limits = limits
         self.clock, self.sleep = clock, sleep
         self.time_scale = time_scale   # modelled durations are stretched by this factor on the host clock
@@ -158,6 +162,11 @@ class Engine:
         seq.arrived = self.clock()
         self.waiting.append(seq)
         self._wake.set()
+        self._cut_stretch()
+
+    def _cut_stretch(self) -> None:
+        if self._interrupt is not None and not self._interrupt.done():
+            self._interrupt.set_result(None)
 
     @property
     def num_running(self) -> int:
@@ -304,12 +313,45 @@ class Engine:
             duration = self.cost.step_seconds([s.context for s in decodes],
                                               [c for _, c in scheduled], encoder_images)
             modelled_end = start + duration * self.time_scale
+            if (self.fuse_decodes and decodes and not scheduled and not encoder_images
+                    and self.stats.preemptions == preemptions):
+                modelled_end = await self._run_stretch(decodes, modelled_end, duration)
+                continue
             await self.sleep(max(0.0, modelled_end - self.clock()))
             self.lag.observe(max(0.0, self.clock() - modelled_end) / self.time_scale)
             self.stats.steps += 1
             self.stats.busy_s += duration
             self.stats.encoder_tokens += sum(encoder_images)
             self._finish_step(decodes, scheduled, modelled_end)
+
+    async def _run_stretch(self, decodes: list[Sequence], first_end: float, first_duration: float) -> float:
+        """Virtual time: the planned decode-only step and the ones that follow it unchanged (sim.fused), waited
+        for as one event. A submit or an abort cuts the stretch: the steps that ended by then and the one in
+        progress are done, as stepping one by one would have done them (that one was planned before the
+        event), and the engine plans again at the in-progress step's end. Returns the last done step's end."""
+        free = self.kv_blocks - self.used_blocks()
+        free -= sum(1 for s in decodes if (s.computed + s.generated - 1) % BLOCK_TOKENS == 0)
+        ends, durations = decode_stretch(self.cost, [s.context for s in decodes],
+                                         [s.max_tokens - s.generated for s in decodes], free, first_end,
+                                         first_duration, self.time_scale)
+        loop = asyncio.get_running_loop()
+        self._interrupt = loop.create_future()
+        timer = loop.call_at(ends[-1], self._cut_stretch)
+        try:
+            await self._interrupt
+        finally:
+            timer.cancel()
+            self._interrupt = None
+        now = self.clock()
+        done = min(len(ends), bisect.bisect_left(ends, now) + 1)
+        for end, duration in zip(ends[:done], durations[:done]):
+            self.lag.observe(0.0)
+            self.stats.steps += 1
+            self.stats.busy_s += duration
+            self._finish_step(decodes, [], end)
+        if ends[done - 1] > now:
+            await self.sleep(ends[done - 1] - now)
+        return ends[done - 1]
 
     def _finish_step(self, decodes, scheduled, modelled_end: float = 0.0) -> None:
         emitted = [seq for seq in decodes if not seq.aborted]
@@ -359,6 +401,7 @@ class Engine:
 
     def abort(self, seq: Sequence) -> None:
         """Drop a sequence whose client went away (also mid-step: the step's results skip it)."""
+        self._cut_stretch()
         seq.aborted = True
         if seq in self.waiting:
             self.waiting.remove(seq)

@@ -23,18 +23,22 @@ class PrefixCache:
         self.block = block
         self._blocks: OrderedDict[int, None] = OrderedDict()
 
-    def lookup(self, ids: list[int]) -> int:
-        """Tokens of the longest cached prefix; at least the last prompt token is always recomputed."""
+    def lookup(self, ids: list[int], hashes: list[int] | None = None) -> int:
+        """Tokens of the longest cached prefix; at least the last prompt token is always recomputed. `hashes`:
+        block_hashes(ids) if the caller has them (a block's hash depends only on what precedes it, so the full
+        blocks of ids[:-1] are their first (len(ids) − 1) // block)."""
         hit = 0
-        for h in block_hashes(ids[:-1], self.block):
+        hs = (block_hashes(ids[:-1], self.block) if hashes is None
+              else hashes[:max(0, len(ids) - 1) // self.block])
+        for h in hs:
             if h not in self._blocks:
                 break
             self._blocks.move_to_end(h)
             hit += self.block
         return hit
 
-    def insert(self, ids: list[int]) -> None:
-        for h in block_hashes(ids, self.block):
+    def insert(self, ids: list[int], hashes: list[int] | None = None) -> None:
+        for h in block_hashes(ids, self.block) if hashes is None else hashes:
             self._blocks[h] = None
             self._blocks.move_to_end(h)
         while len(self._blocks) > self.capacity_blocks:

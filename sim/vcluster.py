@@ -25,7 +25,7 @@ from epdbench.sim.encoder import Encoder
 from epdbench.sim.engine import Engine, Sequence
 from epdbench.sim.link import Link
 from epdbench.sim.metrics import Counters
-from epdbench.sim.prefix_cache import BLOCK_TOKENS, PrefixCache
+from epdbench.sim.prefix_cache import BLOCK_TOKENS, PrefixCache, block_hashes
 from epdbench.sim.tokenizer import chat_parts, image_end_positions, image_hash, prompt_ids
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
 
@@ -36,12 +36,24 @@ class Refused(Exception):
 
 @dataclass
 class Prompt:
-    """A request as the API server sees it after parsing: token ids, images, where each image's tokens end."""
+    """A request as the API server sees it after parsing: token ids, images, where each image's tokens end.
+    Shared by every run of the same request (VirtualCluster.parse keeps them): never changed."""
     ids: list[int]
     images: list[bytes]
     hashes: list[str]
     image_ends: list[int]
     max_tokens: int
+    _blocks: list[int] | None = None
+
+    def block_hashes(self) -> list[int]:
+        """sim.prefix_cache.block_hashes of its ids, computed once."""
+        if self._blocks is None:
+            self._blocks = block_hashes(self.ids)
+        return self._blocks
+
+
+PROMPT_CACHE = 4096       # parsed requests a process keeps (the same requests go to every configuration and,
+_PROMPTS: dict = {}       # in calibrate and whatif, to every variant): id of the body → (body, model, Prompt)
 
 
 class VReplica:
@@ -52,7 +64,7 @@ class VReplica:
         self.role_spec = config.role(role)
         self.cost = CostModel(spec.model, spec.hardware, self.role_spec.tp)
         self.time_scale = 1.0
-        self.engine = Engine(self.cost, spec.engine, clock=clock, sleep=asyncio.sleep)
+        self.engine = Engine(self.cost, spec.engine, clock=clock, sleep=asyncio.sleep, fuse_decodes=True)
         self.counters = Counters()
         self.link = Link()
         self.prefix_cache = (PrefixCache(self.kv_capacity_tokens())
@@ -73,12 +85,12 @@ class VReplica:
         seq = Sequence(request_id=rid, prompt_tokens=len(prompt.ids), max_tokens=max_tokens)
         if self.prefix_cache is None:
             return seq, 0
-        cached = self.prefix_cache.lookup(prompt.ids)
+        cached = self.prefix_cache.lookup(prompt.ids, prompt.block_hashes())
         self.counters.prefix_queries += len(prompt.ids)
         self.counters.prefix_hits += cached
         seq.computed = seq.cached = cached
-        ids, cache = prompt.ids, self.prefix_cache
-        seq.on_prefilled = lambda: cache.insert(ids)
+        ids, hashes, cache = prompt.ids, prompt.block_hashes(), self.prefix_cache
+        seq.on_prefilled = lambda: cache.insert(ids, hashes)
         return seq, cached
 
 
@@ -130,6 +142,7 @@ class VirtualCluster:
         self.replicas = {r.role: [VReplica(spec, config, r.role, i, clock) for i in range(r.replicas)]
                          for r in config.roles}
         self._next = {role: itertools.cycle(reps) for role, reps in self.replicas.items()}
+        self._model = spec.model.model_dump_json()     # what a parse depends on besides the body
 
     def start(self) -> None:
         for rep in self.all():
@@ -145,7 +158,26 @@ class VirtualCluster:
 
     def parse(self, api: str, payload: dict, check: bool = True) -> Prompt:
         """As sim.replica.Replica.parse; with `check`, vLLM's refusals of an empty or too long prompt (POST
-        /tokenize counts without them)."""
+        /tokenize counts without them). The same body parsed again for the same model is not parsed again."""
+        key = id(payload)
+        kept = _PROMPTS.get(key)
+        if kept is not None and kept[0] is payload and kept[1] == (api, self._model):
+            prompt = kept[2]
+        elif not check:                    # a one-off count (POST /tokenize): not kept
+            return self._parse(api, payload)
+        else:
+            prompt = self._parse(api, payload)
+            if len(_PROMPTS) >= PROMPT_CACHE:
+                _PROMPTS.pop(next(iter(_PROMPTS)))
+            _PROMPTS[key] = (payload, (api, self._model), prompt)
+        if check and not prompt.ids:
+            raise Refused("The decoder prompt cannot be empty")
+        if check and len(prompt.ids) + prompt.max_tokens > self.spec.engine.max_model_len:
+            raise Refused(f"This model's maximum context length is {self.spec.engine.max_model_len} tokens. "
+                          f"However, you requested {len(prompt.ids) + prompt.max_tokens} tokens.")
+        return prompt
+
+    def _parse(self, api: str, payload: dict) -> Prompt:
         max_tokens = payload.get("max_tokens") or 16
         if api == "chat":
             text, images = chat_parts(payload.get("messages") or [])
@@ -157,11 +189,6 @@ class VirtualCluster:
             ends = image_end_positions(placed, overhead)
         else:
             ids, images, hashes, ends = prompt_ids(str(payload.get("prompt", "")), [], False, 0), [], [], []
-        if check and not ids:
-            raise Refused("The decoder prompt cannot be empty")
-        if check and len(ids) + max_tokens > self.spec.engine.max_model_len:
-            raise Refused(f"This model's maximum context length is {self.spec.engine.max_model_len} tokens. "
-                          f"However, you requested {len(ids) + max_tokens} tokens.")
         return Prompt(ids, images, hashes, ends, max_tokens)
 
     async def hop(self) -> None:

@@ -12,7 +12,10 @@ waits for something no timer will bring), and says so instead of hanging.
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import selectors
+from asyncio import events
 
 
 class Deadlock(RuntimeError):
@@ -54,19 +57,59 @@ class _NoIOSelector(selectors.BaseSelector):
         self._keys.clear()
 
 
+class _Timer(events.TimerHandle):
+    """A timer ordered by its time and, at equal times, by when it was set (asyncio's own compares the time
+    only, so which of two simultaneous timers runs first would depend on the heap's history: on every other
+    timer the simulation ever set)."""
+    __slots__ = ("_order",)
+
+    def __init__(self, when, callback, args, loop, context, order: int):
+        super().__init__(when, callback, args, loop, context)
+        self._order = order
+
+    def __lt__(self, other):
+        return (self._when, self._order) < (other._when, other._order)
+
+    def __le__(self, other):
+        return (self._when, self._order) <= (other._when, other._order)
+
+    def __gt__(self, other):
+        return (self._when, self._order) > (other._when, other._order)
+
+    def __ge__(self, other):
+        return (self._when, self._order) >= (other._when, other._order)
+
+
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
-    """asyncio on a virtual clock (seconds from 0). Use `run(coro)`; reading sockets or files is not supported."""
+    """asyncio on a virtual clock (seconds from 0). Use `run(coro)`; reading sockets or files is not supported.
+    Simultaneous timers run in the order they were set, and the clock moves to a timer's time exactly (not by a
+    difference, which would round differently depending on the timers in between): the same inputs give the
+    same event order however many unrelated timers the simulation sets."""
 
     def __init__(self):
         self._now = 0.0
+        self._orders = itertools.count()
         super().__init__(selector=_NoIOSelector(self))
-        self._clock_resolution = 1e-9
+        self._clock_resolution = 1e-12
 
     def time(self) -> float:
         return self._now
 
+    def call_at(self, when, callback, *args, context=None):
+        self._check_closed()
+        timer = _Timer(when, callback, args, self, context, next(self._orders))
+        if timer._source_traceback:
+            del timer._source_traceback[-1]
+        heapq.heappush(self._scheduled, timer)
+        timer._scheduled = True
+        return timer
+
     def advance(self, seconds: float) -> None:
-        self._now += seconds
+        """Move the clock by `seconds`, to the next timer's time exactly when that is where it leads."""
+        target = self._now + seconds
+        if self._scheduled and abs(self._scheduled[0]._when - target) <= 1e-9:
+            target = max(self._now, self._scheduled[0]._when)
+        self._now = target
 
     def time_ns(self) -> int:
         return int(round(self._now * 1e9))

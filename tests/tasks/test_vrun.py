@@ -193,3 +193,33 @@ def test_each_token_leaves_through_the_streaming_api_servers_output_path(tiny_sp
     assert (decode_span(slow) - decode_span(base)).abs().max() < 1e-6
     last = slow["chunk_offsets_ns"].map(lambda o: o[-1] / 1e6)
     assert (slow["done_ms"] - last).abs().max() < 1e-6 and (base["done_ms"] < slow["done_ms"]).all()
+
+
+@pytest.mark.parametrize("kv_blocks", [None, 514], ids=["kv-ample", "kv-starved"])
+def test_fused_decode_steps_give_exactly_the_records_of_stepping_one_by_one(tiny_spec, monkeypatch, kv_blocks):
+    """sim.fused: the virtual core runs decode-only stretches as one event, cut by every arrival and abort; the
+    records (every token's stamp) are bit for bit those of planning and sleeping each step. Starved of KV blocks
+    (514 blocks of 16 tokens: two 4096-token prompts and barely more), stretches also end where a decode's next
+    block would not fit, and requests are preempted and recomputed."""
+    from epdbench.sim import engine as engine_module
+    spec = tiny_spec.model_copy(update={"engine": tiny_spec.engine.model_copy(
+        update={"num_gpu_blocks_override": kv_blocks})})
+    init = engine_module.Engine.__init__
+    steps: dict[bool, int] = {}
+
+    def run(fuse: bool) -> pd.DataFrame:
+        engines = []
+
+        def patched(self, *args, **kwargs):
+            init(self, *args, **{**kwargs, "fuse_decodes": fuse})
+            engines.append(self)
+        monkeypatch.setattr(engine_module.Engine, "__init__", patched)
+        recs = simulate_records(spec)
+        steps[fuse] = sum(e.stats.steps for e in engines)
+        if kv_blocks:
+            assert sum(e.stats.preemptions for e in engines) > 0
+        return recs
+    stepped, fused = run(False), run(True)
+    assert len(stepped) == len(fused) > 0 and steps[True] == steps[False]
+    for column in stepped.columns:
+        assert stepped[column].map(repr).equals(fused[column].map(repr)), column
