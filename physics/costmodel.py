@@ -18,6 +18,7 @@ Pure functions of the model and hardware figures in the spec: no fitting to any 
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -187,15 +188,30 @@ class CostModel:
                 + self.encode_seconds(encoder_images) + self.hw.step_overhead_ms / 1e3)
 
     def decode_step_seconds(self, n: int, context_sum: int) -> float:
-        """step_seconds of a step of `n` decodes whose contexts add up to `context_sum` and nothing else: what
-        sim.engine's fused decode steps (virtual time) read one after another without building the contexts."""
+        """step_seconds of a step of `n` decodes whose contexts add up to `context_sum` and nothing else (the
+        roofline of decode_law); sim.fused evaluates the same law for a run of such steps."""
         if n == 0:
             return 0.0
-        m = self.model
-        flops = 2.0 * m.params_b * 1e9 * n + self.decode_attention_flops(n, context_sum)
-        bytes_read = m.weight_bytes + m.kv_bytes_per_token * context_sum
-        return (max(flops / self.flops_per_s, bytes_read / self.bytes_per_s) + self.allreduce_s(n)
-                + self.hw.step_overhead_ms / 1e3)
+        a, b, c, d, tail = self.decode_law(n)
+        return max(a + b * context_sum, c + d * context_sum) + tail
+
+    def decode_law(self, n: int) -> tuple[float, float, float, float, float]:
+        """A decode-only step of `n` sequences as a function of their context sum S: compute a + b·S (weights'
+        FLOPs and one query's attention over each context, decode_attention_flops), memory c + d·S (the weights
+        and every context's KV read once), plus tail (TP all-reduces and the step overhead); kept per n."""
+        law = self._decode_laws.get(n)
+        if law is None:
+            m = self.model
+            attention = 4.0 * m.n_layers * m.n_heads * m.head_dim
+            law = ((2.0 * m.params_b * 1e9 * n + attention * 0.5 * n) / self.flops_per_s,
+                   attention / self.flops_per_s, m.weight_bytes / self.bytes_per_s,
+                   m.kv_bytes_per_token / self.bytes_per_s, self.allreduce_s(n) + self.hw.step_overhead_ms / 1e3)
+            self._decode_laws[n] = law
+        return law
+
+    @functools.cached_property
+    def _decode_laws(self) -> dict:
+        return {}
 
     def encode_seconds(self, image_tokens: int | Iterable[int]) -> float:
         """One vision-tower pass over images of these LM-token counts (an int: one image): their FLOPs

@@ -344,11 +344,13 @@ class Engine:
             self._interrupt = None
         now = self.clock()
         done = min(len(ends), bisect.bisect_left(ends, now) + 1)
+        live = [s for s in decodes if not s.aborted]     # as _finish_step of a decode-only step
         for end, duration in zip(ends[:done], durations[:done]):
             self.lag.observe(0.0)
             self.stats.steps += 1
             self.stats.busy_s += duration
-            self._finish_step(decodes, [], end)
+            for seq, stamp in zip(live, self.output_stamps(end, len(live))):
+                self._emit(seq, stamp)
         if ends[done - 1] > now:
             await self.sleep(ends[done - 1] - now)
         return ends[done - 1]

@@ -5,9 +5,9 @@ long as nothing the scheduler reads can change: no sequence finishes (its max_to
 every decode still finds the KV block its next token needs (free blocks only shrink meanwhile, so nothing
 waiting becomes admissible either), and no request arrives or leaves — which only the engine knows as it
 happens, so it cuts the stretch there (sim.engine.Engine). Over such a stretch the step durations follow from
-the decodes' context sum alone (CostModel.decode_step_seconds, the very function step_seconds uses for a
-decode-only step), so the virtual core computes them in one go instead of planning, timing and sleeping each
-step: the same steps, ends and tokens, at a fraction of the host time.
+the decodes' context sum alone (CostModel.decode_law, the law step_seconds evaluates for a decode-only step),
+so the virtual core computes them in one go instead of planning, timing and sleeping each step: the same
+steps, ends and tokens, at a fraction of the host time.
 """
 from __future__ import annotations
 
@@ -28,13 +28,19 @@ def decode_stretch(cost: CostModel, kv: list[int], remaining: list[int], free_bl
     block for each decode whose kv + i − 1 fills whole blocks, and is not in the stretch when they do not fit."""
     n, steps = len(kv), min(min(remaining), max_steps)
     ends, durations = [first_end], [first_duration]
-    context_sum = sum(kv)
+    needs_at = [0] * BLOCK_TOKENS         # decodes needing a block at steps i ≡ r (mod BLOCK_TOKENS)
+    for k in kv:
+        needs_at[(1 - k) % BLOCK_TOKENS] += 1
+    a, b, c, d, tail = cost.decode_law(n)   # CostModel.decode_step_seconds, evaluated inline
+    context_sum, end = sum(kv), first_end
     for i in range(1, steps):
-        needs = sum(1 for k in kv if (k + i - 1) % BLOCK_TOKENS == 0)
+        needs = needs_at[i % BLOCK_TOKENS]
         if needs > free_blocks:
             break
         free_blocks -= needs
-        d = cost.decode_step_seconds(n, context_sum + i * n)
-        durations.append(d)
-        ends.append(ends[-1] + d * time_scale)
+        s = context_sum + i * n
+        duration = max(a + b * s, c + d * s) + tail
+        end += duration * time_scale
+        durations.append(duration)
+        ends.append(end)
     return ends, durations
