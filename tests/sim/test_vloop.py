@@ -54,3 +54,27 @@ def test_the_clock_starts_at_zero_in_nanoseconds_too():
     loop.advance(1.5)
     assert loop.time_ns() == 1_500_000_000
     loop.close()
+
+
+def test_simultaneous_timers_run_in_the_order_set_and_the_clock_lands_on_each_exactly():
+    """asyncio orders timers by time only, so two set for one instant could run either way depending on the
+    heap's history; here the first set runs first however many unrelated timers were set around them, and the
+    clock reads exactly the time each timer was set for (not a sum of differences)."""
+    def trace(noise: int) -> tuple[list[str], list[float]]:
+        order, clocks = [], []
+
+        async def main():
+            loop = asyncio.get_running_loop()
+            when = 0.1 + 0.2                                  # 0.30000000000000004: not a round sum of steps
+            for k in range(noise):                            # unrelated timers before, between and after
+                loop.call_at(when * k / noise, lambda: None)
+                loop.call_at(when + 1e-3 * (k + 1), lambda: None)
+            for name in "abcde":
+                loop.call_at(when, lambda n=name: (order.append(n), clocks.append(loop.time())))
+            await asyncio.sleep(1.0)
+        run(main())
+        return order, clocks
+    for noise in (0, 7, 100):
+        order, clocks = trace(noise)
+        assert order == list("abcde"), noise
+        assert clocks == [0.1 + 0.2] * 5, noise
