@@ -65,20 +65,20 @@ class VirtualLoadGenerator(LoadGenerator):
         rec = Record(rid, req.index, req.phase, req.api, req.target_prompt_tokens, req.max_tokens, req.prompt_hash,
                      req.image_px, req.image_hash, scheduled_ns, send_ns, send_ns / 1e9)
         t = StreamTiming()
-        stamps: list[int] = []
+        ends: list[float] = []          # each token's stamp (loop seconds), as the cluster hands it over
         try:
             prompt = self.cluster.parse(req.api, req.payload)
             rec.status = 200
-            n_prompt, cached = await asyncio.wait_for(
-                self.cluster.generate(rid, prompt, lambda end_s: stamps.append(round(end_s * 1e9) - send_ns)),
-                self.timeout_s)
-            t.usage = {"prompt_tokens": n_prompt, "completion_tokens": len(stamps),
+            n_prompt, cached = await asyncio.wait_for(self.cluster.generate(rid, prompt, ends.append),
+                                                      self.timeout_s)
+            t.usage = {"prompt_tokens": n_prompt, "completion_tokens": len(ends),
                        "prompt_tokens_details": {"cached_tokens": cached}}
             t.saw_done = True
         except Refused as e:
             rec.status, t.error = 400, f"HTTP 400: {e}"
         except asyncio.TimeoutError:
             t.error = f"timeout after {self.timeout_s:g}s"
+        stamps = [round(end_s * 1e9) - send_ns for end_s in ends]
         t.chunk_offsets_ns = t.chunk_modelled_ns = stamps
         t.chunk_tokens = [1] * len(stamps)
         t.done_ns = self.clock() - send_ns
