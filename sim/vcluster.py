@@ -105,13 +105,13 @@ async def _link(sender: VReplica, transport: str, n_bytes: int, descriptors: int
 
 
 class _Sink:
-    """Stands in for a sequence's event queue (Engine only calls `put_nowait`): tokens go straight to the
-    callback and only the end wakes the request's coroutine — no task switch per token — at the last token's
-    stamp (when the API server's output path hands it over: sim.engine.Engine.output_stamps), as the HTTP
-    simulator's response writer waits for each stamp."""
+    """Stands in for a sequence's event queue (Engine only calls `put_nowait`): token stamps go straight into
+    the request's list (`stamps`; None for a prefill-only leg) and only the end wakes the request's coroutine —
+    no task switch per token — at the last token's stamp (when the API server's output path hands it over:
+    sim.engine.Engine.output_stamps), as the HTTP simulator's response writer waits for each stamp."""
 
-    def __init__(self, on_token):
-        self.on_token = on_token
+    def __init__(self, stamps: list[float] | None):
+        self.stamps = stamps
         self.loop = asyncio.get_running_loop()
         self.done = self.loop.create_future()
         self.last = 0.0
@@ -120,8 +120,8 @@ class _Sink:
         kind, value = event
         if kind == "token":
             self.last = value
-            if self.on_token is not None:
-                self.on_token(value)
+            if self.stamps is not None:
+                self.stamps.append(value)
         elif not self.done.done():
             if self.last > self.loop.time():
                 self.loop.call_at(self.last, self._finish, value)
@@ -200,11 +200,11 @@ class VirtualCluster:
     def any_encoder(self) -> Encoder:
         return self.all()[0].encoder
 
-    async def generate(self, rid: str, prompt: Prompt, on_token) -> tuple[int, int]:
-        """Serve one request, calling `on_token(modelled_end_s)` for each token the client receives;
+    async def generate(self, rid: str, prompt: Prompt, stamps: list[float]) -> tuple[int, int]:
+        """Serve one request, appending to `stamps` the stamp (loop seconds) of each token the client receives;
         returns (prompt tokens, cached tokens) as the serving replica's usage reports them."""
         if "server" in self.replicas:
-            return await self._leg(next(self._next["server"]), rid, prompt, on_token)
+            return await self._leg(next(self._next["server"]), rid, prompt, stamps)
         encoder = None
         if "encode" in self.replicas and prompt.images:
             encoder = next(self._next["encode"])
@@ -214,15 +214,16 @@ class VirtualCluster:
             await encoder.encoder.encode_images(rid, prompt.images, prompt.hashes)
         prefill = next(self._next["prefill"])
         await self._leg(prefill, rid, prompt, None, encoder=encoder)
-        return await self._leg(next(self._next["decode"]), rid, prompt, on_token, kv_from=prefill)
+        return await self._leg(next(self._next["decode"]), rid, prompt, stamps, kv_from=prefill)
 
-    async def _leg(self, rep: VReplica, rid: str, prompt: Prompt, on_token, encoder: VReplica | None = None,
+    async def _leg(self, rep: VReplica, rid: str, prompt: Prompt, stamps: list[float] | None,
+                   encoder: VReplica | None = None,
                    kv_from: VReplica | None = None) -> tuple[int, int]:
-        """One replica's part (sim.replica.Replica.generate): a prefill-only leg when on_token is None."""
+        """One replica's part (sim.replica.Replica.generate): a prefill-only leg when `stamps` is None."""
         await self.hop()                                                # the leg's HTTP exchange
         await rep.api.tokenize(len(prompt.ids), prompt.images)         # every API server on the path
         await rep.encoder.preprocess(prompt.images, prompt.hashes)    # on the replica that parses the images
-        seq, cached = rep.admit(rid, prompt, prompt.max_tokens if on_token else 1)
+        seq, cached = rep.admit(rid, prompt, prompt.max_tokens if stamps is not None else 1)
         todo = [i for i, end in enumerate(prompt.image_ends) if end > cached]
         if todo and encoder is not None:      # EPD prefill: the encoder outputs come over the encode pod's link
             n_tok = sum(rep.encoder.tokens(prompt.images[i]) for i in todo)
@@ -239,7 +240,7 @@ class VirtualCluster:
                         connector=self.config.kv_connector)
             seq.computed, seq.image_tokens = len(prompt.ids) - 1, []
         rep.counters.admit(len(prompt.ids), seq.computed, cached)
-        sink = seq.out = _Sink(on_token)
+        sink = seq.out = _Sink(stamps)
         rep.engine.submit(seq)
         try:
             await sink.done

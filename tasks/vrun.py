@@ -69,7 +69,7 @@ class VirtualLoadGenerator(LoadGenerator):
         try:
             prompt = self.cluster.parse(req.api, req.payload)
             rec.status = 200
-            n_prompt, cached = await asyncio.wait_for(self.cluster.generate(rid, prompt, ends.append),
+            n_prompt, cached = await asyncio.wait_for(self.cluster.generate(rid, prompt, ends),
                                                       self.timeout_s)
             t.usage = {"prompt_tokens": n_prompt, "completion_tokens": len(ends),
                        "prompt_tokens_details": {"cached_tokens": cached}}

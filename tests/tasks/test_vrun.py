@@ -113,7 +113,7 @@ def kv_transfers(spec, config, monkeypatch) -> tuple[list[tuple[float, float]], 
         cluster.start()
         prompts = [cluster.parse("completions", {"prompt": " ".join(f"w{i}n{k}" for k in range(2000)),
                                                  "max_tokens": 2}) for i in range(2)]
-        await asyncio.gather(*(cluster.generate(f"r{i}", p, lambda t: None) for i, p in enumerate(prompts)))
+        await asyncio.gather(*(cluster.generate(f"r{i}", p, []) for i, p in enumerate(prompts)))
         await cluster.stop()
         return len(prompts[0].ids)
     n_tokens = vloop.run(main())
