@@ -71,6 +71,11 @@ def blocks(tokens: int) -> int:
     return -(-tokens // BLOCK_TOKENS)
 
 
+def new_blocks(decodes: list[Sequence]) -> int:
+    """KV blocks a step of these decodes takes: one for each whose KV so far fills whole blocks."""
+    return sum(1 for s in decodes if (s.computed + s.generated - 1) % BLOCK_TOKENS == 0)
+
+
 def _order(seq: Sequence) -> int:
     return -1 if seq.admitted is None else seq.admitted
 
@@ -191,8 +196,7 @@ class Engine:
         free = self.kv_blocks - self.used_blocks()
         preempted = False
         decodes = self.running[: self.limits.max_num_seqs]
-        # a decode needs a new block when the KV it holds fills whole blocks
-        needs = sum(1 for s in decodes if (s.computed + s.generated - 1) % BLOCK_TOKENS == 0)
+        needs = new_blocks(decodes)
         if needs <= free:
             free -= needs
         else:
@@ -330,7 +334,7 @@ class Engine:
         progress are done, as stepping one by one would have done them (that one was planned before the
         event), and the engine plans again at the in-progress step's end. Returns the last done step's end."""
         free = self.kv_blocks - self.used_blocks()
-        free -= sum(1 for s in decodes if (s.computed + s.generated - 1) % BLOCK_TOKENS == 0)
+        free -= new_blocks(decodes)
         ends, durations = decode_stretch(self.cost, [s.context for s in decodes],
                                          [s.max_tokens - s.generated for s in decodes], free, first_end,
                                          first_duration, self.time_scale)
