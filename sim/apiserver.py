@@ -12,7 +12,7 @@ in PD the prefill and then the decode; in EPD the encode replica too). Shared by
 from __future__ import annotations
 
 import asyncio
-import contextlib
+from collections import deque
 
 from epdbench.physics.costmodel import tokenize_seconds
 
@@ -21,11 +21,17 @@ MAX_BATCH = 32          # AsyncMicrobatchTokenizer(max_batch_size=32)
 
 
 class ApiServer:
+    """The micro-batching loop as timer callbacks on the running loop (no task of its own, so no task switch per
+    prompt): idle → collecting (from the first queued prompt, until BATCH_WAIT_S later or MAX_BATCH prompts) →
+    tokenizing (the batch's tokenize_seconds) → collecting again from the first prompt that queued meanwhile, or
+    idle. The same times as vLLM's loop on any loop: its deadline, its full-batch cut, its queue order."""
+
     def __init__(self, replica):
         self.replica = replica          # spec, time_scale and encoder of a Replica or VReplica
-        self.queue: asyncio.Queue | None = None
-        self.batcher: asyncio.Task | None = None
-        self.current: list = []         # the batch being collected or tokenized
+        self.queue: deque = deque()     # (text tokens, future) not yet in a batch
+        self.current: list = []         # the batch being tokenized
+        self.collecting = False         # the window of the next batch is open
+        self.timer: asyncio.TimerHandle | None = None
         self.batches = 0                # tokenizer calls, for tests and diagnostics
 
     async def tokenize(self, prompt_tokens: int, images: list[bytes] = ()) -> None:
@@ -33,46 +39,51 @@ class ApiServer:
         its `images`, which the multimodal processor expands instead."""
         text_tokens = prompt_tokens - sum(self.replica.encoder.tokens(b) for b in images)
         loop = asyncio.get_running_loop()
-        if self.batcher is None:
-            self.queue = asyncio.Queue()
-            self.batcher = loop.create_task(self._batch_loop())
         done = loop.create_future()
-        self.queue.put_nowait((text_tokens, done))
+        self.queue.append((text_tokens, done))
+        if self.collecting:
+            if len(self.queue) >= MAX_BATCH:
+                self._close()
+        elif not self.current:
+            self._open(loop)
         await done
 
-    async def _batch_loop(self) -> None:
-        loop = asyncio.get_running_loop()
+    def _open(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The first queued prompt opens a batch's window (a full queue closes it at once)."""
+        if len(self.queue) >= MAX_BATCH:
+            self._close()
+            return
+        self.collecting = True
+        self.timer = loop.call_at(loop.time() + BATCH_WAIT_S * self.replica.time_scale, self._close)
+
+    def _close(self) -> None:
+        """The window ends: tokenize what queued, up to MAX_BATCH prompts."""
+        if self.timer is not None:
+            self.timer.cancel()
+        self.collecting = False
+        self.current = [self.queue.popleft() for _ in range(min(MAX_BATCH, len(self.queue)))]
         r = self.replica
-        while True:
-            self.current = batch = [await self.queue.get()]
-            deadline = loop.time() + BATCH_WAIT_S * r.time_scale
-            while len(batch) < MAX_BATCH:
-                timeout = deadline - loop.time()
-                if timeout <= 0:
-                    break
-                try:
-                    batch.append(await asyncio.wait_for(self.queue.get(), timeout))
-                except asyncio.TimeoutError:
-                    break
-            seconds = tokenize_seconds(r.spec.hardware, sum(n for n, _ in batch)) * r.time_scale
-            if seconds > 0:
-                await asyncio.sleep(seconds)
-            self.batches += 1
-            for _, done in batch:
-                if not done.done():
-                    done.set_result(None)
-            self.current = []
+        seconds = tokenize_seconds(r.spec.hardware, sum(n for n, _ in self.current)) * r.time_scale
+        loop = asyncio.get_running_loop()
+        self.timer = loop.call_at(loop.time() + max(0.0, seconds), self._tokenized)
+
+    def _tokenized(self) -> None:
+        self.timer = None
+        self.batches += 1
+        for _, done in self.current:
+            if not done.done():
+                done.set_result(None)
+        self.current = []
+        if self.queue:
+            self._open(asyncio.get_running_loop())
 
     async def close(self) -> None:
-        """Stop the batcher; a request still waiting for it is cancelled, none is left hanging."""
-        if self.batcher is None:
-            return
-        self.batcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.batcher
-        self.batcher = None
-        for _, done in self.current:
+        """Stop batching; a request still waiting for it is cancelled, none is left hanging."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.collecting = False
+        for _, done in [*self.current, *self.queue]:
             done.cancel()
-        while not self.queue.empty():
-            self.queue.get_nowait()[1].cancel()
         self.current = []
+        self.queue.clear()

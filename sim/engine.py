@@ -104,12 +104,12 @@ class Lag:
     max_s: float = 0.0
     per_bucket: list[int] = field(default_factory=lambda: [0] * (len(LAG_BUCKETS_S) + 1))   # the last: above all
 
-    def observe(self, lag_s: float) -> None:
-        self.count += 1
-        self.sum_s += lag_s
+    def observe(self, lag_s: float, times: int = 1) -> None:
+        self.count += times
+        self.sum_s += lag_s * times
         if lag_s > self.max_s:
             self.max_s = lag_s
-        self.per_bucket[bisect.bisect_left(LAG_BUCKETS_S, lag_s)] += 1
+        self.per_bucket[bisect.bisect_left(LAG_BUCKETS_S, lag_s)] += times
 
     @property
     def buckets(self) -> list[int]:
@@ -349,12 +349,23 @@ class Engine:
         now = self.clock()
         done = min(len(ends), bisect.bisect_left(ends, now) + 1)
         live = [s for s in decodes if not s.aborted]     # as _finish_step of a decode-only step
-        for end, duration in zip(ends[:done], durations[:done]):
-            self.lag.observe(0.0)
-            self.stats.steps += 1
+        self.lag.observe(0.0, done)
+        self.stats.steps += done
+        for duration in durations[:done]:
             self.stats.busy_s += duration
-            for seq, stamp in zip(live, self.output_stamps(end, len(live))):
-                self._emit(seq, stamp)
+        # the tokens of every done step at once: each step's output_stamps, arranged per sequence (a sequence
+        # finishes at the stretch's last step at the earliest, so the order of events per sequence is unchanged)
+        per_token = output_seconds(self.cost.hw, 1) * self.time_scale
+        n, busy, bases = len(live), self._output_busy, []
+        for end in ends[:done]:
+            base = end if per_token <= 0 else max(end, busy)
+            bases.append(base)
+            busy = base + per_token * n
+        if per_token > 0 and n:
+            self._output_busy = busy
+        for k, seq in enumerate(live):
+            offset = per_token * (k + 1) if per_token > 0 else 0.0
+            self._emit_tokens(seq, [base + offset for base in bases])
         if ends[done - 1] > now:
             await self.sleep(ends[done - 1] - now)
         return ends[done - 1]
@@ -392,6 +403,23 @@ class Engine:
         if stamps:
             self._output_busy = stamps[-1]
         return stamps
+
+    def _emit_tokens(self, seq: Sequence, stamps: list[float]) -> None:
+        """Several tokens of one sequence, none but the last able to finish it (a fused stretch): at once when its
+        event sink takes a list (`put_stamps`, the virtual core's), else one by one."""
+        put = getattr(seq.out, "put_stamps", None)
+        if put is None:
+            for stamp in stamps:
+                self._emit(seq, stamp)
+            return
+        seq.generated += len(stamps)
+        self.stats.generation_tokens += len(stamps)
+        put(stamps)
+        if seq.generated >= seq.max_tokens:
+            seq.finish_reason = "length"
+            self.running.remove(seq)
+            self.stats.requests_finished += 1
+            seq.out.put_nowait(("done", "length"))
 
     def _emit(self, seq: Sequence, modelled_end: float) -> None:
         """One token; its event carries the host-clock time it was modelled to leave the API server (its step's end,

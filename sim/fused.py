@@ -11,6 +11,8 @@ steps, ends and tokens, at a fraction of the host time.
 """
 from __future__ import annotations
 
+import itertools
+
 from epdbench.physics.costmodel import CostModel
 from epdbench.sim.prefix_cache import BLOCK_TOKENS
 
@@ -27,20 +29,20 @@ def decode_stretch(cost: CostModel, kv: list[int], remaining: list[int], free_bl
     the first step took the blocks its tokens needed. Step i (from 0) serves contexts kv + i; it needs a new
     block for each decode whose kv + i − 1 fills whole blocks, and is not in the stretch when they do not fit."""
     n, steps = len(kv), min(min(remaining), max_steps)
-    ends, durations = [first_end], [first_duration]
     needs_at = [0] * BLOCK_TOKENS         # decodes needing a block at steps i ≡ r (mod BLOCK_TOKENS)
     for k in kv:
         needs_at[(1 - k) % BLOCK_TOKENS] += 1
-    a, b, c, d, tail = cost.decode_law(n)   # CostModel.decode_step_seconds, evaluated inline
-    context_sum, end = sum(kv), first_end
-    for i in range(1, steps):
+    for i in range(1, steps):             # the first step whose blocks do not fit ends the stretch before it
         needs = needs_at[i % BLOCK_TOKENS]
         if needs > free_blocks:
+            steps = i
             break
         free_blocks -= needs
-        s = context_sum + i * n
-        duration = max(a + b * s, c + d * s) + tail
-        end += duration * time_scale
-        durations.append(duration)
-        ends.append(end)
+        if free_blocks >= n * ((steps - i) // BLOCK_TOKENS + 1):
+            break       # every later step's blocks fit: a decode needs one per BLOCK_TOKENS steps
+    a, b, c, d, tail = cost.decode_law(n)   # CostModel.decode_step_seconds, evaluated inline
+    context_sum = sum(kv)
+    durations = [first_duration] + [max(a + b * s, c + d * s) + tail
+                                    for s in range(context_sum + n, context_sum + steps * n, n)]
+    ends = list(itertools.accumulate((duration * time_scale for duration in durations[1:]), initial=first_end))
     return ends, durations

@@ -38,8 +38,12 @@ class PrefixCache:
         return hit
 
     def insert(self, ids: list[int], hashes: list[int] | None = None) -> None:
+        blocks = self._blocks
+        touch = blocks.move_to_end
         for h in block_hashes(ids, self.block) if hashes is None else hashes:
-            self._blocks[h] = None
-            self._blocks.move_to_end(h)
-        while len(self._blocks) > self.capacity_blocks:
-            self._blocks.popitem(last=False)
+            if h in blocks:
+                touch(h)              # most recently used
+            else:
+                blocks[h] = None      # a new key goes last
+        while len(blocks) > self.capacity_blocks:
+            blocks.popitem(last=False)

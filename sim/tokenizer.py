@@ -5,6 +5,7 @@ Chat requests add the model's chat-template overhead and the image tokens of eve
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import io
 import zlib
@@ -41,6 +42,7 @@ def decode_data_url(url: str) -> bytes:
     return base64.b64decode(payload)
 
 
+@functools.lru_cache(maxsize=64)     # the same image is sized by every replica on a request's path, every run
 def image_size(data: bytes) -> tuple[int, int]:
     from PIL import Image
     with Image.open(io.BytesIO(data)) as im:

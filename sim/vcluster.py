@@ -128,6 +128,12 @@ class _Sink:
             else:
                 self.done.set_result(value)
 
+    def put_stamps(self, stamps: list[float]) -> None:
+        """Several tokens at once (sim.engine.Engine._emit_tokens)."""
+        self.last = stamps[-1]
+        if self.stamps is not None:
+            self.stamps.extend(stamps)
+
     def _finish(self, value) -> None:
         if not self.done.done():
             self.done.set_result(value)

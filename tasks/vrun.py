@@ -69,8 +69,8 @@ class VirtualLoadGenerator(LoadGenerator):
         try:
             prompt = self.cluster.parse(req.api, req.payload)
             rec.status = 200
-            n_prompt, cached = await asyncio.wait_for(self.cluster.generate(rid, prompt, ends),
-                                                      self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):     # in this task: no task per request
+                n_prompt, cached = await self.cluster.generate(rid, prompt, ends)
             t.usage = {"prompt_tokens": n_prompt, "completion_tokens": len(ends),
                        "prompt_tokens_details": {"cached_tokens": cached}}
             t.saw_done = True

@@ -38,3 +38,35 @@ def test_a_stretch_is_bounded_and_scaled_by_time_scale(cost):
     ends, _ = decode_stretch(cost, [10], [10_000], 10_000, first * 3, first, time_scale=3.0, max_steps=50)
     assert len(ends) == 50
     assert ends[1] - ends[0] == pytest.approx(3 * cost.step_seconds([11], []))
+
+
+def reference_stretch(cost, kv, remaining, free_blocks, first_end, first_duration, time_scale=1.0, max_steps=1024):
+    """Step by step, as the engine plans: each step takes a block for every decode whose context fills whole
+    blocks, lasts step_seconds of its contexts, and the stretch stops before a step whose blocks do not fit."""
+    ends, durations, end = [first_end], [first_duration], first_end
+    for i in range(1, min(min(remaining), max_steps)):
+        needs = sum(1 for k in kv if (k + i - 1) % 16 == 0)
+        if needs > free_blocks:
+            break
+        free_blocks -= needs
+        duration = cost.step_seconds([k + i for k in kv], [])
+        end += duration * time_scale
+        ends.append(end)
+        durations.append(duration)
+    return ends, durations
+
+
+def test_a_stretch_is_the_steps_the_engine_would_plan_one_by_one(cost):
+    import random
+    rng = random.Random(7)
+    for _ in range(60):
+        n = rng.randint(1, 12)
+        kv = [rng.randint(1, 3000) for _ in range(n)]
+        remaining = [rng.randint(1, 400) for _ in range(n)]
+        free = rng.choice([0, 1, n, 3 * n, 10_000])
+        first = cost.step_seconds(kv, [])
+        scale = rng.choice([1.0, 2.5])
+        got = decode_stretch(cost, kv, remaining, free, 3.0 + first, first, scale, max_steps=300)
+        want = reference_stretch(cost, kv, remaining, free, 3.0 + first, first, scale, max_steps=300)
+        assert len(got[0]) == len(want[0])
+        assert got[1] == pytest.approx(want[1], rel=1e-12) and got[0] == pytest.approx(want[0], rel=1e-12)
