@@ -34,19 +34,28 @@ class ApiServer:
         self.timer: asyncio.TimerHandle | None = None
         self.batches = 0                # tokenizer calls, for tests and diagnostics
 
-    async def tokenize(self, prompt_tokens: int, images: list[bytes] = ()) -> None:
+    async def tokenize(self, prompt_tokens: int, images: list[bytes] = (), after: float = 0.0) -> None:
         """Return when this API server has tokenized a prompt's text: its `prompt_tokens` but the placeholders of
-        its `images`, which the multimodal processor expands instead."""
+        its `images`, which the multimodal processor expands instead. `after`: seconds (loop clock) before the
+        prompt reaches the server — the virtual core's hop to it, waited for here as one timer."""
         text_tokens = prompt_tokens - sum(self.replica.encoder.tokens(b) for b in images)
         loop = asyncio.get_running_loop()
         done = loop.create_future()
+        if after > 0:
+            loop.call_at(loop.time() + after, self._arrive, text_tokens, done)
+        else:
+            self._arrive(text_tokens, done)
+        await done
+
+    def _arrive(self, text_tokens: int, done: asyncio.Future) -> None:
+        if done.cancelled():          # its request went away on the way
+            return
         self.queue.append((text_tokens, done))
         if self.collecting:
             if len(self.queue) >= MAX_BATCH:
                 self._close()
         elif not self.current:
-            self._open(loop)
-        await done
+            self._open(asyncio.get_running_loop())
 
     def _open(self, loop: asyncio.AbstractEventLoop) -> None:
         """The first queued prompt opens a batch's window (a full queue closes it at once)."""

@@ -201,7 +201,14 @@ class VirtualCluster:
         """One HTTP exchange of the request's path (a leg to a replica, or a KV or encoder-output pull's
         handshake): hardware.request_hop_ms of host time, which the HTTP simulator spends for real."""
         if self.spec.hardware.request_hop_ms > 0:
-            await asyncio.sleep(self.spec.hardware.request_hop_ms / 1e3)
+            await asyncio.sleep(self.hop_s())
+
+    def hop_s(self) -> float:
+        return self.spec.hardware.request_hop_ms / 1e3
+
+    async def reach(self, rep: VReplica, prompt: Prompt) -> None:
+        """A leg's HTTP exchange, then the replica's API server tokenizing the prompt (every one on the path)."""
+        await rep.api.tokenize(len(prompt.ids), prompt.images, after=self.hop_s())
 
     def any_encoder(self) -> Encoder:
         return self.all()[0].encoder
@@ -214,8 +221,7 @@ class VirtualCluster:
         encoder = None
         if "encode" in self.replicas and prompt.images:
             encoder = next(self._next["encode"])
-            await self.hop()
-            await encoder.api.tokenize(len(prompt.ids), prompt.images)
+            await self.reach(encoder, prompt)
             await encoder.encoder.preprocess(prompt.images, prompt.hashes)
             await encoder.encoder.encode_images(rid, prompt.images, prompt.hashes)
         prefill = next(self._next["prefill"])
@@ -226,8 +232,7 @@ class VirtualCluster:
                    encoder: VReplica | None = None,
                    kv_from: VReplica | None = None) -> tuple[int, int]:
         """One replica's part (sim.replica.Replica.generate): a prefill-only leg when `stamps` is None."""
-        await self.hop()                                                # the leg's HTTP exchange
-        await rep.api.tokenize(len(prompt.ids), prompt.images)         # every API server on the path
+        await self.reach(rep, prompt)
         await rep.encoder.preprocess(prompt.images, prompt.hashes)    # on the replica that parses the images
         seq, cached = rep.admit(rid, prompt, prompt.max_tokens if stamps is not None else 1)
         todo = [i for i, end in enumerate(prompt.image_ends) if end > cached]

@@ -61,23 +61,23 @@ class _Timer(events.TimerHandle):
     """A timer ordered by its time and, at equal times, by when it was set (asyncio's own compares the time
     only, so which of two simultaneous timers runs first would depend on the heap's history: on every other
     timer the simulation ever set)."""
-    __slots__ = ("_order",)
+    __slots__ = ("_key",)
 
     def __init__(self, when, callback, args, loop, context, order: int):
         super().__init__(when, callback, args, loop, context)
-        self._order = order
+        self._key = (when, order)
 
     def __lt__(self, other):
-        return (self._when, self._order) < (other._when, other._order)
+        return self._key < other._key
 
     def __le__(self, other):
-        return (self._when, self._order) <= (other._when, other._order)
+        return self._key <= other._key
 
     def __gt__(self, other):
-        return (self._when, self._order) > (other._when, other._order)
+        return self._key > other._key
 
     def __ge__(self, other):
-        return (self._when, self._order) >= (other._when, other._order)
+        return self._key >= other._key
 
 
 class VirtualTimeLoop(asyncio.SelectorEventLoop):

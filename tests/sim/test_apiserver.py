@@ -72,3 +72,17 @@ def test_close_cancels_waiting_prompts_instead_of_leaving_them_hanging():
         return await asyncio.gather(*waiting, return_exceptions=True)
     results = run(main())
     assert all(isinstance(r, asyncio.CancelledError) for r in results)
+
+
+def test_a_prompt_sent_with_a_hop_reaches_the_server_after_it_and_one_cancelled_on_the_way_never_does():
+    api = server()
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        gone = asyncio.ensure_future(api.tokenize(5000, after=0.003))
+        await asyncio.sleep(0.001)
+        gone.cancel()                                   # its client went away during the hop
+        await api.tokenize(1000, after=0.003)           # sent at 1 ms, reaches the server at 4 ms
+        return loop.time(), api.batches
+    t, calls = run(main())
+    assert t == pytest.approx(0.004 + BATCH_WAIT_S + 1000 * US / 1e6) and calls == 1
