@@ -83,13 +83,6 @@ class Encoder:
     def tokens(self, image: bytes) -> int:
         return image_tokens(self.replica.spec.model, *image_size(image))
 
-    @property
-    def parses_images(self) -> bool:
-        """Whether this replica's API server is the one that decodes a request's images: the first on its path
-        (the server; in EPD the encode replica, in PD the prefill)."""
-        r = self.replica
-        return r.role in ("server", "encode") or (r.role == "prefill" and r.config.topology == "pd")
-
     def processed_bytes(self, image: bytes) -> int:
         """Size of an image's processed output (pixel_values, float32): 3 · temporal · patch² values a patch."""
         v = self.replica.spec.model.vision
@@ -98,9 +91,12 @@ class Encoder:
 
     async def preprocess(self, images: list[bytes], hashes: list[str]) -> None:
         """The API server's CPU work on a request's images before it reaches the engine (image_preprocess_seconds:
-        decode and hash, then resize and normalise unless the processor cache holds the image), on the replica
-        that parses them."""
-        if not images or not self.parses_images:
+        decode and hash, then resize and normalise unless this API server's processor cache holds the image).
+        Every replica a request with images is sent to does it: the routers forward the whole request to each leg
+        (vllm-router's PD mode; vLLM's disagg_epd_proxy.py sends the original request to the encode, prefill and
+        decode servers) and vLLM's API server runs the multimodal processor on every request it is sent, before
+        the engine, whatever the engine then computes or loads (vllm/renderers)."""
+        if not images:
             return
         r = self.replica
         async with self.preprocessor:

@@ -8,8 +8,8 @@ The same `Engine` (sim.engine), cost model (physics.costmodel), prefix cache (si
   recomputes the last prompt token and streams every token (vllm-router's PD mode, sim.kv_handoff);
 - EPD: for requests with images, an encode leg first; the prefill pulls the encoder outputs over the encode
   pod's link (sim.proxy, sim.encoder), then as PD.
-Each request's images are preprocessed on the API server of the first replica on its path (the server, the
-encode replica in EPD, the prefill in PD), as in the HTTP simulator (sim.encoder.Encoder.preprocess).
+Each request's images are preprocessed on the API server of every replica on its path (each with its own
+processor cache), as in the HTTP simulator (sim.encoder.Encoder.preprocess).
 What the HTTP path adds on the host (client, router and API-server hops) is not modelled here: it is the
 difference the agreement check (benchmarks/vtime_agreement.py) measures.
 """
@@ -233,7 +233,7 @@ class VirtualCluster:
                    kv_from: VReplica | None = None) -> tuple[int, int]:
         """One replica's part (sim.replica.Replica.generate): a prefill-only leg when `stamps` is None."""
         await self.reach(rep, prompt)
-        await rep.encoder.preprocess(prompt.images, prompt.hashes)    # on the replica that parses the images
+        await rep.encoder.preprocess(prompt.images, prompt.hashes)    # every API server on the path too
         seq, cached = rep.admit(rid, prompt, prompt.max_tokens if stamps is not None else 1)
         todo = [i for i, end in enumerate(prompt.image_ends) if end > cached]
         if todo and encoder is not None:      # EPD prefill: the encoder outputs come over the encode pod's link
