@@ -128,6 +128,7 @@ def test_stage_correlation_and_per_suite_deltas(run):
     assert "## Transport and stage verification" in (out / "report.md").read_text()
 
 
+@pytest.mark.faults   # a fault injected into a whole comparison: in the faults lane for time
 def test_router_skipping_prefill_is_caught(tmp_path, tiny_spec_path):
     import json
 
@@ -213,6 +214,7 @@ def test_bad_input_gets_one_line_and_exit_2(args, needle, tmp_path):
     assert len(lines) == 1 and needle in lines[0], proc.stderr
 
 
+@pytest.mark.faults   # a fault injected into a whole comparison: in the faults lane for time
 def test_interrupt_leaves_nothing_running(tmp_path, tiny_spec_path):
     out = tmp_path / "results"
     mark = os.urandom(6).hex()

@@ -76,6 +76,7 @@ def test_interrupted_run_resumes_to_exactly_the_cells_of_an_uninterrupted_run(tm
     assert len(kinds["cell"]) == 4 * len(plan_cells(load_spec(str(tiny_spec_path))))
 
 
+@pytest.mark.faults   # a fault injected into a whole comparison: in the faults lane for time
 def test_mlflow_down_loses_nothing_and_sync_publishes_later(tmp_path, tiny_spec_path):
     import yaml
     spec = yaml.safe_load(tiny_spec_path.read_text())
@@ -98,6 +99,7 @@ def test_mlflow_down_loses_nothing_and_sync_publishes_later(tmp_path, tiny_spec_
     assert len(kinds["comparison"]) == 1 and len(kinds["configuration"]) == 1 and len(kinds["cell"]) == 1
 
 
+@pytest.mark.faults   # a fault injected into a whole comparison: in the faults lane for time
 def test_a_cell_past_its_timeout_fails_that_configuration_only(tmp_path, tiny_spec_path):
     import yaml
     spec = yaml.safe_load(tiny_spec_path.read_text())
