@@ -10,8 +10,9 @@ The same `Engine` (sim.engine), cost model (physics.costmodel), prefix cache (si
   pod's link (sim.proxy, sim.encoder), then as PD.
 Each request's images are preprocessed on the API server of every replica on its path (each with its own
 processor cache), as in the HTTP simulator (sim.encoder.Encoder.preprocess).
-What the HTTP path adds on the host (client, router and API-server hops) is not modelled here: it is the
-difference the agreement check (benchmarks/vtime_agreement.py) measures.
+What the HTTP path spends on the host for each exchange (client, router and API-server hops) is charged as
+hardware.request_hop_ms per exchange (`hop`, `reach`); the agreement check (benchmarks/vtime_agreement.py)
+measures what remains between the two.
 """
 from __future__ import annotations
 
