@@ -355,17 +355,11 @@ class Engine:
             self.stats.busy_s += duration
         # the tokens of every done step at once: each step's output_stamps, arranged per sequence (a sequence
         # finishes at the stretch's last step at the earliest, so the order of events per sequence is unchanged)
-        per_token = output_seconds(self.cost.hw, 1) * self.time_scale
-        n, busy, bases = len(live), self._output_busy, []
-        for end in ends[:done]:
-            base = end if per_token <= 0 else max(end, busy)
-            bases.append(base)
-            busy = base + per_token * n
-        if per_token > 0 and n:
-            self._output_busy = busy
+        per_token = self._output_per_token()
+        starts = [self._output_start(end, len(live)) for end in ends[:done]]
         for k, seq in enumerate(live):
             offset = per_token * (k + 1) if per_token > 0 else 0.0
-            self._emit_tokens(seq, [base + offset for base in bases])
+            self._emit_tokens(seq, [start + offset for start in starts])
         if ends[done - 1] > now:
             await self.sleep(ends[done - 1] - now)
         return ends[done - 1]
@@ -395,14 +389,25 @@ class Engine:
         one event loop, detokenizes each, turns it into a RequestOutput and its SSE chunk
         (hardware.output_us_per_token each, physics.costmodel.output_seconds); a step's outputs wait for the
         previous step's. The engine core runs on in its own process meanwhile, so this never delays a step."""
-        per_token = output_seconds(self.cost.hw, 1) * self.time_scale
+        per_token = self._output_per_token()
         if per_token <= 0:
             return [step_end] * n
+        t = self._output_start(step_end, n)
+        return [t + per_token * (k + 1) for k in range(n)]
+
+    def _output_per_token(self) -> float:
+        return output_seconds(self.cost.hw, 1) * self.time_scale
+
+    def _output_start(self, step_end: float, n: int) -> float:
+        """When the output path takes up a step's `n` tokens (the k-th leaves per_token · k later); it is then busy
+        until the last has left. Without an output cost, at the step's end."""
+        per_token = self._output_per_token()
+        if per_token <= 0:
+            return step_end
         t = max(step_end, self._output_busy)
-        stamps = [t + per_token * (k + 1) for k in range(n)]
-        if stamps:
-            self._output_busy = stamps[-1]
-        return stamps
+        if n:
+            self._output_busy = t + per_token * n
+        return t
 
     def _emit_tokens(self, seq: Sequence, stamps: list[float]) -> None:
         """Several tokens of one sequence, none but the last able to finish it (a fused stretch): at once when its
@@ -415,11 +420,7 @@ class Engine:
         seq.generated += len(stamps)
         self.stats.generation_tokens += len(stamps)
         put(stamps)
-        if seq.generated >= seq.max_tokens:
-            seq.finish_reason = "length"
-            self.running.remove(seq)
-            self.stats.requests_finished += 1
-            seq.out.put_nowait(("done", "length"))
+        self._finish_if_done(seq)
 
     def _emit(self, seq: Sequence, modelled_end: float) -> None:
         """One token; its event carries the host-clock time it was modelled to leave the API server (its step's end,
@@ -427,6 +428,9 @@ class Engine:
         seq.generated += 1
         self.stats.generation_tokens += 1
         seq.out.put_nowait(("token", modelled_end))
+        self._finish_if_done(seq)
+
+    def _finish_if_done(self, seq: Sequence) -> None:
         if seq.generated >= seq.max_tokens:
             seq.finish_reason = "length"
             self.running.remove(seq)
