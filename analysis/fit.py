@@ -32,6 +32,7 @@ from scipy.optimize import lsq_linear
 
 from epdbench.specs.models import ExperimentSpec
 from epdbench.specs.profile import FREE_CONSTANTS
+from epdbench.specs.suites import sends_images as suite_sends_images
 from epdbench.specs.workload import plan_cells
 
 MATCH_KEYS = ["config", "suite", "workload", "concurrency", "stream"]
@@ -196,9 +197,8 @@ def spec_for_cells(spec: ExperimentSpec, observed: pd.DataFrame) -> ExperimentSp
 
 
 def sends_images(spec: ExperimentSpec) -> bool:
-    """Whether some suite of the spec sends images: a multimodal suite, or a stream of a mixed one with image_px."""
-    return any(s.kind == "multimodal" or any(st.image_px for st in getattr(s, "streams", None) or [])
-               for s in spec.suites)
+    """Whether some suite of the spec sends images (specs.suites.sends_images)."""
+    return any(suite_sends_images(s) for s in spec.suites)
 
 
 def structural_constants(spec: ExperimentSpec) -> tuple[list[str], dict[str, str]]:

@@ -163,11 +163,13 @@ def slo_text(slo: Slo) -> str:
 
 
 def table_lines(rows: list[dict]) -> list[str]:
-    """The capacity table as aligned text lines."""
-    head = f"{'configuration':<16} {'best variant':<34} {'GPUs':>4} {'req/s':>8} {'per GPU':>8} {'fails at':>9}  note"
+    """The capacity table as aligned text lines (columns as wide as their longest entry)."""
+    wc = max([len("configuration")] + [len(r["configuration"]) for r in rows])
+    wr = max([len("best variant")] + [len(r["roles"]) for r in rows])
+    head = f"{'configuration':<{wc}} {'best variant':<{wr}} {'GPUs':>4} {'req/s':>8} {'per GPU':>8} {'fails at':>9}  note"
     lines = [head, "-" * len(head)]
     fmt = lambda v: f"{v:.3g}" if v is not None else "—"   # noqa: E731
     for r in rows:
-        lines.append(f"{r['configuration']:<16} {r['roles']:<34} {r['gpus']:>4} {fmt(r['goodput_req_s']):>8} "
-                     f"{fmt(r['goodput_req_s_per_gpu']):>8} {fmt(r['fails_at_req_s']):>9}  {r['note']}")
+        lines.append(f"{r['configuration']:<{wc}} {r['roles']:<{wr}} {r['gpus']:>4} {fmt(r['goodput_req_s']):>8} "
+                     f"{fmt(r['goodput_req_s_per_gpu']):>8} {fmt(r['fails_at_req_s']):>9}  {r['note']}".rstrip())
     return lines

@@ -22,7 +22,7 @@ from epdbench.analysis.metrics import RECORD_COLUMNS, summarize
 from epdbench.analysis.regression import RegressionSettings
 from epdbench.analysis.trials import aggregate_trials
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, spec_to_yaml
-from epdbench.specs.workload import build_requests, plan_cells
+from epdbench.specs.workload import calibration_keys, plan_cells
 from epdbench.flows.outputs import prefect_summary_artifact, report_meta, verdict_view
 from epdbench.flows.incluster import LoadgenIncomplete, run_suite_in_cluster
 from epdbench.flows.suite import CellTimeout, DeploymentDied, run_suite, say
@@ -30,7 +30,7 @@ from epdbench.tasks import evidence, publish
 from epdbench.tasks.publish import roles_text
 from epdbench.tasks.deployment import ProvisionError
 from epdbench.tasks.targets import target_module
-from epdbench.tasks.calibrate import calibrate, needed_keys
+from epdbench.tasks.calibrate import calibrate
 from epdbench.tasks.results import drop_records, read_records, write_json, write_summary
 from epdbench.tasks.resume import cells_done, missing_cells, noise_of, validate_state_files
 from epdbench.tasks.runstate import RunFolder, end_leftovers
@@ -66,7 +66,7 @@ def calibrate_prompts(engine_url: str, spec: ExperimentSpec, path: str) -> dict:
     """Once per run, against the first configuration's engine; reused by every configuration."""
     if Path(path).exists():
         return json.loads(Path(path).read_text())
-    keys = needed_keys([r for c in plan_cells(spec) for r in build_requests(spec, c)[:1]])
+    keys = calibration_keys(spec)
     fits = calibrate(engine_url, spec.model.name, keys).fits
     write_json(Path(path), fits)
     say(f"Prompt calibration against {engine_url}/tokenize: " +

@@ -83,12 +83,12 @@ def image_end_positions(images: list[tuple[str, int]], chat_overhead: int) -> li
 
 
 def placeholder_ids(digest: str, n: int) -> list[int]:
-    """The `n` placeholder token ids of an image: its hex digest's 16-bit pieces over and over, so every full
-    KV block inside the image carries the whole digest and a prefix-cache hit can cover only the same image
-    (vLLM keys such blocks by the image hash). One id per image would keep about 17 bits of it: among a few
-    hundred images of one size, two would share their ids, and the second would skip its encode."""
-    pieces = [int(digest[i:i + 4], 16) for i in range(0, len(digest), 4)]
-    return [pieces[k % len(pieces)] for k in range(n)]
+    """The `n` placeholder token ids of an image: each the whole hex digest as one integer, so every KV block
+    that holds any of the image's tokens — the one it starts in too, shared with the template — is keyed by
+    the image, as vLLM keys such blocks by the image hash (extra keys of the block hash), and a prefix-cache
+    hit can cover only the same image. (Ids of 16 bits of the digest each let two different images of a few
+    hundred share the block they start in: a false 16-token hit.)"""
+    return [int(digest, 16)] * n
 
 
 def prompt_ids(text: str, images: list[tuple[str, int]], chat: bool, chat_overhead: int) -> list[int]:

@@ -16,7 +16,7 @@ from pydantic import Field, ValidationError, model_validator
 from epdbench.specs.base import KvTransport, RoleName, Strict, Topology
 from epdbench.specs.node import EngineSpec, HardwareSpec, ModelSpec, VisionSpec
 from epdbench.specs.suites import (CellCounts, FixedSuite, ImageCell, MixedSuite, MultimodalSuite, RateSuite, Shape,
-                                   Slo, StreamSpec, Suite)
+                                   Slo, StreamSpec, Suite, sends_images)
 from epdbench.specs.targets import (EmptyDirModelCache, HostPathModelCache, KubeEngineSpec, KubeNodeSpec,
                                     KubeRouterSpec, KubernetesTargetSpec, PvcModelCache, SimFaults, SimTargetSpec,
                                     TargetSpec)
@@ -83,9 +83,7 @@ class ExperimentSpec(Strict):
                                  f"'hardware.gpus_per_node' is {self.hardware.gpus_per_node}: "
                                  "lower replicas or tp, or use a bigger node")
         for i, s in enumerate(self.suites):
-            images = isinstance(s, MultimodalSuite) or (isinstance(s, MixedSuite)
-                                                         and any(st.image_px for st in s.streams))
-            if images and self.model.vision is None:
+            if sends_images(s) and self.model.vision is None:
                 raise ValueError(f"field 'suites.{i}' ({s.name}) sends images but 'model.vision' is not set: "
                                  "use a multimodal model or drop the suite")
         if self.target.kind == "kubernetes":

@@ -11,12 +11,16 @@ Concurrency = Annotated[int, Field(ge=1, le=4096)]     # closed-loop workers of 
 
 
 class Shape(Strict):
-    input_tokens: int = Field(ge=1, title="Input tokens", description="Target prompt length in tokens.")
+    input_tokens: int = Field(ge=1, title="Input tokens",
+                              description="Target prompt length in tokens (text tokens when an image is sent).")
     output_tokens: int = Field(ge=1, title="Output tokens", description="Requested output tokens (max_tokens).")
+    image_px: int | None = Field(None, ge=28, le=4096, title="Image edge (px)",
+                                 description="Send one square image per request (chat API), a fresh one each "
+                                             "request; none: text only (completions API).")
 
     @property
     def workload(self) -> str:
-        return f"{self.input_tokens}/{self.output_tokens}"
+        return (f"{self.image_px}px+" if self.image_px else "") + f"{self.input_tokens}/{self.output_tokens}"
 
 
 class CellCounts(Strict):
@@ -45,7 +49,8 @@ class CellCounts(Strict):
 
 
 class FixedSuite(CellCounts):
-    kind: Literal["fixed"] = Field("fixed", title="Kind", description="Fixed text shapes at fixed concurrency.")
+    kind: Literal["fixed"] = Field("fixed", title="Kind",
+                                   description="Fixed shapes (text, or text and an image) at fixed concurrency.")
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,40}$", title="Suite name", description="e.g. fixed.")
     shapes: list[Shape] = Field(min_length=1, title="Shapes", description="input/output token shapes.")
     concurrencies: list[Concurrency] = Field(min_length=1, title="Concurrencies",
@@ -190,3 +195,10 @@ class MixedSuite(Strict):
 
 
 Suite = Annotated[Union[FixedSuite, MultimodalSuite, MixedSuite, RateSuite], Field(discriminator="kind")]
+
+
+def sends_images(suite: FixedSuite | MultimodalSuite | MixedSuite | RateSuite) -> bool:
+    """Whether some request of the suite carries an image: a multimodal suite, or a shape or stream with image_px."""
+    if isinstance(suite, MultimodalSuite):
+        return True
+    return any(part.image_px for part in (suite.streams if isinstance(suite, MixedSuite) else suite.shapes))

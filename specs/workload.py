@@ -14,7 +14,10 @@ import base64
 import hashlib
 import io
 import random
+import struct
+import zlib
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from epdbench.physics.costmodel import image_tokens
 from epdbench.specs.models import ExperimentSpec, FixedSuite, MixedSuite, MultimodalSuite, RateSuite, StreamSpec
@@ -162,6 +165,27 @@ def synth_image(rng: random.Random, px: int, fmt: str = "png") -> bytes:
     return buf.getvalue()
 
 
+def stand_in_image(rng: random.Random, px: int) -> bytes:
+    """A valid px × px PNG, one colour, whose bytes are unique to `rng` (a text chunk with 128 of its bits): all
+    the simulator reads of an image is its size and, for its caches, its hash (sim.tokenizer), so a run in
+    virtual time needs no drawn image. Microseconds where synth_image takes tens of milliseconds at 1792 px."""
+    head, body = _blank_png(px)
+    return head + _png_chunk(b"tEXt", b"epdbench\0" + f"{rng.getrandbits(128):032x}".encode()) + body
+
+
+@lru_cache(maxsize=16)
+def _blank_png(px: int) -> tuple[bytes, bytes]:
+    """(signature and IHDR, IDAT and IEND) of a black px × px 8-bit RGB PNG."""
+    ihdr = struct.pack(">IIBBBBB", px, px, 8, 2, 0, 0, 0)
+    rows = zlib.compress(bytes((3 * px + 1) * px))      # filter byte 0 and three zero bytes per pixel, per row
+    return (b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", ihdr),
+            _png_chunk(b"IDAT", rows) + _png_chunk(b"IEND", b""))
+
+
+def _png_chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
 def _hash(*parts: bytes | str) -> str:
     h = hashlib.sha256()
     for p in parts:
@@ -184,6 +208,8 @@ def _shape_for(spec: ExperimentSpec, cell: Cell, rng: random.Random) -> _Shape:
     suite = next(s for s in spec.suites if s.name == cell.suite)
     if isinstance(suite, (FixedSuite, RateSuite)):
         shape = next(s for s in suite.shapes if cell.workload in (s.workload, rate_workload(s.workload, cell.rate or 0)))
+        if shape.image_px:
+            return _Shape(shape.input_tokens, None, shape.output_tokens, shape.image_px, False, "png")
         return _Shape(None, shape.input_tokens, shape.output_tokens, None, False, "png")
     if isinstance(suite, MultimodalSuite):
         mm = next(c for c in suite.cells if c.workload == cell.workload)
@@ -196,9 +222,12 @@ def _shape_for(spec: ExperimentSpec, cell: Cell, rng: random.Random) -> _Shape:
 
 
 def build_requests(spec: ExperimentSpec, cell: Cell, trial: int = 0, seed: int | None = None,
-                   calibration: Calibration | None = None) -> list[RequestSpec]:
+                   calibration: Calibration | None = None, stand_in_images: bool = False) -> list[RequestSpec]:
     """Warm-up then measured requests of a cell. Every trial replays the same shapes and words, but with
-    fresh nonces and images, so a trial never hits the prefix or encoder cache filled by the one before."""
+    fresh nonces and images, so a trial never hits the prefix or encoder cache filled by the one before.
+    `stand_in_images`: each image a stand_in_image of the same size from the same seed (PNG) instead of the
+    drawn one — for the virtual-time simulator, which reads only sizes and identities; the texts are the same,
+    the image and prompt hashes are not those of a run."""
     seed = spec.seed if seed is None else seed
     cal = calibration or Calibration()
     out: list[RequestSpec] = []
@@ -220,14 +249,15 @@ def build_requests(spec: ExperimentSpec, cell: Cell, trial: int = 0, seed: int |
             continue
         key = "shared" if shape.reuse_image else i
         if key not in images:
-            data = synth_image(_rng(seed, cell.suite, cell.workload, cell.concurrency, cell.stream, "image", key,
-                                    trial), shape.image_px, shape.image_format)
+            image_rng = _rng(seed, cell.suite, cell.workload, cell.concurrency, cell.stream, "image", key, trial)
+            data = (stand_in_image(image_rng, shape.image_px) if stand_in_images
+                    else synth_image(image_rng, shape.image_px, shape.image_format))
             images[key] = (data, _hash(data))
         data, ihash = images[key]
         img_tok = image_tokens(spec.model, shape.image_px, shape.image_px)
         target = shape.text_tokens + chat_overhead + img_tok
         text = synth_text(rng, cal.words_for("chat", shape.image_px, target, chat_overhead + img_tok), nonce)
-        mime = "image/png" if shape.image_format == "png" else "image/jpeg"
+        mime = "image/png" if shape.image_format == "png" or stand_in_images else "image/jpeg"
         url = f"data:{mime};base64," + base64.b64encode(data).decode()
         payload = {"messages": [{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": text}]}],
@@ -235,6 +265,16 @@ def build_requests(spec: ExperimentSpec, cell: Cell, trial: int = 0, seed: int |
         out.append(RequestSpec(i, phase, "chat", payload, target, shape.output_tokens, _hash(text, ihash),
                                shape.image_px, ihash, offset_s))
     return out
+
+
+def calibration_keys(spec: ExperimentSpec) -> set[tuple[str, int | None]]:
+    """The (api, image edge) pairs the spec's requests use: what prompt synthesis is calibrated for
+    (tasks.calibrate), known without synthesising a request."""
+    keys: set[tuple[str, int | None]] = set()
+    for cell in plan_cells(spec):
+        shape = _shape_for(spec, cell, _rng(spec.seed, cell.cell_id, "calibration"))
+        keys.add(("chat", shape.image_px) if shape.image_px else ("completions", None))
+    return keys
 
 
 def hash_prompt_hashes(prompt_hashes: list[str]) -> str:

@@ -10,7 +10,7 @@ import json
 import random
 import urllib.request
 
-from epdbench.specs.workload import Calibration, RequestSpec, synth_image, synth_text
+from epdbench.specs.workload import Calibration, synth_image, synth_text
 
 PROBE_WORDS = (64, 1024)
 
@@ -51,6 +51,3 @@ def fit_calibration(count, model: str, keys: set[tuple[str, int | None]]) -> Cal
         fits[Calibration.key(api, px)] = (slope, c1 - slope * n1)
     return Calibration(fits)
 
-
-def needed_keys(requests: list[RequestSpec]) -> set[tuple[str, int | None]]:
-    return {(r.api, r.image_px) for r in requests}

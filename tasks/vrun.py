@@ -18,8 +18,8 @@ from epdbench.analysis.metrics import summarize
 from epdbench.sim.vcluster import Refused, VirtualCluster
 from epdbench.sim.vloop import VirtualTimeLoop, run
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
-from epdbench.specs.workload import Calibration, Cell, build_requests, plan_cells
-from epdbench.tasks.calibrate import fit_calibration, needed_keys
+from epdbench.specs.workload import Calibration, Cell, build_requests, calibration_keys, plan_cells
+from epdbench.tasks.calibrate import fit_calibration
 from epdbench.tasks.loadgen import LoadGenerator, Record, _fill, records_as_dicts
 from epdbench.tasks.sse import StreamTiming
 
@@ -37,7 +37,7 @@ def cell_requests(spec: ExperimentSpec, cell: Cell, trial: int, calibration: Cal
     if key not in _REQUESTS:
         if len(_REQUESTS) >= REQUEST_CACHE_CELLS:
             _REQUESTS.pop(next(iter(_REQUESTS)))
-        _REQUESTS[key] = build_requests(spec, cell, trial, calibration=calibration)
+        _REQUESTS[key] = build_requests(spec, cell, trial, calibration=calibration, stand_in_images=True)
     return _REQUESTS[key]
 
 
@@ -89,7 +89,7 @@ class VirtualLoadGenerator(LoadGenerator):
 def prompt_calibration(spec: ExperimentSpec) -> Calibration:
     """Prompt synthesis calibrated against the simulator's own tokenizer, as a run calibrates against the
     endpoint's /tokenize (flows.compare.calibrate_prompts)."""
-    keys = needed_keys([r for c in plan_cells(spec) for r in build_requests(spec, c)[:1]])
+    keys = calibration_keys(spec)
     counter = _Counter(spec)
     return fit_calibration(counter, spec.model.name, keys)
 

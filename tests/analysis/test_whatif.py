@@ -93,5 +93,19 @@ def test_the_best_variant_per_configuration_is_by_goodput_per_gpu(pd_text):
     assert lines[0].startswith("configuration") and len(lines) == 2 + len(best)
 
 
+def test_the_capacity_table_stays_aligned_with_long_variants():
+    long_roles = "encode 2×TP1 + prefill 2×TP1 + decode 2×TP1"
+    rows = [{"configuration": "aggregated", "roles": "server 1×TP1", "gpus": 1, "goodput_req_s": 8.7,
+             "goodput_req_s_per_gpu": 8.7, "fails_at_req_s": 9.5, "note": ""},
+            {"configuration": "epd-rdma-long-name", "roles": long_roles, "gpus": 6, "goodput_req_s": 24.7,
+             "goodput_req_s_per_gpu": 4.11, "fails_at_req_s": None, "note": "every rate tried held: at least this"}]
+    head, rule, *body = table_lines(rows)
+    gpus_end = head.index("GPUs") + len("GPUs")
+    assert all(line[gpus_end - 1] != " " and line[:gpus_end].rstrip().endswith(str(r["gpus"]))
+               for line, r in zip(body, rows))
+    assert [line.index(" " + r["roles"] + " ") for line, r in zip(body, rows)] == [len("epd-rdma-long-name")] * 2
+    assert len(rule) == len(head) and not body[0].endswith(" ")
+
+
 def _variant():
     return variants(load_spec("pd-text"), [1])[0]

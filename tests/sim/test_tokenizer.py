@@ -1,4 +1,5 @@
 """sim/tokenizer.py: chat prompt layout (template opening, image placeholders, text, closing)."""
+from epdbench.sim.prefix_cache import block_hashes
 from epdbench.sim.tokenizer import image_end_positions, placeholder_ids, prompt_ids, text_tokens
 
 
@@ -9,7 +10,7 @@ def test_image_placeholders_follow_the_template_opening_and_end_where_said():
     opening = 23 * 2 // 3
     assert ends == [opening + 400, opening + 400 + 900]
     assert len(ids) == 23 + 400 + 900 + text_tokens("what is in the pictures")
-    assert ids[opening:ends[0]] == placeholder_ids("00000a0b", 400) == [0x0000, 0x0a0b] * 200
+    assert ids[opening:ends[0]] == placeholder_ids("00000a0b", 400) == [0x00000a0b] * 400
     assert ids[ends[0]:ends[1]] == placeholder_ids("00000c0d", 900)
     assert ids[ends[1] - 1] != ids[ends[1]]                     # the text starts right after the last image
 
@@ -21,7 +22,11 @@ def test_completions_prompts_have_no_template_or_images():
 
 
 def test_placeholders_carry_the_whole_image_hash_in_every_block():
-    """Two images whose hashes share their first 8 hex digits still differ in every full 16-token block."""
-    a, b = placeholder_ids("00c0ffee12345678", 400), placeholder_ids("00c0ffee87654321", 400)
-    assert all(a[i:i + 16] != b[i:i + 16] for i in range(0, 400 - 15, 16))
-    assert placeholder_ids("00c0ffee12345678", 6) == [0x00c0, 0xffee, 0x1234, 0x5678, 0x00c0, 0xffee]
+    """Two images whose hashes share their first 12 hex digits still differ in every 16-token block that holds
+    any of their tokens, the one shared with the template's opening included (a single token of the image)."""
+    da, db = "00c0ffee1234aaaa", "00c0ffee1234bbbb"
+    a, b = prompt_ids("same text", [(da, 400)], True, 23), prompt_ids("same text", [(db, 400)], True, 23)
+    opening = 23 * 2 // 3
+    assert a[:opening] == b[:opening] and opening % 16 == 15          # the first block: 15 template tokens + 1
+    assert all(a[i:i + 16] != b[i:i + 16] for i in range(0, opening + 400, 16))
+    assert block_hashes(a)[0] != block_hashes(b)[0]

@@ -8,8 +8,8 @@ import io
 import pytest
 from PIL import Image
 
-from epdbench.specs.models import load_spec, parse_spec
-from epdbench.specs.workload import build_requests, plan_cells
+from epdbench.specs.models import SpecError, load_spec, parse_spec
+from epdbench.specs.workload import build_requests, calibration_keys, plan_cells
 
 PNG_PREFIX = "data:image/png;base64,"
 
@@ -275,3 +275,57 @@ def test_each_suite_says_how_it_offers_its_load():
     assert "burst: bursts of 2 every 1 s, at most 2 in flight" in smoke["mixed"]
     assert rate_spec().suites[0].load_text().startswith("open loop: Poisson arrivals (seeded) at 2, 8 req/s, "
                                                         "at most 1024 in flight")
+
+
+def test_a_rate_or_fixed_shape_with_an_image_sends_a_fresh_image_of_its_size_per_request(smoke):
+    spec = spec_with(smoke, [
+        {"kind": "rate", "name": "cap", "rates": [1.0, 2.0], "n_measured": 3, "n_warmup": 1,
+         "shapes": [{"image_px": 84, "input_tokens": 40, "output_tokens": 8}, {"input_tokens": 64, "output_tokens": 8}],
+         "slo": {"ttft_ms": 2000}},
+        {"kind": "fixed", "name": "fixed", "n_warmup": 0, "n_measured": 2, "concurrencies": [1],
+         "shapes": [{"image_px": 84, "input_tokens": 40, "output_tokens": 8}]}])
+    cells = plan_cells(spec)
+    assert [c.workload for c in cells] == ["84px+40/8@1/s", "84px+40/8@2/s", "64/8@1/s", "64/8@2/s", "84px+40/8"]
+    image_cells = [c for c in cells if c.workload.startswith("84px")]
+    hashes = []
+    for c in image_cells:
+        for r in build_requests(spec, c):
+            assert r.api == "chat" and r.image_px == 84 and r.offset_s == (None if r.phase == "warmup" else r.offset_s)
+            assert Image.open(io.BytesIO(decode_image(r))).size == (84, 84)
+            assert len(r.payload["messages"][0]["content"][1]["text"].split()) == 40
+            hashes.append(r.image_hash)
+    assert len(set(hashes)) == len(hashes) == 4 + 4 + 2                # no image sent twice, across rates too
+    assert build_requests(spec, cells[2])[0].api == "completions"      # a shape without image_px: text only
+
+
+def test_a_shape_with_an_image_needs_a_vision_model(smoke):
+    data = smoke.model_dump(mode="json")
+    data["model"]["vision"] = None
+    data["suites"] = [{"kind": "rate", "name": "cap", "rates": [1.0],
+                       "shapes": [{"image_px": 84, "input_tokens": 40, "output_tokens": 8}]}]
+    with pytest.raises(SpecError, match="sends images but 'model.vision' is not set"):
+        parse_spec(data)
+
+
+@pytest.mark.parametrize("preset", ["smoke", "pd-text", "epd-multimodal", "epd-reuse"])
+def test_calibration_keys_are_those_of_the_requests_without_building_them(preset):
+    spec = load_spec(preset)
+    built = {(r.api, r.image_px) for c in plan_cells(spec) for r in build_requests(spec, c, stand_in_images=True)}
+    assert calibration_keys(spec) == built
+
+
+def test_stand_in_images_are_valid_pngs_of_the_size_unique_per_image_with_the_same_texts(spec):
+    c = cell(spec, "mm", "1k", 2)
+    drawn, stand_in = build_requests(spec, c), build_requests(spec, c, stand_in_images=True)
+    assert [r.payload["messages"][0]["content"][1]["text"] for r in drawn] == \
+        [r.payload["messages"][0]["content"][1]["text"] for r in stand_in]
+    images = [decode_image(r) for r in stand_in]
+    for r, data in zip(stand_in, images):
+        img = Image.open(io.BytesIO(data))
+        img.load()                                                    # decodes: a whole PNG, not a header
+        assert img.format == "PNG" and img.size == (560, 560) and r.image_px == 560
+        assert r.image_hash == hashlib.sha256(data).hexdigest()[:16]
+    assert len(set(images)) == len(images)
+    assert images == [decode_image(r) for r in build_requests(spec, c, stand_in_images=True)]   # seeded
+    reuse = build_requests(spec, cell(spec, "mm-reuse", "small", 2), stand_in_images=True)
+    assert len({r.image_hash for r in reuse}) == 1

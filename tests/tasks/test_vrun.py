@@ -9,6 +9,8 @@ from epdbench.physics.costmodel import CostModel, image_tokens, link_bytes_per_s
 from epdbench.sim import apiserver, vloop
 from epdbench.sim.link import Link
 from epdbench.sim.vcluster import VirtualCluster
+from epdbench.specs import workload
+from epdbench.tasks import vrun
 from epdbench.tasks.results import append_records, read_records
 from epdbench.tasks.vrun import prompt_calibration, simulate_configuration, simulate_records, simulate_summary
 
@@ -223,3 +225,25 @@ def test_fused_decode_steps_give_exactly_the_records_of_stepping_one_by_one(tiny
     assert len(stepped) == len(fused) > 0 and steps[True] == steps[False]
     for column in stepped.columns:
         assert stepped[column].map(repr).equals(fused[column].map(repr)), column
+
+
+def test_stand_in_images_give_exactly_the_records_of_drawn_ones(tiny_spec, monkeypatch):
+    """The virtual-time core reads an image's size and identity only, so it is served stand-in images
+    (specs.workload.stand_in_image): the records are those of the drawn images, bit for bit, but for the
+    hashes — with the encoder and processor caches (one reused image) and the prefix cache in play."""
+    spec = only(tiny_spec, {"aggregated", "epd"})
+    calibration = prompt_calibration(spec)
+
+    def records() -> list[dict]:
+        monkeypatch.setattr(vrun, "_REQUESTS", {})
+        return [r for c in spec.configurations for r in simulate_configuration(spec, c, calibration)]
+
+    stand_in = records()
+    monkeypatch.setattr(vrun, "build_requests",
+                        lambda *a, **k: workload.build_requests(*a, **{**k, "stand_in_images": False}))
+    drawn = records()
+    hashes = {"prompt_hash", "image_hash"}
+    with_image = [i for i, r in enumerate(drawn) if r["image_hash"]]
+    assert with_image and all(drawn[i]["image_hash"] != stand_in[i]["image_hash"] for i in with_image)
+    assert [{k: v for k, v in r.items() if k not in hashes} for r in stand_in] == \
+        [{k: v for k, v in r.items() if k not in hashes} for r in drawn]
