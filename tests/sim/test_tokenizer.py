@@ -1,6 +1,13 @@
 """sim/tokenizer.py: chat prompt layout (template opening, image placeholders, text, closing)."""
+import io
+import random
+
+import pytest
+from PIL import Image
+
 from epdbench.sim.prefix_cache import block_hashes
-from epdbench.sim.tokenizer import image_end_positions, placeholder_ids, prompt_ids, text_tokens
+from epdbench.sim.tokenizer import image_end_positions, image_size, placeholder_ids, prompt_ids, text_tokens
+from epdbench.specs.workload import stand_in_image
 
 
 def test_image_placeholders_follow_the_template_opening_and_end_where_said():
@@ -30,3 +37,12 @@ def test_placeholders_carry_the_whole_image_hash_in_every_block():
     assert a[:opening] == b[:opening] and opening % 16 == 15          # the first block: 15 template tokens + 1
     assert all(a[i:i + 16] != b[i:i + 16] for i in range(0, opening + 400, 16))
     assert block_hashes(a)[0] != block_hashes(b)[0]
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG"])
+def test_image_size_reads_what_pil_reads(fmt):
+    """A PNG's size from its IHDR (width first), any other format through PIL: a non-square image tells them apart."""
+    buf = io.BytesIO()
+    Image.new("RGB", (300, 120), (1, 2, 3)).save(buf, format=fmt)
+    assert image_size(buf.getvalue()) == Image.open(io.BytesIO(buf.getvalue())).size == (300, 120)
+    assert image_size(stand_in_image(random.Random(0), 84)) == (84, 84)

@@ -9,7 +9,7 @@ from epdbench.physics.costmodel import CostModel, image_tokens, link_bytes_per_s
 from epdbench.sim import apiserver, vloop
 from epdbench.sim.link import Link
 from epdbench.sim.vcluster import VirtualCluster
-from epdbench.specs import workload
+from epdbench.specs import workload as specs_workload
 from epdbench.tasks import vrun
 from epdbench.tasks.results import append_records, read_records
 from epdbench.tasks.vrun import prompt_calibration, simulate_configuration, simulate_records, simulate_summary
@@ -240,7 +240,7 @@ def test_stand_in_images_give_exactly_the_records_of_drawn_ones(tiny_spec, monke
 
     stand_in = records()
     monkeypatch.setattr(vrun, "build_requests",
-                        lambda *a, **k: workload.build_requests(*a, **{**k, "stand_in_images": False}))
+                        lambda *a, **k: specs_workload.build_requests(*a, **{**k, "stand_in_images": False}))
     drawn = records()
     hashes = {"prompt_hash", "image_hash"}
     with_image = [i for i, r in enumerate(drawn) if r["image_hash"]]
