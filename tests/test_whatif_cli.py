@@ -77,3 +77,28 @@ def test_a_profile_replaces_the_constants_and_says_where_it_came_from(tiny_spec_
     plain = pd.read_csv(tmp_path / "plain" / "capacity.csv").set_index("configuration")["goodput_req_s"]
     profiled = pd.read_csv(tmp_path / "profiled" / "capacity.csv").set_index("configuration")["goodput_req_s"]
     assert (profiled.fillna(0) < plain.fillna(0)).all()
+
+
+def test_epd_capacity_for_multimodal_traffic_varies_the_encode_replicas_too(tiny_spec_path, tmp_path, capsys):
+    """A rate suite whose shape carries an image plans EPD: every role's replicas vary, encode's included, and the
+    capacity is found for the image shape (its requests' images: tests/specs/test_workload.py)."""
+    spec = yaml.safe_load(tiny_spec_path.read_text())
+    spec["configurations"] = [c for c in spec["configurations"] if c["name"] == "epd"]
+    spec["hardware"]["gpus_per_node"] = 4
+    spec["suites"] = [{"kind": "rate", "name": "capacity", "rates": [2, 16], "n_measured": 12, "n_warmup": 1,
+                       "shapes": [{"image_px": 560, "input_tokens": 200, "output_tokens": 16}],
+                       "slo": {"ttft_ms": 400, "attainment": 0.9}}]
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    out = tmp_path / "out"
+    code = main(["whatif", "--spec", str(path), "--replicas", "1,2", "--window", "2", "--refine", "1",
+                 "--workers", "1", "--out", str(out)])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    variants = pd.read_csv(out / "variants.csv")
+    # encode, prefill and decode 1 or 2 each within 4 GPUs: 1-1-1 and the three with one role doubled
+    assert sorted(variants["roles"]) == sorted(f"encode {e}×TP1 + prefill {p}×TP1 + decode {d}×TP1"
+                                                for e, p, d in [(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2)])
+    assert (variants["shape"] == "560px+200/16").all() and "capacity 560px+200/16" in text
+    points = pd.read_csv(out / "points.csv")
+    assert (points["requests"] >= 12).all() and points["met"].sum() > 0

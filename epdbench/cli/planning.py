@@ -180,7 +180,7 @@ def cmd_whatif(args) -> int:
     suites = slo_suites(spec)
     if not suites:
         raise CliError(f"--spec {args.spec}: no open-loop suite with an slo (kind: rate, slo: ...) to plan "
-                       "capacity for; add one (see the pd-text preset's capacity suite)")
+                       "capacity for; add one (see the capacity suites of the pd-text and epd-multimodal presets)")
     transports = [t.strip() for t in args.transports.split(",") if t.strip()] if args.transports else None
     if transports and not set(transports) <= {"tcp", "rdma"}:
         raise CliError(f"--transports {args.transports}: choose from tcp, rdma")
