@@ -7,6 +7,9 @@ arrival (a request the client could not send on time waited as a user would), TP
 / (output tokens − 1), and its largest inter-token gap. Failed requests are misses. Trials are pooled per
 rate; each attainment carries its 95% Wilson interval, and a rate whose interval straddles the target is
 `uncertain`: the goodput is then given as a range, never as a finding sharper than the sweep and its noise.
+An `itl_p99_ms` bound is on the rate, not the request: the p99 of every inter-token gap of its measured
+requests must not exceed it, and a bound inside that p99's 95% order-statistic interval makes the rate
+uncertain too.
 """
 from __future__ import annotations
 
@@ -16,13 +19,14 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from epdbench.analysis.chunks import Lists, largest_gap
+from epdbench.analysis.chunks import Lists, gaps, largest_gap
+from epdbench.analysis.noise import percentile_ci
 from epdbench.specs.models import ExperimentSpec, RateSuite, Slo
 from epdbench.specs.workload import plan_cells
 
 Z95 = 1.959964
 ATTAINMENT_COLUMNS = ["config", "suite", "shape", "rate", "requests", "met", "attainment", "attainment_low",
-                      "attainment_high", "target", "sustained", "uncertain", "send_lag_p99_ms"]
+                      "attainment_high", "target", "itl_p99_ms", "sustained", "uncertain", "send_lag_p99_ms"]
 GOODPUT_COLUMNS = ["config", "suite", "shape", "goodput_req_s", "goodput_req_s_per_gpu", "upper_req_s",
                    "highest_rate_swept", "target", "note"]
 
@@ -74,6 +78,30 @@ def requests_meeting(rows: pd.DataFrame, slo: Slo) -> np.ndarray:
     return met
 
 
+@dataclass(frozen=True)
+class ItlP99:
+    """A rate's ITL p99 against the SLO's itl_p99_ms: the pooled gaps' p99 (None: no gap, or no bound asked)."""
+    p99_ms: float | None
+    holds: bool
+    uncertain: bool
+
+
+def itl_p99(rows: pd.DataFrame, slo: Slo) -> ItlP99:
+    """The p99 of every gap between consecutive tokens of the succeeded `rows`, pooled, and whether it keeps
+    within slo.itl_p99_ms (a rate without a gap keeps within it); uncertain when the bound lies inside the
+    p99's 95% order-statistic interval."""
+    if slo.itl_p99_ms is None:
+        return ItlP99(None, True, False)
+    offsets = Lists(rows.loc[rows["ok"].astype(bool), "chunk_offsets_ns"])
+    gaps_ms = gaps(offsets.flat(), offsets.lengths) / 1e6
+    if not len(gaps_ms):
+        return ItlP99(None, True, False)
+    p99 = float(np.percentile(gaps_ms, 99))
+    ci = percentile_ci(gaps_ms, 99)
+    uncertain = ci is not None and ci[0] < ci[1] and ci[0] <= slo.itl_p99_ms <= ci[1]
+    return ItlP99(p99, p99 <= slo.itl_p99_ms, uncertain)
+
+
 def attainment(records: pd.DataFrame, cells: dict[tuple[str, str], RateCell]) -> pd.DataFrame:
     """One row per configuration × rate cell: requests, met, attainment with its interval, sustained."""
     if records.empty or not cells:
@@ -89,10 +117,12 @@ def attainment(records: pd.DataFrame, cells: dict[tuple[str, str], RateCell]) ->
         low, high = wilson(met, n)
         lag = (g["send_ns"].astype("int64") - g["scheduled_ns"].astype("int64")).to_numpy() / 1e6
         share = met / n if n else 0.0
+        itl = itl_p99(g, cell.slo)
         rows.append({"config": config, "suite": suite, "shape": cell.shape, "rate": cell.rate, "requests": n,
                      "met": met, "attainment": share, "attainment_low": low, "attainment_high": high,
-                     "target": cell.slo.attainment, "sustained": share >= cell.slo.attainment,
-                     "uncertain": low < cell.slo.attainment <= high,
+                     "target": cell.slo.attainment, "itl_p99_ms": itl.p99_ms,
+                     "sustained": share >= cell.slo.attainment and itl.holds,
+                     "uncertain": low < cell.slo.attainment <= high or itl.uncertain,
                      "send_lag_p99_ms": float(np.percentile(lag, 99)) if n else None})
     out = pd.DataFrame(rows, columns=ATTAINMENT_COLUMNS)
     return out.sort_values(["suite", "shape", "config", "rate"], kind="stable").reset_index(drop=True)
@@ -115,10 +145,12 @@ def goodput(att: pd.DataFrame, gpus: dict[str, int] | None = None) -> pd.DataFra
             note = "all swept rates sustained: at least the highest"
         elif best is None:
             note = "below the lowest swept rate"
-        uncertain = g[g["uncertain"].astype(bool)]
-        if len(uncertain):
-            note = (note + "; " if note else "") + ("attainment within noise of the target at "
-                                                    + ", ".join(f"{x:g}" for x in uncertain["rate"]) + " req/s")
+        blurred = g[g["uncertain"].astype(bool)]
+        by_attainment = (blurred["attainment_low"] < blurred["target"]) & (blurred["target"] <= blurred["attainment_high"])
+        for what, rates in (("attainment within noise of the target", blurred[by_attainment]["rate"]),
+                            ("ITL p99 within noise of its bound", blurred[~by_attainment]["rate"])):
+            if len(rates):
+                note = (note + "; " if note else "") + f"{what} at " + ", ".join(f"{x:g}" for x in rates) + " req/s"
         n_gpus = (gpus or {}).get(config)
         rows.append({"config": config, "suite": suite, "shape": shape, "goodput_req_s": best,
                      "goodput_req_s_per_gpu": (best / n_gpus) if (best is not None and n_gpus) else None,
@@ -126,6 +158,16 @@ def goodput(att: pd.DataFrame, gpus: dict[str, int] | None = None) -> pd.DataFra
                      "target": float(g["target"].iloc[0]), "note": note})
     out = pd.DataFrame(rows, columns=GOODPUT_COLUMNS)
     return out.astype(object).where(out.notna(), None)
+
+
+def slo_text(slo: Slo) -> str:
+    """The SLO in words, as the report and `whatif` say it."""
+    bounds = [f"{name} ≤ {value:g} ms" for name, value in (("TTFT from arrival", slo.ttft_ms), ("TPOT", slo.tpot_ms),
+                                                            ("every ITL", slo.itl_ms)) if value is not None]
+    parts = [f"{' and '.join(bounds)} for at least {slo.attainment:.0%} of requests"] if bounds else []
+    if slo.itl_p99_ms is not None:
+        parts.append(f"ITL p99 over all their tokens ≤ {slo.itl_p99_ms:g} ms")
+    return "; ".join(parts)
 
 
 def goodput_lines(table: pd.DataFrame) -> list[str]:

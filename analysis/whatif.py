@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, RateSuite, Slo
+from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, RateSuite
 
 MAX_DOUBLINGS = 4        # past the highest swept rate: at most 16× it
 CAPACITY_COLUMNS = ["configuration", "variant", "roles", "kv_transport", "gpus", "goodput_req_s",
@@ -78,6 +78,8 @@ class Point:
     requests: int
     met: int
     target: float
+    itl_p99_ms: float | None = None     # the rate's pooled ITL p99, when the SLO bounds it
+    itl_p99_holds: bool = True          # ... within slo.itl_p99_ms (analysis.goodput.itl_p99)
 
     @property
     def attainment(self) -> float:
@@ -85,7 +87,7 @@ class Point:
 
     @property
     def sustained(self) -> bool:
-        return self.requests > 0 and self.attainment >= self.target
+        return self.requests > 0 and self.attainment >= self.target and self.itl_p99_holds
 
 
 def _upwards(rates: list[float]):
@@ -153,13 +155,6 @@ def best_per_configuration(rows: list[dict]) -> list[dict]:
 def slo_suites(spec: ExperimentSpec) -> list[RateSuite]:
     """The spec's open-loop suites with an SLO: what capacity is planned for."""
     return [s for s in spec.suites if isinstance(s, RateSuite) and s.slo is not None]
-
-
-def slo_text(slo: Slo) -> str:
-    bounds = [f"TTFT ≤ {slo.ttft_ms:g} ms" if slo.ttft_ms is not None else None,
-              f"TPOT ≤ {slo.tpot_ms:g} ms" if slo.tpot_ms is not None else None,
-              f"ITL ≤ {slo.itl_ms:g} ms" if slo.itl_ms is not None else None]
-    return ", ".join(b for b in bounds if b) + f" for {slo.attainment:.0%} of requests"
 
 
 def table_lines(rows: list[dict]) -> list[str]:

@@ -3,13 +3,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from epdbench.analysis.goodput import slo_text
 from epdbench.specs.models import Slo
-
-
-def slo_text(slo: Slo) -> str:
-    bounds = [f"{name} ≤ {value:g} ms" for name, value in (("TTFT from arrival", slo.ttft_ms), ("TPOT", slo.tpot_ms),
-                                                            ("every ITL", slo.itl_ms)) if value is not None]
-    return f"{' and '.join(bounds)} for at least {slo.attainment:.0%} of requests"
 
 
 def goodput_view(table: pd.DataFrame | None, slos: dict[str, Slo]) -> dict | None:

@@ -90,14 +90,19 @@ class Slo(Strict):
                                   description="(last token − first token) / (output tokens − 1) of the request.")
     itl_ms: float | None = Field(None, gt=0, title="ITL bound (ms)",
                                  description="Largest gap between two consecutive tokens of the request.")
+    itl_p99_ms: float | None = Field(None, gt=0, title="ITL p99 bound (ms)",
+                                     description="p99 of every gap between consecutive tokens of the rate's "
+                                                 "measured requests, pooled (the summary's ITL p99): a rate "
+                                                 "whose ITL p99 exceeds it is not sustained, whatever its "
+                                                 "attainment.")
     attainment: float = Field(0.9, gt=0, le=1, title="Attainment target",
                               description="Share of measured requests (failed ones included, as misses) that "
                                           "must meet every bound for a rate to count as sustained.")
 
     @model_validator(mode="after")
     def _some_bound(self) -> "Slo":
-        if self.ttft_ms is None and self.tpot_ms is None and self.itl_ms is None:
-            raise ValueError("slo: give at least one of ttft_ms, tpot_ms, itl_ms")
+        if self.ttft_ms is None and self.tpot_ms is None and self.itl_ms is None and self.itl_p99_ms is None:
+            raise ValueError("slo: give at least one of ttft_ms, tpot_ms, itl_ms, itl_p99_ms")
         return self
 
 

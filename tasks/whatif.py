@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from epdbench.analysis.goodput import requests_meeting, wilson
+from epdbench.analysis.goodput import ItlP99, itl_p99, requests_meeting, wilson
 from epdbench.analysis.whatif import (CAPACITY_COLUMNS, Point, Variant, best_per_configuration, capacity_row,
                                       search_rate, slo_suites)
 from epdbench.specs.models import ExperimentSpec, RateSuite
@@ -20,7 +20,7 @@ from epdbench.specs.workload import Calibration
 from epdbench.tasks.vrun import prompt_calibration, simulate_configuration
 
 POINT_COLUMNS = ["configuration", "variant", "suite", "shape", "rate", "requests", "met", "attainment",
-                 "attainment_low", "attainment_high", "target", "sustained"]
+                 "attainment_low", "attainment_high", "target", "itl_p99_ms", "sustained"]
 
 
 def evaluate(spec: ExperimentSpec, variant: Variant, suite: RateSuite, shape_index: int, rate: float,
@@ -34,7 +34,8 @@ def evaluate(spec: ExperimentSpec, variant: Variant, suite: RateSuite, shape_ind
     rows = pd.DataFrame(simulate_configuration(sub, variant.config, calibration))
     measured = rows[rows["phase"] == "measured"] if len(rows) else rows
     met = int(requests_meeting(measured, suite.slo).sum()) if len(measured) else 0
-    return Point(rate, len(measured), met, suite.slo.attainment)
+    itl = itl_p99(measured, suite.slo) if len(measured) else ItlP99(None, True, False)
+    return Point(rate, len(measured), met, suite.slo.attainment, itl.p99_ms, itl.holds)
 
 
 def plan_variant(spec: ExperimentSpec, variant: Variant, calibration: Calibration, refine: int,
@@ -52,7 +53,7 @@ def plan_variant(spec: ExperimentSpec, variant: Variant, calibration: Calibratio
                 points.append({"configuration": variant.family, "variant": variant.config.name, "suite": suite.name,
                                "shape": shape.workload, "rate": p.rate, "requests": p.requests, "met": p.met,
                                "attainment": p.attainment, "attainment_low": low, "attainment_high": high,
-                               "target": p.target, "sustained": p.sustained})
+                               "target": p.target, "itl_p99_ms": p.itl_p99_ms, "sustained": p.sustained})
     return {"rows": rows, "points": points, "seconds": time.perf_counter() - t0}
 
 

@@ -102,3 +102,19 @@ def test_epd_capacity_for_multimodal_traffic_varies_the_encode_replicas_too(tiny
     assert (variants["shape"] == "560px+200/16").all() and "capacity 560px+200/16" in text
     points = pd.read_csv(out / "points.csv")
     assert (points["requests"] >= 12).all() and points["met"].sum() > 0
+
+
+def test_an_itl_p99_bound_no_rate_keeps_leaves_no_capacity_and_says_so(tiny_spec_path, tmp_path, capsys):
+    spec = yaml.safe_load(small_spec(tiny_spec_path, tmp_path).read_text())
+    spec["configurations"] = spec["configurations"][:1]
+    spec["suites"][0]["slo"] = {"ttft_ms": 400, "itl_p99_ms": 0.5, "attainment": 0.9}   # below one decode step
+    path = tmp_path / "itl.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    out = tmp_path / "out"
+    assert main(["whatif", "--spec", str(path), "--replicas", "1", "--window", "2", "--refine", "1",
+                 "--workers", "1", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "ITL p99 over all their tokens ≤ 0.5 ms" in text
+    points = pd.read_csv(out / "points.csv")
+    assert (points["itl_p99_ms"] > 0.5).all() and not points["sustained"].any() and (points["attainment"] > 0).all()
+    assert "fails at the lowest rate tried (2 req/s)" in pd.read_csv(out / "capacity.csv")["note"].iloc[0]

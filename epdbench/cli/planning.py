@@ -163,7 +163,8 @@ def cmd_whatif(args) -> int:
     import time
     from pathlib import Path
 
-    from epdbench.analysis.whatif import slo_suites, slo_text, table_lines, variants
+    from epdbench.analysis.goodput import slo_text
+    from epdbench.analysis.whatif import slo_suites, table_lines, variants
     from epdbench.specs.models import load_spec, select_configurations
 
     spec = load_spec(args.spec)

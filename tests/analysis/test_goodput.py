@@ -5,7 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from epdbench.analysis.goodput import (attainment, goodput, goodput_lines, rate_cells, requests_meeting, wilson)
+from epdbench.analysis.goodput import (attainment, goodput, goodput_lines, rate_cells, requests_meeting, slo_text,
+                                      wilson)
 from epdbench.specs.models import Slo, load_spec, parse_spec
 
 
@@ -99,3 +100,43 @@ def test_wilson_bounds_are_exact_at_none_and_all():
     for n in (1, 7, 40, 333):
         assert wilson(0, n)[0] == 0.0 and wilson(n, n)[1] == 1.0
         assert all(lo <= m / n <= hi for m in range(n + 1) for lo, hi in [wilson(m, n)])
+
+
+def test_an_itl_p99_bound_holds_on_the_rates_pooled_gaps_whatever_its_attainment():
+    """Every request meets TTFT, but at 4 req/s one gap in ten is 80 ms: the pooled ITL p99 is 80 > 50, so the
+    rate is not sustained; at 2 req/s one gap in a hundred is (p99 just under it): sustained."""
+    cells = cells_for([1, 2, 4], {"ttft_ms": 100, "itl_p99_ms": 50, "attainment": 0.9})
+    steady = [request(workload="1024/64@1/s") for _ in range(40)]
+    rare = [request(workload="1024/64@2/s", gaps_ms=(10.0,) * 9 + ((80.0,) if i % 10 == 0 else (10.0,)))
+            for i in range(40)]
+    often = [request(workload="1024/64@4/s", gaps_ms=(10.0,) * 9 + (80.0,)) for _ in range(40)]
+    att = attainment(pd.DataFrame(steady + rare + often), cells).set_index("rate")
+    assert att["attainment"].eq(1.0).all()
+    assert att.loc[1, "itl_p99_ms"] == 10.0 and att.loc[4, "itl_p99_ms"] == 80.0
+    assert att.loc[2, "itl_p99_ms"] < 50
+    assert att["sustained"].tolist() == [True, True, False]
+    table = goodput(att.reset_index()).set_index("config")
+    assert table.loc["a", "goodput_req_s"] == 2 and table.loc["a", "upper_req_s"] == 4
+
+
+def test_an_itl_p99_bound_inside_the_p99s_interval_is_uncertain_and_named_so():
+    """Gaps spread evenly over 1–100 ms: their p99 is about 99 ms with an interval of a few ms around it. A bound
+    of 98.5 ms is inside it — a verdict either way would be noise."""
+    cells = cells_for([1], {"ttft_ms": 100, "itl_p99_ms": 98.5})
+    rows = [request(gaps_ms=tuple(float(1 + (i * 10 + k) % 100) for k in range(10)), workload="1024/64@1/s")
+            for i in range(40)]
+    att = attainment(pd.DataFrame(rows), cells)
+    assert bool(att["uncertain"].iloc[0]) and att["attainment"].iloc[0] == 1.0
+    assert "ITL p99 within noise of its bound at 1 req/s" in goodput(att)["note"].iloc[0]
+    clear = attainment(pd.DataFrame(rows), cells_for([1], {"ttft_ms": 100, "itl_p99_ms": 150}))
+    assert not bool(clear["uncertain"].iloc[0]) and bool(clear["sustained"].iloc[0])
+
+
+def test_the_slo_in_words_names_the_rate_wide_itl_p99_bound():
+    assert slo_text(Slo(ttft_ms=400)) == "TTFT from arrival ≤ 400 ms for at least 90% of requests"
+    assert slo_text(Slo(ttft_ms=2000, tpot_ms=100, itl_p99_ms=200)) == (
+        "TTFT from arrival ≤ 2000 ms and TPOT ≤ 100 ms for at least 90% of requests; "
+        "ITL p99 over all their tokens ≤ 200 ms")
+    assert slo_text(Slo(itl_p99_ms=200)) == "ITL p99 over all their tokens ≤ 200 ms"
+    with pytest.raises(ValueError, match="at least one of ttft_ms, tpot_ms, itl_ms, itl_p99_ms"):
+        Slo(attainment=0.9)

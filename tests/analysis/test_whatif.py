@@ -109,3 +109,9 @@ def test_the_capacity_table_stays_aligned_with_long_variants():
 
 def _variant():
     return variants(load_spec("pd-text"), [1])[0]
+
+
+def test_a_rate_over_its_itl_p99_bound_is_not_sustained_whatever_its_attainment():
+    assert Point(4.0, 10, 10, 0.9, itl_p99_ms=12.0, itl_p99_holds=True).sustained
+    assert not Point(4.0, 10, 10, 0.9, itl_p99_ms=80.0, itl_p99_holds=False).sustained
+    assert not Point(4.0, 10, 8, 0.9).sustained
