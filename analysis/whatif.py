@@ -163,7 +163,7 @@ def table_lines(rows: list[dict]) -> list[str]:
     wr = max([len("best variant")] + [len(r["roles"]) for r in rows])
     head = f"{'configuration':<{wc}} {'best variant':<{wr}} {'GPUs':>4} {'req/s':>8} {'per GPU':>8} {'fails at':>9}  note"
     lines = [head, "-" * len(head)]
-    fmt = lambda v: f"{v:.3g}" if v is not None else "—"   # noqa: E731
+    fmt = lambda v: "—" if v is None or v != v else f"{v:.3g}"   # noqa: E731  (None or NaN: no figure)
     for r in rows:
         lines.append(f"{r['configuration']:<{wc}} {r['roles']:<{wr}} {r['gpus']:>4} {fmt(r['goodput_req_s']):>8} "
                      f"{fmt(r['goodput_req_s_per_gpu']):>8} {fmt(r['fails_at_req_s']):>9}  {r['note']}".rstrip())

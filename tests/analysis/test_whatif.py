@@ -105,6 +105,9 @@ def test_the_capacity_table_stays_aligned_with_long_variants():
                for line, r in zip(body, rows))
     assert [line.index(" " + r["roles"] + " ") for line, r in zip(body, rows)] == [len("epd-rdma-long-name")] * 2
     assert len(rule) == len(head) and not body[0].endswith(" ")
+    none = table_lines([{**rows[0], "goodput_req_s": float("nan"), "goodput_req_s_per_gpu": None,
+                         "fails_at_req_s": 2.0, "note": "fails at the lowest rate tried (2 req/s)"}])[2]
+    assert "nan" not in none and none.split()[4:7] == ["—", "—", "2"]
 
 
 def _variant():
