@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, RateSuite
 
-MAX_DOUBLINGS = 4        # past the highest swept rate: at most 16× it
+MAX_DOUBLINGS = 4        # past the highest swept rate: at most 16× it (below the lowest: 1/16 of it)
 CAPACITY_COLUMNS = ["configuration", "variant", "roles", "kv_transport", "gpus", "goodput_req_s",
                     "goodput_req_s_per_gpu", "fails_at_req_s", "attainment", "note"]
 
@@ -101,8 +101,9 @@ def _upwards(rates: list[float]):
 
 def search_rate(evaluate: Callable[[float], Point], rates: list[float], refine: int = 3) -> list[Point]:
     """Points evaluated, in order: the swept rates upwards until one fails (then doubling past the highest
-    while all hold, at most MAX_DOUBLINGS times), then `refine` bisections (geometric) between the highest
-    rate sustained and the lowest that failed."""
+    while all hold, at most MAX_DOUBLINGS times) — or, when the lowest already fails, halving below it until one
+    holds (at most MAX_DOUBLINGS times) — then `refine` bisections (geometric) between the highest rate
+    sustained and the lowest that failed."""
     points: list[Point] = []
     best = upper = None
     for r in _upwards(rates):
@@ -112,6 +113,16 @@ def search_rate(evaluate: Callable[[float], Point], rates: list[float], refine: 
             upper = r
             break
         best = r
+    if best is None and upper is not None:
+        r = upper
+        for _ in range(MAX_DOUBLINGS):
+            r /= 2
+            p = evaluate(r)
+            points.append(p)
+            if p.sustained:
+                best = r
+                break
+            upper = r
     if best is not None and upper is not None:
         for _ in range(refine):
             mid = math.sqrt(best * upper)

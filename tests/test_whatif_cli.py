@@ -117,4 +117,5 @@ def test_an_itl_p99_bound_no_rate_keeps_leaves_no_capacity_and_says_so(tiny_spec
     assert "ITL p99 over all their tokens ≤ 0.5 ms" in text
     points = pd.read_csv(out / "points.csv")
     assert (points["itl_p99_ms"] > 0.5).all() and not points["sustained"].any() and (points["attainment"] > 0).all()
-    assert "fails at the lowest rate tried (2 req/s)" in pd.read_csv(out / "capacity.csv")["note"].iloc[0]
+    assert "fails at the lowest rate tried (0.125 req/s)" in pd.read_csv(out / "capacity.csv")["note"].iloc[0]
+    assert sorted(points["rate"]) == [2 / 2 ** k for k in range(4, -1, -1)]       # halved 4 times below 2

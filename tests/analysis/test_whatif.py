@@ -74,40 +74,20 @@ def test_search_doubles_past_the_highest_rate_while_all_hold():
     assert row["fails_at_req_s"] is None and "held" in row["note"]
 
 
-def test_a_variant_failing_the_lowest_rate_has_no_goodput():
+def test_a_variant_failing_the_lowest_rate_is_searched_below_it():
     evaluate, calls = threshold(0.1)
     row = capacity_row(_variant(), search_rate(evaluate, [0.5, 1], refine=3))
-    assert calls == [0.5] and row["goodput_req_s"] is None and row["goodput_req_s_per_gpu"] is None
-    assert "fails at the lowest rate" in row["note"]
+    assert calls[:4] == [0.5, 0.25, 0.125, 0.0625]             # halving until one holds, then bisecting
+    assert len(calls) == 4 + 3
+    assert 0.0625 <= row["goodput_req_s"] <= 0.1 < row["fails_at_req_s"] <= 0.125 and row["note"] == ""
 
 
-def test_the_best_variant_per_configuration_is_by_goodput_per_gpu(pd_text):
-    found = variants(pd_text, [1, 2])
-    rows = [capacity_row(v, [Point(1.0 * v.config.gpus ** 0.5, 10, 10, 0.9)]) for v in found]
-    best = best_per_configuration(rows)
-    per_gpu = [r["goodput_req_s_per_gpu"] for r in best]
-    assert per_gpu == sorted(per_gpu, reverse=True) and len(best) == 3
-    for b in best:       # sqrt(GPUs)/GPUs: the fewest GPUs wins each configuration
-        assert b["gpus"] == min(r["gpus"] for r in rows if r["configuration"] == b["configuration"])
-    lines = table_lines(best)
-    assert lines[0].startswith("configuration") and len(lines) == 2 + len(best)
-
-
-def test_the_capacity_table_stays_aligned_with_long_variants():
-    long_roles = "encode 2×TP1 + prefill 2×TP1 + decode 2×TP1"
-    rows = [{"configuration": "aggregated", "roles": "server 1×TP1", "gpus": 1, "goodput_req_s": 8.7,
-             "goodput_req_s_per_gpu": 8.7, "fails_at_req_s": 9.5, "note": ""},
-            {"configuration": "epd-rdma-long-name", "roles": long_roles, "gpus": 6, "goodput_req_s": 24.7,
-             "goodput_req_s_per_gpu": 4.11, "fails_at_req_s": None, "note": "every rate tried held: at least this"}]
-    head, rule, *body = table_lines(rows)
-    gpus_end = head.index("GPUs") + len("GPUs")
-    assert all(line[gpus_end - 1] != " " and line[:gpus_end].rstrip().endswith(str(r["gpus"]))
-               for line, r in zip(body, rows))
-    assert [line.index(" " + r["roles"] + " ") for line, r in zip(body, rows)] == [len("epd-rdma-long-name")] * 2
-    assert len(rule) == len(head) and not body[0].endswith(" ")
-    none = table_lines([{**rows[0], "goodput_req_s": float("nan"), "goodput_req_s_per_gpu": None,
-                         "fails_at_req_s": 2.0, "note": "fails at the lowest rate tried (2 req/s)"}])[2]
-    assert "nan" not in none and none.split()[4:7] == ["—", "—", "2"]
+def test_a_variant_failing_far_below_the_lowest_rate_has_no_goodput():
+    evaluate, calls = threshold(0.001)
+    row = capacity_row(_variant(), search_rate(evaluate, [0.5, 1], refine=3))
+    assert calls == [0.5 / 2 ** k for k in range(MAX_DOUBLINGS + 1)]
+    assert row["goodput_req_s"] is None and row["goodput_req_s_per_gpu"] is None
+    assert f"fails at the lowest rate tried ({0.5 / 2 ** MAX_DOUBLINGS:g} req/s)" in row["note"]
 
 
 def _variant():
