@@ -13,6 +13,7 @@ import pytest
 
 from epdbench.specs.models import load_spec
 from epdbench.specs.workload import plan_cells
+from epdbench.tasks.resume import cells_done, ledger_key, read_ledger
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).parents[1]
@@ -66,10 +67,21 @@ def test_interrupted_run_resumes_to_exactly_the_cells_of_an_uninterrupted_run(tm
             proc.kill()
     before = pd.read_parquet(out / "records.parquet")
     assert set(before["config"]) == {"aggregated", "pd-tcp"}
+    # what the interrupted run left of pd-tcp: its cells recorded ok (on disk before their line is printed);
+    # a cell that ended degraded on a loaded host is not among them and must be measured again
+    spec = load_spec(str(out / "spec.yaml"))
+    done = cells_done(out, spec, "pd-tcp")
+    ledger = read_ledger(out, "pd-tcp")
+    fixed = {(c.cell_id, 0) for c in plan_cells(spec) if c.suite == "fixed"}
+    assert fixed <= done or any(ledger.get(ledger_key(*key), {}).get("status") != "ok" for key in fixed), ledger
+    kept = set(before[(before["config"] == "pd-tcp") & before["cell"].isin({c for c, _ in done})]["request_id"])
     resumed = epdbench("compare", "--resume", str(out), "--tracking-uri", f"sqlite:///{db}", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-2000:]
     assert "[aggregated] already finished in this run, skipped (resume)" in resumed.stdout
-    assert "already recorded, skipped (resume)" in resumed.stdout
+    skipped = "[pd-tcp] fixed trial 0: already recorded, skipped (resume)" in resumed.stdout
+    assert skipped == (fixed <= done), (ledger, resumed.stdout[-3000:])
+    after = pd.read_parquet(out / "records.parquet")
+    assert kept <= set(after["request_id"]), ledger                  # recorded cells kept, not measured again
     assert_exact_cells(out, tiny_spec_path)
     kinds = mlflow_runs(db)
     assert len(kinds["comparison"]) == 1 and len(kinds["configuration"]) == 4
