@@ -102,6 +102,11 @@ def itl_p99(rows: pd.DataFrame, slo: Slo) -> ItlP99:
     return ItlP99(p99, p99 <= slo.itl_p99_ms, uncertain)
 
 
+def straddles(low, target, high):
+    """Whether an attainment's Wilson interval straddles the target (scalars, or columns element-wise)."""
+    return (low < target) & (target <= high)
+
+
 def attainment(records: pd.DataFrame, cells: dict[tuple[str, str], RateCell]) -> pd.DataFrame:
     """One row per configuration × rate cell: requests, met, attainment with its interval, sustained."""
     if records.empty or not cells:
@@ -122,7 +127,7 @@ def attainment(records: pd.DataFrame, cells: dict[tuple[str, str], RateCell]) ->
                      "met": met, "attainment": share, "attainment_low": low, "attainment_high": high,
                      "target": cell.slo.attainment, "itl_p99_ms": itl.p99_ms,
                      "sustained": share >= cell.slo.attainment and itl.holds,
-                     "uncertain": low < cell.slo.attainment <= high or itl.uncertain,
+                     "uncertain": bool(straddles(low, cell.slo.attainment, high)) or itl.uncertain,
                      "send_lag_p99_ms": float(np.percentile(lag, 99)) if n else None})
     out = pd.DataFrame(rows, columns=ATTAINMENT_COLUMNS)
     return out.sort_values(["suite", "shape", "config", "rate"], kind="stable").reset_index(drop=True)
@@ -146,7 +151,7 @@ def goodput(att: pd.DataFrame, gpus: dict[str, int] | None = None) -> pd.DataFra
         elif best is None:
             note = "below the lowest swept rate"
         blurred = g[g["uncertain"].astype(bool)]
-        by_attainment = (blurred["attainment_low"] < blurred["target"]) & (blurred["target"] <= blurred["attainment_high"])
+        by_attainment = straddles(blurred["attainment_low"], blurred["target"], blurred["attainment_high"])
         for what, rates in (("attainment within noise of the target", blurred[by_attainment]["rate"]),
                             ("ITL p99 within noise of its bound", blurred[~by_attainment]["rate"])):
             if len(rates):

@@ -11,8 +11,9 @@ import io
 import struct
 import zlib
 
+from epdbench.specs.workload import PNG_SIGNATURE
+
 VOCAB = 151_000
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def text_tokens(text: str) -> int:

@@ -22,6 +22,7 @@ from functools import lru_cache
 from epdbench.physics.costmodel import image_tokens
 from epdbench.specs.models import ExperimentSpec, FixedSuite, MixedSuite, MultimodalSuite, RateSuite, StreamSpec
 
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar "
          "papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu river stone cloud amber "
          "forest signal vector matrix kernel tensor packet socket thread buffer").split()
@@ -178,7 +179,7 @@ def _blank_png(px: int) -> tuple[bytes, bytes]:
     """(signature and IHDR, IDAT and IEND) of a black px × px 8-bit RGB PNG."""
     ihdr = struct.pack(">IIBBBBB", px, px, 8, 2, 0, 0, 0)
     rows = zlib.compress(bytes((3 * px + 1) * px))      # filter byte 0 and three zero bytes per pixel, per row
-    return (b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", ihdr),
+    return (PNG_SIGNATURE + _png_chunk(b"IHDR", ihdr),
             _png_chunk(b"IDAT", rows) + _png_chunk(b"IEND", b""))
 
 
