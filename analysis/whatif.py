@@ -7,6 +7,13 @@ which the share of requests meeting every SLO bound stays at or above the target
 suite's swept rates upwards until one fails (doubling past the highest while all hold), then bisecting
 between the last rate held and the first that failed. The table gives, per configuration, the variant with the
 best goodput per GPU.
+
+Every rate's verdict carries its noise (analysis.goodput's rules): a rate *surely* holds when its attainment's
+95% Wilson interval lies at or above the target and its ITL p99's interval within the bound, and *surely*
+fails when either lies wholly on the wrong side. A capacity is the point-estimate goodput with its noise
+range — from the highest rate surely held (with every lower rate tried) to the lowest surely failed — and one
+configuration beats another only when it surely holds a rate per GPU at which the other surely fails; else the
+two are a tie.
 """
 from __future__ import annotations
 
@@ -15,11 +22,13 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from epdbench.analysis.goodput import wilson
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, RateSuite
 
 MAX_DOUBLINGS = 4        # past the highest swept rate: at most 16× it (below the lowest: 1/16 of it)
 CAPACITY_COLUMNS = ["configuration", "variant", "roles", "kv_transport", "gpus", "goodput_req_s",
-                    "goodput_req_s_per_gpu", "fails_at_req_s", "attainment", "note"]
+                    "goodput_req_s_per_gpu", "fails_at_req_s", "holds_surely_req_s", "fails_surely_req_s",
+                    "attainment", "tie_with", "note"]
 
 
 @dataclass(frozen=True)
@@ -80,6 +89,7 @@ class Point:
     target: float
     itl_p99_ms: float | None = None     # the rate's pooled ITL p99, when the SLO bounds it
     itl_p99_holds: bool = True          # ... within slo.itl_p99_ms (analysis.goodput.itl_p99)
+    itl_p99_uncertain: bool = False     # ... the bound inside the p99's 95% interval
 
     @property
     def attainment(self) -> float:
@@ -87,7 +97,27 @@ class Point:
 
     @property
     def sustained(self) -> bool:
+        """The point estimate: attainment at or above the target and the ITL p99 within its bound."""
         return self.requests > 0 and self.attainment >= self.target and self.itl_p99_holds
+
+    @property
+    def surely_holds(self) -> bool:
+        """Held beyond the noise: the attainment's 95% Wilson interval at or above the target, and the ITL
+        p99 within its bound beyond its interval."""
+        return self.requests > 0 and wilson(self.met, self.requests)[0] >= self.target and self.itl_p99_holds \
+            and not self.itl_p99_uncertain
+
+    @property
+    def surely_fails(self) -> bool:
+        """Failed beyond the noise: the attainment's interval wholly below the target, or the ITL p99 over its
+        bound beyond its interval (or no request measured)."""
+        return (self.requests == 0 or wilson(self.met, self.requests)[1] < self.target
+                or (not self.itl_p99_holds and not self.itl_p99_uncertain))
+
+    @property
+    def uncertain(self) -> bool:
+        """Neither: the verdict at this rate is within the noise."""
+        return not self.surely_holds and not self.surely_fails
 
 
 def _upwards(rates: list[float]):
@@ -133,34 +163,64 @@ def search_rate(evaluate: Callable[[float], Point], rates: list[float], refine: 
 
 
 def capacity_row(variant: Variant, points: list[Point]) -> dict:
-    """A variant's goodput: the highest rate sustained with every lower evaluated rate sustained too."""
-    best = fails = None
-    att = None
-    for p in sorted(points, key=lambda p: p.rate):
+    """A variant's goodput: the highest rate sustained with every lower evaluated rate sustained too; its noise
+    range: the highest rate surely held with every lower one surely held too, and the lowest surely failed."""
+    ordered = sorted(points, key=lambda p: p.rate)
+    best = fails = att = None
+    for p in ordered:
         if not p.sustained:
             fails = p.rate
             break
         best, att = p.rate, p.attainment
+    holds_surely = None
+    for p in ordered:
+        if not p.surely_holds:
+            break
+        holds_surely = p.rate
+    fails_surely = next((p.rate for p in ordered if p.surely_fails), None)
     gpus = variant.config.gpus
     note = ("" if fails is not None else "every rate tried held: at least this" if best is not None
             else "none")
     if best is None and points:
-        note = f"fails at the lowest rate tried ({min(p.rate for p in points):g} req/s)"
+        note = f"fails at the lowest rate tried ({ordered[0].rate:g} req/s)"
+    blurred = [p.rate for p in ordered if p.uncertain]
+    if blurred:
+        note = (note + "; " if note else "") + "within noise at " + ", ".join(f"{r:.3g}" for r in blurred) + " req/s"
     return {"configuration": variant.family, "variant": variant.config.name, "roles": variant.roles,
             "kv_transport": variant.config.kv_transport, "gpus": gpus, "goodput_req_s": best,
             "goodput_req_s_per_gpu": best / gpus if best is not None else None, "fails_at_req_s": fails,
-            "attainment": att, "note": note}
+            "holds_surely_req_s": holds_surely, "fails_surely_req_s": fails_surely, "attainment": att,
+            "tie_with": "", "note": note}
+
+
+def _per_gpu(row: dict, key: str) -> float | None:
+    v = row.get(key)
+    return None if v is None or v != v else v / row["gpus"]
+
+
+def surely_beats(a: dict, b: dict) -> bool:
+    """Whether capacity row `a` surely holds a rate per GPU at which `b` surely fails."""
+    held, failed = _per_gpu(a, "holds_surely_req_s"), _per_gpu(b, "fails_surely_req_s")
+    return held is not None and failed is not None and held >= failed
 
 
 def best_per_configuration(rows: list[dict]) -> list[dict]:
-    """Per configuration, the variant with the highest goodput per GPU (ties: fewer GPUs, then the name)."""
+    """Per configuration, the variant with the highest goodput per GPU (equal: fewer GPUs, then the name),
+    best first; each row's `tie_with` names the configurations neither beats nor is beaten by beyond the noise
+    (surely_beats), and its note says so."""
     out: dict[str, dict] = {}
     for r in rows:
         cur = out.get(r["configuration"])
         key = (r["goodput_req_s_per_gpu"] or 0.0, -r["gpus"], r["variant"])
         if cur is None or key > (cur["goodput_req_s_per_gpu"] or 0.0, -cur["gpus"], cur["variant"]):
             out[r["configuration"]] = r
-    return sorted(out.values(), key=lambda r: -(r["goodput_req_s_per_gpu"] or 0.0))
+    best = [dict(r) for r in sorted(out.values(), key=lambda r: -(r["goodput_req_s_per_gpu"] or 0.0))]
+    for r in best:
+        ties = [o["configuration"] for o in best if o is not r and not surely_beats(r, o) and not surely_beats(o, r)]
+        r["tie_with"] = ", ".join(ties)
+        if ties:
+            r["note"] = f"tie with {r['tie_with']} within noise" + (f"; {r['note']}" if r["note"] else "")
+    return best
 
 
 def slo_suites(spec: ExperimentSpec) -> list[RateSuite]:
@@ -172,10 +232,29 @@ def table_lines(rows: list[dict]) -> list[str]:
     """The capacity table as aligned text lines (columns as wide as their longest entry)."""
     wc = max([len("configuration")] + [len(r["configuration"]) for r in rows])
     wr = max([len("best variant")] + [len(r["roles"]) for r in rows])
-    head = f"{'configuration':<{wc}} {'best variant':<{wr}} {'GPUs':>4} {'req/s':>8} {'per GPU':>8} {'fails at':>9}  note"
-    lines = [head, "-" * len(head)]
     fmt = lambda v: "—" if v is None or v != v else f"{v:.3g}"   # noqa: E731  (None or NaN: no figure)
-    for r in rows:
+    ranges = [noise_range(r) for r in rows]
+    wn = max([len("noise range")] + [len(x) for x in ranges])
+    head = (f"{'configuration':<{wc}} {'best variant':<{wr}} {'GPUs':>4} {'req/s':>8} {'noise range':>{wn}} "
+            f"{'per GPU':>8} {'fails at':>9}  note")
+    lines = [head, "-" * len(head)]
+    for r, span in zip(rows, ranges):
         lines.append(f"{r['configuration']:<{wc}} {r['roles']:<{wr}} {r['gpus']:>4} {fmt(r['goodput_req_s']):>8} "
-                     f"{fmt(r['goodput_req_s_per_gpu']):>8} {fmt(r['fails_at_req_s']):>9}  {r['note']}".rstrip())
+                     f"{span:>{wn}} {fmt(r['goodput_req_s_per_gpu']):>8} {fmt(r['fails_at_req_s']):>9}  "
+                     f"{r['note']}".rstrip())
     return lines
+
+
+def noise_range(row: dict) -> str:
+    """A capacity's noise range in words: "<highest rate surely held>–<lowest surely failed>" in req/s, an end
+    unknown when no rate tried was sure ("<" or "≥")."""
+    low, high = row.get("holds_surely_req_s"), row.get("fails_surely_req_s")
+    low = None if low is None or low != low else low
+    high = None if high is None or high != high else high
+    if low is None and high is None:
+        return "?"
+    if low is None:
+        return f"< {high:.3g}"
+    if high is None:
+        return f"≥ {low:.3g}"
+    return f"{low:.3g}–{high:.3g}"

@@ -14,13 +14,13 @@ import pandas as pd
 
 from epdbench.analysis.goodput import ItlP99, itl_p99, requests_meeting, wilson
 from epdbench.analysis.whatif import (CAPACITY_COLUMNS, Point, Variant, best_per_configuration, capacity_row,
-                                      search_rate, slo_suites)
+                                      noise_range, search_rate, slo_suites)
 from epdbench.specs.models import ExperimentSpec, RateSuite
 from epdbench.specs.workload import Calibration
 from epdbench.tasks.vrun import prompt_calibration, simulate_configuration
 
 POINT_COLUMNS = ["configuration", "variant", "suite", "shape", "rate", "requests", "met", "attainment",
-                 "attainment_low", "attainment_high", "target", "itl_p99_ms", "sustained"]
+                 "attainment_low", "attainment_high", "target", "itl_p99_ms", "sustained", "uncertain"]
 
 
 def evaluate(spec: ExperimentSpec, variant: Variant, suite: RateSuite, shape_index: int, rate: float,
@@ -35,7 +35,7 @@ def evaluate(spec: ExperimentSpec, variant: Variant, suite: RateSuite, shape_ind
     measured = rows[rows["phase"] == "measured"] if len(rows) else rows
     met = int(requests_meeting(measured, suite.slo).sum()) if len(measured) else 0
     itl = itl_p99(measured, suite.slo) if len(measured) else ItlP99(None, True, False)
-    return Point(rate, len(measured), met, suite.slo.attainment, itl.p99_ms, itl.holds)
+    return Point(rate, len(measured), met, suite.slo.attainment, itl.p99_ms, itl.holds, itl.uncertain)
 
 
 def plan_variant(spec: ExperimentSpec, variant: Variant, calibration: Calibration, refine: int,
@@ -53,7 +53,8 @@ def plan_variant(spec: ExperimentSpec, variant: Variant, calibration: Calibratio
                 points.append({"configuration": variant.family, "variant": variant.config.name, "suite": suite.name,
                                "shape": shape.workload, "rate": p.rate, "requests": p.requests, "met": p.met,
                                "attainment": p.attainment, "attainment_low": low, "attainment_high": high,
-                               "target": p.target, "itl_p99_ms": p.itl_p99_ms, "sustained": p.sustained})
+                               "target": p.target, "itl_p99_ms": p.itl_p99_ms, "sustained": p.sustained,
+                               "uncertain": p.uncertain})
     return {"rows": rows, "points": points, "seconds": time.perf_counter() - t0}
 
 
@@ -68,8 +69,9 @@ def run_whatif(spec: ExperimentSpec, variants: list[Variant], refine: int = 3, w
         for n, fut in enumerate(as_completed(futures), 1):
             v, res = futures[fut], fut.result()
             results.append(res)
-            found = ", ".join(f"{r['goodput_req_s']:.3g} req/s ({r['goodput_req_s_per_gpu']:.3g}/GPU)"
-                              if r["goodput_req_s"] is not None else r["note"] for r in res["rows"])
+            found = ", ".join(f"{r['goodput_req_s']:.3g} req/s ({r['goodput_req_s_per_gpu']:.3g}/GPU; noise range "
+                              f"{noise_range(r)})" if r["goodput_req_s"] is not None else r["note"]
+                              for r in res["rows"])
             say(f"  [{n}/{len(variants)}] {v.family}: {v.roles}, {v.config.gpus} GPUs — {found} "
                 f"({len(res['points'])} rates, {res['seconds']:.1f} s)")
     rows = [r for res in results for r in res["rows"]]

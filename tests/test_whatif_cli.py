@@ -39,6 +39,19 @@ def test_whatif_prints_the_capacity_table_and_writes_tables_and_plots(tiny_spec_
         assert re.search(rf"^ *{re.escape(r['configuration'])} +{re.escape(r['roles'])} +{r['gpus']} ", text, re.M)
     points = pd.read_csv(out / "points.csv")
     assert set(points["rate"]) >= {2.0} and (points["requests"] >= 12).all()
+    # every figure with its noise: each rate's verdict, each capacity's range, ties between configurations
+    assert points["uncertain"].dtype == bool
+    assert ((points["attainment_low"] < points["target"]) & (points["target"] <= points["attainment_high"])
+            <= points["uncertain"]).all()
+    for _, r in variants.iterrows():
+        mine = points[points["variant"] == r["variant"]].sort_values("rate")
+        surely = mine[~mine["uncertain"]]
+        if pd.notna(r["fails_surely_req_s"]):
+            assert r["fails_surely_req_s"] == surely[~surely["sustained"]]["rate"].min()
+        if pd.notna(r["holds_surely_req_s"]):
+            assert r["holds_surely_req_s"] <= r["goodput_req_s"]
+            assert mine[mine["rate"] <= r["holds_surely_req_s"]]["sustained"].all()
+    assert "noise range" in text and "tie_with" in best.columns
     assert (out / "whatif-goodput-per-gpu.png").stat().st_size > 1000
     assert (out / "whatif-capacity-attainment-vs-rate.png").exists()
     assert "not a measurement" in text and "6 variants" in text

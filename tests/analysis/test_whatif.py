@@ -3,8 +3,8 @@ import math
 
 import pytest
 
-from epdbench.analysis.whatif import (MAX_DOUBLINGS, Point, best_per_configuration, capacity_row, search_rate,
-                                      table_lines, variants)
+from epdbench.analysis.whatif import (MAX_DOUBLINGS, Point, best_per_configuration, capacity_row, noise_range,
+                                      search_rate, table_lines, variants)
 from epdbench.specs.models import load_spec
 
 
@@ -98,3 +98,55 @@ def test_a_rate_over_its_itl_p99_bound_is_not_sustained_whatever_its_attainment(
     assert Point(4.0, 10, 10, 0.9, itl_p99_ms=12.0, itl_p99_holds=True).sustained
     assert not Point(4.0, 10, 10, 0.9, itl_p99_ms=80.0, itl_p99_holds=False).sustained
     assert not Point(4.0, 10, 8, 0.9).sustained
+
+
+def test_a_rates_verdict_carries_its_noise():
+    assert Point(2.0, 48, 48, 0.9).surely_holds                          # Wilson 95% low 0.926 ≥ 0.9
+    held_by_a_hair = Point(2.0, 48, 44, 0.9)                             # 0.917, but its interval reaches 0.80
+    assert held_by_a_hair.sustained and held_by_a_hair.uncertain
+    missed_by_a_hair = Point(2.0, 48, 42, 0.9)                           # 0.875, interval up to 0.94
+    assert not missed_by_a_hair.sustained and missed_by_a_hair.uncertain
+    assert Point(2.0, 48, 30, 0.9).surely_fails                          # interval wholly below the target
+    assert Point(2.0, 0, 0, 0.9).surely_fails                            # nothing measured
+    # the ITL p99 bound: within noise of it blurs a full attainment; surely over it fails whatever the attainment
+    assert Point(2.0, 48, 48, 0.9, 99.0, True, itl_p99_uncertain=True).uncertain
+    assert Point(2.0, 48, 44, 0.9, 300.0, False, itl_p99_uncertain=False).surely_fails
+
+
+def test_capacity_carries_its_noise_range_and_names_the_blurred_rates():
+    points = [Point(1.0, 100, 100, 0.9), Point(2.0, 100, 100, 0.9), Point(2.5, 100, 93, 0.9),
+              Point(3.0, 100, 80, 0.9), Point(4.0, 100, 0, 0.9)]
+    row = capacity_row(_variant(), points)
+    assert row["goodput_req_s"] == 2.5 and row["fails_at_req_s"] == 3.0
+    assert row["holds_surely_req_s"] == 2.0 and row["fails_surely_req_s"] == 3.0
+    assert "within noise at 2.5 req/s" in row["note"]
+    assert noise_range(row) == "2–3"
+    # nothing surely held: no lower end; nothing surely failed: no upper end
+    row = capacity_row(_variant(), [Point(1.0, 20, 19, 0.9), Point(2.0, 20, 17, 0.9), Point(4.0, 20, 0, 0.9)])
+    assert row["goodput_req_s"] == 1.0 and row["holds_surely_req_s"] is None and noise_range(row) == "< 4"
+    row = capacity_row(_variant(), [Point(1.0, 100, 100, 0.9), Point(2.0, 100, 100, 0.9)])
+    assert row["fails_surely_req_s"] is None and noise_range(row) == "≥ 2"
+
+
+def _row(config, gpus, goodput, holds, fails):
+    return {"configuration": config, "variant": config, "roles": "r", "kv_transport": "tcp", "gpus": gpus,
+            "goodput_req_s": goodput, "goodput_req_s_per_gpu": goodput / gpus, "fails_at_req_s": fails,
+            "holds_surely_req_s": holds, "fails_surely_req_s": fails, "attainment": 1.0, "tie_with": "",
+            "note": ""}
+
+
+def test_one_configuration_beats_another_only_beyond_the_noise():
+    rows = [_row("pd-rdma", 8, 9.51, 9.51, 10.4), _row("pd-tcp", 6, 5.19, 5.19, 5.66),
+            _row("epd", 7, 34.9, 30.0, 38.1), _row("epd-rdma", 7, 34.9, 34.9, 38.1)]
+    best = {r["configuration"]: r for r in best_per_configuration(rows)}
+    assert best["pd-rdma"]["tie_with"] == "" and best["pd-tcp"]["tie_with"] == ""    # 1.19/GPU surely > 0.943
+    assert best["epd"]["tie_with"] == "epd-rdma" and best["epd-rdma"]["tie_with"] == "epd"
+    assert best["epd"]["note"].startswith("tie with epd-rdma within noise")
+    assert rows[2]["tie_with"] == ""                                    # the caller's rows are left as they were
+    # a capacity with no rate surely failed cannot be beaten: its upper end is unknown
+    open_ended = _row("aggregated", 3, 2.0, 2.0, None)
+    best = {r["configuration"]: r for r in best_per_configuration([_row("pd-rdma", 8, 9.51, 9.51, 10.4), open_ended])}
+    assert best["aggregated"]["tie_with"] == "pd-rdma"
+    lines = table_lines(list(best.values()))
+    assert "noise range" in lines[0] and any("9.51–10.4" in line for line in lines)
+    assert any("≥ 2" in line for line in lines)
