@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
+import signal
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -59,12 +60,17 @@ def plan_variant(spec: ExperimentSpec, variant: Variant, calibration: Calibratio
 
 
 def run_whatif(spec: ExperimentSpec, variants: list[Variant], refine: int = 3, workers: int | None = None,
-               window_s: float = 30.0, say=print) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """(every variant's capacity, the best variant per configuration and SLO shape, every evaluated point)."""
+               window_s: float = 30.0, say=print, done: list[dict] | None = None
+               ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(every variant's capacity, the best variant per configuration and SLO shape, every evaluated point).
+    Each variant's result is appended to `done` as it finishes: on an interrupt (KeyboardInterrupt, raised
+    again) the caller still has the finished ones — the variants not started are cancelled at once, the ones
+    running are left to the caller to stop (their worker processes are its children)."""
     calibration = prompt_calibration(spec)
     workers = max(1, min(workers or os.cpu_count() or 1, len(variants)))
-    results: list[dict] = []
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    results: list[dict] = [] if done is None else done
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_setup)
+    try:
         futures = {pool.submit(plan_variant, spec, v, calibration, refine, window_s): v for v in variants}
         for n, fut in enumerate(as_completed(futures), 1):
             v, res = futures[fut], fut.result()
@@ -74,6 +80,22 @@ def run_whatif(spec: ExperimentSpec, variants: list[Variant], refine: int = 3, w
                               for r in res["rows"])
             say(f"  [{n}/{len(variants)}] {v.family}: {v.roles}, {v.config.gpus} GPUs — {found} "
                 f"({len(res['points'])} rates, {res['seconds']:.1f} s)")
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)    # never wait for the variants still queued
+        raise
+    pool.shutdown()
+    return tables(variants, results)
+
+
+def _worker_setup() -> None:
+    """A worker leaves Ctrl-C to the command (which stops it): a terminal's SIGINT reaches the whole process
+    group, and every worker would print its own KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def tables(variants: list[Variant], results: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """The capacity of every variant in `results` (in the order of `variants`), the best per configuration and
+    SLO shape, and every evaluated point."""
     rows = [r for res in results for r in res["rows"]]
     order = {v.config.name: i for i, v in enumerate(variants)}
     rows.sort(key=lambda r: order[r["variant"]])

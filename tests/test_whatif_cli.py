@@ -132,3 +132,56 @@ def test_an_itl_p99_bound_no_rate_keeps_leaves_no_capacity_and_says_so(tiny_spec
     assert (points["itl_p99_ms"] > 0.5).all() and not points["sustained"].any() and (points["attainment"] > 0).all()
     assert "fails at the lowest rate tried (0.125 req/s)" in pd.read_csv(out / "capacity.csv")["note"].iloc[0]
     assert sorted(points["rate"]) == [2 / 2 ** k for k in range(4, -1, -1)]       # halved 4 times below 2
+
+
+@pytest.mark.faults   # workers started and stopped in a subprocess: in the faults lane for time
+@pytest.mark.parametrize("how", ["sigterm", "ctrl-c"])
+def test_an_interrupted_whatif_keeps_what_finished_with_one_line_and_nothing_left(tiny_spec_path, tmp_path, how):
+    """SIGTERM to the command, or Ctrl-C to its whole process group (as a terminal sends it): exit 130, one line,
+    the variants that finished written, the ones queued never started, no worker left running."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from tests.processes import marked_processes
+
+    mark = os.urandom(6).hex()
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "epdbench.cli", "whatif", "--spec",
+                             str(small_spec(tiny_spec_path, tmp_path)), "--replicas", "1,2,3,4", "--window", "30",
+                             "--workers", "2", "--out", str(out)],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "EPDBENCH_TEST_MARK": mark})
+    seen = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            seen.append(line)
+            if line.startswith("  [2/") or not line:
+                break
+        assert any(line.startswith("  [2/20]") for line in seen), "".join(seen)
+        if how == "sigterm":
+            proc.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(proc.pid, signal.SIGINT)
+        rest, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    finished = sum(1 for line in seen + rest.splitlines() if re.match(r" *\[\d+/20\]", line))
+    assert lines[0].startswith("interrupted: every started process was stopped; "
+                               f"the {finished} of 20 variants that finished are in {out}/")
+    assert 2 <= finished < 20
+    variants = pd.read_csv(out / "variants.csv")
+    assert len(variants) == finished and not (out / "capacity.csv").exists()
+    assert set(pd.read_csv(out / "points.csv")["variant"]) == set(variants["variant"])
+    time.sleep(0.5)
+    assert not marked_processes(mark), "a worker outlived the command"

@@ -15,7 +15,7 @@ import signal
 import sys
 
 from epdbench.cli import commands, planning
-from epdbench.cli.common import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NO_SPACE, CliError
+from epdbench.cli.common import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NO_SPACE, INTERRUPTED_RUN, CliError
 from epdbench.cli.parser import build_parser
 
 COMMANDS = {"compare": commands.cmd_compare, "report": commands.cmd_report, "history": commands.cmd_history,
@@ -72,15 +72,16 @@ def main(argv: list[str] | None = None) -> int:
         from epdbench.tasks.sim_target import stop_all
         stop_all()
         terminate_children()
-        rdir = commands.INTERRUPTED_RUN.get("dir")
-        kept = f"; finished records kept in {rdir}, continue with: epdbench compare --resume {rdir}" if rdir else ""
+        rdir, note = INTERRUPTED_RUN.get("dir"), INTERRUPTED_RUN.get("note")
+        kept = (f"; finished records kept in {rdir}, continue with: epdbench compare --resume {rdir}" if rdir
+                else f"; {note}" if note else "")
         print(f"interrupted: every started process was stopped{kept}", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(EXIT_INTERRUPTED)
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS):
             raise
-        rdir = commands.INTERRUPTED_RUN.get("dir")
+        rdir = INTERRUPTED_RUN.get("dir")
         then = f"; free space, then continue with: epdbench compare --resume {rdir}" if rdir else ""
         print(f"error: cannot write results: {os.strerror(e.errno)} (in {e.filename or rdir or 'the results folder'})"
               f"{then}", file=sys.stderr)

@@ -8,8 +8,8 @@ import signal
 import sys
 from pathlib import Path
 
-from epdbench.cli.common import (EXIT_FAILURES, EXIT_OK, EXIT_REGRESSION, EXIT_UNPUBLISHED, CliError, kube_overrides,
-                                 load_compare_spec, pool_settings, quiet_defaults, regression_settings,
+from epdbench.cli.common import (EXIT_FAILURES, EXIT_OK, EXIT_REGRESSION, EXIT_UNPUBLISHED, INTERRUPTED_RUN, CliError,
+                                 kube_overrides, load_compare_spec, pool_settings, quiet_defaults, regression_settings,
                                  results_dir_of, tracking_uri_of, with_target)
 
 
@@ -76,10 +76,6 @@ def _console_filter(record: logging.LogRecord) -> bool:
         return False
     msg = record.getMessage()
     return not (msg.startswith("Crash detected! Execution was aborted by") and "signal" in msg)
-
-
-# The results folder of the comparison running in this process, for the line printed on interrupt.
-INTERRUPTED_RUN: dict[str, str] = {}
 
 
 def cmd_manifests(args) -> int:

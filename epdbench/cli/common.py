@@ -11,6 +11,10 @@ EXIT_UNPUBLISHED = 5    # every result is kept in the folder, but MLflow could n
 EXIT_NO_SPACE = 6       # the results folder could not be written (disk full or I/O error)
 EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM: processes stopped, finished records kept; resume later
 
+# For the line printed on interrupt: "dir", the results folder of the comparison running in this process (to
+# resume); "note", what another command kept.
+INTERRUPTED_RUN: dict[str, str] = {}
+
 
 def quiet_defaults() -> None:
     """Telemetry off and a start-up timeout that fits small machines, unless the user set them."""

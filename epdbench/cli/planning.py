@@ -2,7 +2,9 @@
 `calibrate` (fit the simulator's free constants to a hardware run). Imports are deferred, as in commands."""
 from __future__ import annotations
 
-from epdbench.cli.common import CliError
+import signal
+
+from epdbench.cli.common import INTERRUPTED_RUN, CliError
 
 
 def cmd_calibrate(args) -> int:
@@ -15,6 +17,7 @@ def cmd_calibrate(args) -> int:
     from epdbench.tasks.vrun import simulate_summary
 
     metrics, out = _calibrate_flags(args)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)     # SIGTERM stops it as Ctrl-C does
     run_spec = load_spec(args.spec)
     table = _read_run(args.source)
     try:
@@ -198,15 +201,27 @@ def cmd_whatif(args) -> int:
     if out.exists() and any(out.iterdir()):
         raise CliError(f"--out {out}: directory exists and is not empty; choose a new one")
     from epdbench.reports.whatif import best_attainment, capacity_per_gpu
-    from epdbench.tasks.whatif import run_whatif, write_outputs
+    from epdbench.tasks.whatif import run_whatif, tables, write_outputs
 
     print(f"What-if on the virtual-time simulator (modelled hardware {spec.hardware.gpu}, not a measurement): "
           f"{len(found)} variants of {len(spec.configurations)} configurations, suites "
           + "; ".join(f"{s.name} ({', '.join(x.workload for x in s.shapes)}; {slo_text(s.slo)})" for s in suites)
           + origin, flush=True)
     t0 = time.perf_counter()
-    allv, best, points = run_whatif(spec, found, args.refine, args.workers, args.window,
-                                    say=lambda line: print(line, flush=True))
+    done: list[dict] = []
+    signal.signal(signal.SIGTERM, signal.default_int_handler)     # SIGTERM stops it as Ctrl-C does
+    try:
+        allv, best, points = run_whatif(spec, found, args.refine, args.workers, args.window,
+                                        say=lambda line: print(line, flush=True), done=done)
+    except KeyboardInterrupt:
+        if done:   # what finished is kept; no capacity table: the variants not tried could have won
+            part_v, _, part_p = tables(found, done)
+            out.mkdir(parents=True, exist_ok=True)
+            part_v.to_csv(out / "variants.csv", index=False)
+            part_p.to_csv(out / "points.csv", index=False)
+            INTERRUPTED_RUN["note"] = (f"the {len(done)} of {len(found)} variants that finished are in "
+                                       f"{out}/ (variants.csv, points.csv)")
+        raise
     plots = [capacity_per_gpu(allv, best)] + [best_attainment(points, best, s.name) for s in suites]
     write_outputs(out, allv, best, points, [(p.name, p.png) for p in plots])
     for (suite, shape), g in best.groupby(["suite", "shape"], sort=False):
