@@ -142,3 +142,35 @@ def test_compare_refuses_a_profile_on_kubernetes(run, profile_file, capsys):
     err = one_line_error(capsys, ["compare", "--spec", str(run[0]), "--target", "kubernetes",
                                   "--profile", profile_file])
     assert "--profile" in err and "kubernetes" in err
+
+
+@pytest.mark.faults   # a subprocess stopped mid-fit: in the faults lane for time
+def test_sigterm_stops_a_calibration_with_one_line_and_no_profile(run, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    spec_path, summary = run
+    out = tmp_path / "profile.yaml"
+    proc = subprocess.Popen([sys.executable, "-m", "epdbench.cli", "calibrate", "--spec", str(spec_path), "--from",
+                             str(summary), "--out", str(out), "--evaluations", "200"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if line.startswith("  run   3/") or not line:
+                break
+        assert line.startswith("  run   3/"), line
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130
+    assert err.strip().splitlines() == [f"interrupted: every started process was stopped; no profile written to {out}"]
+    assert not out.exists() and not list(tmp_path.glob("*.part"))

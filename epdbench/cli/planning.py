@@ -18,6 +18,7 @@ def cmd_calibrate(args) -> int:
 
     metrics, out = _calibrate_flags(args)
     signal.signal(signal.SIGTERM, signal.default_int_handler)     # SIGTERM stops it as Ctrl-C does
+    INTERRUPTED_RUN["note"] = f"no profile written to {out}"
     run_spec = load_spec(args.spec)
     table = _read_run(args.source)
     try:
@@ -55,9 +56,12 @@ def cmd_calibrate(args) -> int:
         created=date.today(), hardware=full.values, left_as_in_spec=sorted(full.left),
         evaluations=full.evaluations, fit_error=fit_error, holdout_seed=args.holdout_seed if holdout_error else None,
         holdout_error=holdout_error)
+    part = out.with_name(out.name + ".part")      # whole or not at all, even if stopped while writing
     try:
-        out.write_text(profile_to_yaml(profile))
+        part.write_text(profile_to_yaml(profile))
+        part.replace(out)
     except OSError as e:
+        part.unlink(missing_ok=True)
         raise CliError(f"--out {args.out}: cannot write it ({e.strerror})") from None
     print(f"wrote {out}: use it with epdbench compare --profile {out} or epdbench whatif --profile {out}")
     return 0
