@@ -9,7 +9,7 @@ rate; each attainment carries its 95% Wilson interval, and a rate whose interval
 `uncertain`: the goodput is then given as a range, never as a finding sharper than the sweep and its noise.
 An `itl_p99_ms` bound is on the rate, not the request: the p99 of every inter-token gap of its measured
 requests must not exceed it, and a bound inside that p99's 95% order-statistic interval makes the rate
-uncertain too.
+uncertain too — unless the other bound fails beyond its noise (`surely`).
 """
 from __future__ import annotations
 
@@ -102,6 +102,21 @@ def itl_p99(rows: pd.DataFrame, slo: Slo) -> ItlP99:
     return ItlP99(p99, p99 <= slo.itl_p99_ms, uncertain)
 
 
+def surely(met: int, n: int, target: float, itl_holds: bool = True, itl_uncertain: bool = False) -> bool | None:
+    """A rate's verdict beyond the noise: True when it surely holds (the attainment's Wilson interval at or
+    above the target, the ITL p99 within its bound beyond its interval), False when it surely fails (the
+    interval wholly below the target, the ITL p99 over its bound beyond its interval, or nothing measured), None
+    when it is within the noise."""
+    if n == 0:
+        return False
+    low, high = wilson(met, n)
+    if high < target or (not itl_holds and not itl_uncertain):
+        return False
+    if low >= target and itl_holds and not itl_uncertain:
+        return True
+    return None
+
+
 def straddles(low, target, high):
     """Whether an attainment's Wilson interval straddles the target (scalars, or columns element-wise)."""
     return (low < target) & (target <= high)
@@ -127,7 +142,7 @@ def attainment(records: pd.DataFrame, cells: dict[tuple[str, str], RateCell]) ->
                      "met": met, "attainment": share, "attainment_low": low, "attainment_high": high,
                      "target": cell.slo.attainment, "itl_p99_ms": itl.p99_ms,
                      "sustained": share >= cell.slo.attainment and itl.holds,
-                     "uncertain": bool(straddles(low, cell.slo.attainment, high)) or itl.uncertain,
+                     "uncertain": surely(met, n, cell.slo.attainment, itl.holds, itl.uncertain) is None,
                      "send_lag_p99_ms": float(np.percentile(lag, 99)) if n else None})
     out = pd.DataFrame(rows, columns=ATTAINMENT_COLUMNS)
     return out.sort_values(["suite", "shape", "config", "rate"], kind="stable").reset_index(drop=True)

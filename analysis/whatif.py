@@ -22,7 +22,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from epdbench.analysis.goodput import wilson
+from epdbench.analysis.goodput import surely
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, RateSuite
 
 MAX_DOUBLINGS = 4        # past the highest swept rate: at most 16× it (below the lowest: 1/16 of it)
@@ -102,22 +102,18 @@ class Point:
 
     @property
     def surely_holds(self) -> bool:
-        """Held beyond the noise: the attainment's 95% Wilson interval at or above the target, and the ITL
-        p99 within its bound beyond its interval."""
-        return self.requests > 0 and wilson(self.met, self.requests)[0] >= self.target and self.itl_p99_holds \
-            and not self.itl_p99_uncertain
+        """Held beyond the noise (analysis.goodput.surely)."""
+        return surely(self.met, self.requests, self.target, self.itl_p99_holds, self.itl_p99_uncertain) is True
 
     @property
     def surely_fails(self) -> bool:
-        """Failed beyond the noise: the attainment's interval wholly below the target, or the ITL p99 over its
-        bound beyond its interval (or no request measured)."""
-        return (self.requests == 0 or wilson(self.met, self.requests)[1] < self.target
-                or (not self.itl_p99_holds and not self.itl_p99_uncertain))
+        """Failed beyond the noise (analysis.goodput.surely)."""
+        return surely(self.met, self.requests, self.target, self.itl_p99_holds, self.itl_p99_uncertain) is False
 
     @property
     def uncertain(self) -> bool:
         """Neither: the verdict at this rate is within the noise."""
-        return not self.surely_holds and not self.surely_fails
+        return surely(self.met, self.requests, self.target, self.itl_p99_holds, self.itl_p99_uncertain) is None
 
 
 def _upwards(rates: list[float]):

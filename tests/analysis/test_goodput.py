@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from epdbench.analysis.goodput import (attainment, goodput, goodput_lines, rate_cells, requests_meeting, slo_text,
-                                      wilson)
+                                      surely, wilson)
 from epdbench.specs.models import Slo, load_spec, parse_spec
 
 
@@ -130,6 +130,20 @@ def test_an_itl_p99_bound_inside_the_p99s_interval_is_uncertain_and_named_so():
     assert "ITL p99 within noise of its bound at 1 req/s" in goodput(att)["note"].iloc[0]
     clear = attainment(pd.DataFrame(rows), cells_for([1], {"ttft_ms": 100, "itl_p99_ms": 150}))
     assert not bool(clear["uncertain"].iloc[0]) and bool(clear["sustained"].iloc[0])
+
+
+def test_a_rate_failing_one_bound_beyond_noise_is_no_blur_whatever_the_other():
+    """Attainment 37/40 straddles a 0.9 target, but one gap in ten is 80 ms against an ITL p99 bound of 50: the
+    rate surely fails, and is not called within noise."""
+    cells = cells_for([4], {"ttft_ms": 100, "itl_p99_ms": 50, "attainment": 0.9})
+    rows = [request(workload="1024/64@4/s", ttft=50.0 if i >= 3 else 500.0, gaps_ms=(10.0,) * 9 + (80.0,))
+            for i in range(40)]
+    att = attainment(pd.DataFrame(rows), cells)
+    assert att["attainment_low"].iloc[0] < 0.9 < att["attainment_high"].iloc[0]
+    assert not bool(att["sustained"].iloc[0]) and not bool(att["uncertain"].iloc[0])
+    assert surely(37, 40, 0.9, itl_holds=False) is False and surely(37, 40, 0.9) is None
+    assert surely(40, 40, 0.9) is True and surely(40, 40, 0.9, itl_uncertain=True) is None
+    assert surely(0, 0, 0.9) is False
 
 
 def test_the_slo_in_words_names_the_rate_wide_itl_p99_bound():
