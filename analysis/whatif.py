@@ -90,7 +90,6 @@ class Point:
     itl_p99_ms: float | None = None     # the rate's pooled ITL p99, when the SLO bounds it
     itl_p99_holds: bool = True          # ... within slo.itl_p99_ms (analysis.goodput.itl_p99)
     itl_p99_uncertain: bool = False     # ... the bound inside the p99's 95% interval
-    stopped_early: bool = False         # stopped once it surely failed: `met` an upper bound, no ITL p99
 
     @property
     def attainment(self) -> float:

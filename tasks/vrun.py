@@ -107,25 +107,12 @@ class _Counter:
         return run(count())
 
 
-class StoppedEarly(Exception):
-    """`until` asked to stop: the simulation ended there (its requests in flight cancelled)."""
-
-
 def simulate_configuration(spec: ExperimentSpec, config: ConfigurationSpec, calibration: Calibration,
-                           on_cell: Callable[[str, Cell, int], None] | None = None,
-                           until: Callable[[Record], bool] | None = None) -> list[dict]:
+                           on_cell: Callable[[str, Cell, int], None] | None = None) -> list[dict]:
     """Every cell and trial of the spec on one configuration, on a fresh deployment (caches empty), in the
-    order a run measures them; returns record rows (tasks.results.RECORD_SCHEMA). `until` sees each finished
-    request; when it answers True the simulation stops (StoppedEarly): what-if's rates that surely fail."""
+    order a run measures them; returns record rows (tasks.results.RECORD_SCHEMA)."""
     loop = VirtualTimeLoop()
     rows: list[dict] = []
-    main: list[asyncio.Task] = []
-    stopped: list[bool] = []
-
-    def watch(rec: Record) -> None:
-        if not stopped and until(rec):
-            stopped.append(True)
-            main[0].cancel()
 
     def keep(cell: Cell, trial: int, recs: list[Record]) -> None:
         rows.extend({**r, "run": RUN, "trial": trial, "config": config.name, "suite": cell.suite,
@@ -135,7 +122,6 @@ def simulate_configuration(spec: ExperimentSpec, config: ConfigurationSpec, cali
             on_cell(config.name, cell, trial)
 
     async def go() -> None:
-        main.append(asyncio.current_task())
         cluster = VirtualCluster(spec, config)
         cluster.start()
         try:
@@ -151,17 +137,11 @@ def simulate_configuration(spec: ExperimentSpec, config: ConfigurationSpec, cali
                             continue
                         for cell in cells:
                             requests = cell_requests(spec, cell, trial, calibration)
-                            keep(cell, trial, await lg.run_cell(requests, cell.concurrency,
-                                                                on_record=watch if until else None))
+                            keep(cell, trial, await lg.run_cell(requests, cell.concurrency))
         finally:
             await cluster.stop()
 
-    try:
-        run(go(), loop)
-    except asyncio.CancelledError:
-        if not stopped:
-            raise
-        raise StoppedEarly() from None
+    run(go(), loop)
     return rows
 
 

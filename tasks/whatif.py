@@ -16,58 +16,27 @@ import pandas as pd
 from epdbench.analysis.goodput import ItlP99, itl_p99, requests_meeting, wilson
 from epdbench.analysis.whatif import (CAPACITY_COLUMNS, Point, Variant, best_per_configuration, capacity_row,
                                       noise_range, search_rate, slo_suites)
-from epdbench.specs.models import ExperimentSpec, RateSuite, Slo
+from epdbench.specs.models import ExperimentSpec, RateSuite
 from epdbench.specs.workload import Calibration
-from epdbench.tasks.loadgen import Record, records_as_dicts
-from epdbench.tasks.vrun import StoppedEarly, prompt_calibration, simulate_configuration
+from epdbench.tasks.vrun import prompt_calibration, simulate_configuration
 
 POINT_COLUMNS = ["configuration", "variant", "suite", "shape", "rate", "requests", "met", "attainment",
-                 "attainment_low", "attainment_high", "target", "itl_p99_ms", "sustained", "uncertain",
-                 "stopped_early"]
+                 "attainment_low", "attainment_high", "target", "itl_p99_ms", "sustained", "uncertain"]
 
 
 def evaluate(spec: ExperimentSpec, variant: Variant, suite: RateSuite, shape_index: int, rate: float,
              calibration: Calibration, window_s: float) -> Point:
     """One rate of one shape of an SLO suite on a fresh deployment of the variant: requests and how many met
     the SLO. The suite's measured requests, or more so that arrivals span `window_s` at this rate: a short
-    burst of arrivals above capacity ends before its queue has grown past the SLO, and would pass. Once so many
-    requests have missed that the rate surely fails whatever the rest do, it stops there (MissCounter): the
-    point's `met` is then an upper bound and its ITL p99 unknown."""
+    burst of arrivals above capacity ends before its queue has grown past the SLO, and would pass."""
     n = max(suite.n_measured, math.ceil(rate * window_s))
     one = suite.model_copy(update={"shapes": [suite.shapes[shape_index]], "rates": [rate], "n_measured": n})
     sub = spec.model_copy(update={"suites": [one], "configurations": [variant.config], "trials": 1})
-    counter = MissCounter(suite.slo, n)
-    try:
-        rows = pd.DataFrame(simulate_configuration(sub, variant.config, calibration, until=counter))
-    except StoppedEarly:
-        return Point(rate, n, n - counter.missed, suite.slo.attainment, stopped_early=True)
+    rows = pd.DataFrame(simulate_configuration(sub, variant.config, calibration))
     measured = rows[rows["phase"] == "measured"] if len(rows) else rows
     met = int(requests_meeting(measured, suite.slo).sum()) if len(measured) else 0
     itl = itl_p99(measured, suite.slo) if len(measured) else ItlP99(None, True, False)
     return Point(rate, len(measured), met, suite.slo.attainment, itl.p99_ms, itl.holds, itl.uncertain)
-
-
-class MissCounter:
-    """Counts the measured requests of a rate that missed the SLO as they finish (judged in batches by
-    analysis.goodput.requests_meeting, the same rule as the point's); says stop once `enough` have missed: then
-    even if every other request met, the attainment's Wilson interval lies wholly below the target — the
-    rate surely fails (analysis.goodput.surely), whatever the rest would show."""
-
-    def __init__(self, slo: Slo, n: int):
-        self.slo, self.missed, self._batch = slo, 0, []
-        self.enough = next((m for m in range(n + 1) if wilson(n - m, n)[1] < slo.attainment), n + 1)
-        self.every = max(16, n // 16)      # requests per judgement: a DataFrame each, so not one per request
-
-    def __call__(self, rec: Record) -> bool:
-        if rec.phase != "measured":
-            return False
-        self._batch.append(rec)
-        if len(self._batch) < self.every:
-            return False
-        rows = pd.DataFrame(records_as_dicts(self._batch))
-        self.missed += int((~requests_meeting(rows, self.slo)).sum())
-        self._batch = []
-        return self.missed >= self.enough
 
 
 def plan_variant(spec: ExperimentSpec, variant: Variant, calibration: Calibration, refine: int,
@@ -82,12 +51,11 @@ def plan_variant(spec: ExperimentSpec, variant: Variant, calibration: Calibratio
             rows.append({**capacity_row(variant, found), "suite": suite.name, "shape": shape.workload})
             for p in found:
                 low, high = wilson(p.met, p.requests)
-                low = 0.0 if p.stopped_early else low       # `met` an upper bound: nothing known below it
                 points.append({"configuration": variant.family, "variant": variant.config.name, "suite": suite.name,
                                "shape": shape.workload, "rate": p.rate, "requests": p.requests, "met": p.met,
                                "attainment": p.attainment, "attainment_low": low, "attainment_high": high,
                                "target": p.target, "itl_p99_ms": p.itl_p99_ms, "sustained": p.sustained,
-                               "uncertain": p.uncertain, "stopped_early": p.stopped_early})
+                               "uncertain": p.uncertain})
     return {"rows": rows, "points": points, "seconds": time.perf_counter() - t0}
 
 
