@@ -91,6 +91,20 @@ def load_profile(path: str | Path) -> dict:
     return parse_profile(data, str(path))
 
 
+def error_bar(profile: dict | None) -> str:
+    """What is known of how far predictions made with `profile` are off, in words: its measured hold-out
+    error (median |predicted / observed − 1| per metric on cells it was not fitted to), or that none was
+    measured."""
+    if profile is None:
+        return ("uncalibrated: the spec's hardware constants, no measured error bar (epdbench calibrate fits them "
+                "to a run and measures one)")
+    held = {k: v for k, v in (profile.get("holdout_error") or {}).items() if v is not None}
+    if not held:
+        return "no hold-out check in the profile: its error on cells it was not fitted to is not known"
+    return ("its predictions' measured error on cells it was not fitted to (median |predicted/observed − 1|): "
+            + ", ".join(f"{k} {v:.1%}" for k, v in held.items()))
+
+
 def apply_profile(spec: ExperimentSpec, profile: dict) -> ExperimentSpec:
     """A copy of `spec` whose hardware fields are replaced by the profile's fitted constants."""
     data = spec.model_dump(mode="json")

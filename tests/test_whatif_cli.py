@@ -87,6 +87,8 @@ def test_a_profile_replaces_the_constants_and_says_where_it_came_from(tiny_spec_
     assert main([*args, "--profile", str(path), "--out", str(tmp_path / "profiled")]) == 0
     text = capsys.readouterr().out
     assert f"profile {path} (fitted to a run of spec {slow['spec']}" in text and "compute_efficiency 0.1" in text
+    assert "Model error: uncalibrated: the spec's hardware constants, no measured error bar" in text   # plain
+    assert "Model error: its predictions' measured error on cells it was not fitted to" in text       # profiled
     plain = pd.read_csv(tmp_path / "plain" / "capacity.csv").set_index("configuration")["goodput_req_s"]
     profiled = pd.read_csv(tmp_path / "profiled" / "capacity.csv").set_index("configuration")["goodput_req_s"]
     assert (profiled.fillna(0) < plain.fillna(0)).all()

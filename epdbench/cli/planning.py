@@ -174,7 +174,10 @@ def cmd_whatif(args) -> int:
     from epdbench.analysis.whatif import slo_suites, table_lines, variants
     from epdbench.specs.models import load_spec, select_configurations
 
+    from epdbench.specs.profile import error_bar
+
     spec = load_spec(args.spec)
+    profile = None
     origin = ""
     if args.profile:
         from epdbench.specs.profile import apply_profile, load_profile
@@ -232,6 +235,7 @@ def cmd_whatif(args) -> int:
         print(f"\nCapacity within the SLO, suite {suite} {shape} — best variant per configuration, by goodput per GPU:")
         for line in table_lines(g.to_dict("records")):
             print("  " + line)
+    print(f"\nModel error: {error_bar(profile)}; the noise ranges are the workload's sampling noise only.")
     print(f"\n{len(found)} variants in {time.perf_counter() - t0:.1f} s; tables and plots in {out}/ "
           "(variants.csv, capacity.csv, points.csv, *.png)")
     return 0

@@ -75,3 +75,13 @@ def test_every_free_constant_is_a_hardware_field_a_profile_may_set():
     values = {n: getattr(spec.hardware, n) for n in FREE_CONSTANTS}
     profile = a_profile(hardware=values, created=date(2026, 1, 2))
     assert apply_profile(spec, profile).hardware == spec.hardware
+
+
+def test_the_error_bar_of_a_prediction_is_the_profiles_measured_hold_out_error_or_says_there_is_none():
+    from epdbench.specs.profile import error_bar
+
+    text = error_bar(a_profile())
+    assert "on cells it was not fitted to" in text and "ttft_p50_ms 4.0%" in text and "req_s" not in text
+    assert "not known" in error_bar(a_profile(holdout_error={}, holdout_seed=None))
+    assert "not known" in error_bar(a_profile(holdout_error={"req_s": None}))
+    assert error_bar(None).startswith("uncalibrated: the spec's hardware constants, no measured error bar")
