@@ -138,6 +138,29 @@ def test_compare_applies_a_profile_to_the_simulator(run, profile_file):
     assert {n: getattr(spec.hardware, n) for n in HIDDEN} == HIDDEN
 
 
+def test_compare_with_a_profile_says_what_its_error_bar_is(run, profile_file, tmp_path, capsys, monkeypatch):
+    import signal
+
+    import epdbench.flows.compare as flow
+
+    class Started(Exception):
+        pass
+
+    def started(*args, **kwargs):
+        raise Started
+
+    monkeypatch.setattr(flow, "compare", started)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with pytest.raises(Started):
+            main(["compare", "--spec", str(run[0]), "--profile", profile_file, "--out", str(tmp_path / "out")])
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    assert (f"Simulator constants from profile {profile_file}; no hold-out check in the profile: its error on "
+            "cells it was not fitted to is not known") in capsys.readouterr().out
+
+
 def test_compare_refuses_a_profile_on_kubernetes(run, profile_file, capsys):
     err = one_line_error(capsys, ["compare", "--spec", str(run[0]), "--target", "kubernetes",
                                   "--profile", profile_file])

@@ -25,6 +25,10 @@ def cmd_compare(args) -> int:
     if not args.resume and out and Path(out).exists() and any(Path(out).iterdir()):
         raise CliError(f"--out {out}: directory exists and is not empty; choose a new one or --resume it")
     settings = regression_settings(args)
+    if getattr(args, "profile", None):
+        from epdbench.specs.profile import error_bar, load_profile
+        print(f"Simulator constants from profile {args.profile}; {error_bar(load_profile(args.profile))}",
+              flush=True)
     quiet_defaults()
     from epdbench.flows import compare as compare_flow
     from epdbench.reports.terminal import print_summary
