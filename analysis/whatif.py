@@ -26,9 +26,10 @@ from epdbench.analysis.goodput import surely
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, RateSuite
 
 MAX_DOUBLINGS = 4        # past the highest swept rate: at most 16× it (below the lowest: 1/16 of it)
+SURE_STEPS = 4           # ×√2 steps past a failure within noise, for one beyond it: at most 4× that rate
 CAPACITY_COLUMNS = ["configuration", "variant", "roles", "kv_transport", "gpus", "goodput_req_s",
                     "goodput_req_s_per_gpu", "fails_at_req_s", "holds_surely_req_s", "fails_surely_req_s",
-                    "attainment", "tie_with", "note"]
+                    "attainment", "tie_with", "variants_within_noise", "note"]
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,8 @@ def search_rate(evaluate: Callable[[float], Point], rates: list[float], refine: 
     """Points evaluated, in order: the swept rates upwards until one fails (then doubling past the highest
     while all hold, at most MAX_DOUBLINGS times) — or, when the lowest already fails, halving below it until one
     holds (at most MAX_DOUBLINGS times) — then `refine` bisections (geometric) between the highest rate
-    sustained and the lowest that failed."""
+    sustained and the lowest that failed. When no rate tried surely fails, rates above the highest tried
+    (×√2 each, at most SURE_STEPS) until one does: the noise range's upper end (capacity_row)."""
     points: list[Point] = []
     best = upper = None
     for r in _upwards(rates):
@@ -155,6 +157,14 @@ def search_rate(evaluate: Callable[[float], Point], rates: list[float], refine: 
             p = evaluate(mid)
             points.append(p)
             best, upper = (mid, upper) if p.sustained else (best, mid)
+    if upper is not None and not any(p.surely_fails for p in points):
+        r = max(p.rate for p in points)     # the failure found is within noise: bound the range from above
+        for _ in range(SURE_STEPS):
+            r *= math.sqrt(2)
+            p = evaluate(r)
+            points.append(p)
+            if p.surely_fails:
+                break
     return points
 
 
@@ -186,7 +196,7 @@ def capacity_row(variant: Variant, points: list[Point]) -> dict:
             "kv_transport": variant.config.kv_transport, "gpus": gpus, "goodput_req_s": best,
             "goodput_req_s_per_gpu": best / gpus if best is not None else None, "fails_at_req_s": fails,
             "holds_surely_req_s": holds_surely, "fails_surely_req_s": fails_surely, "attainment": att,
-            "tie_with": "", "note": note}
+            "tie_with": "", "variants_within_noise": "", "note": note}
 
 
 def _per_gpu(row: dict, key: str) -> float | None:
@@ -203,7 +213,8 @@ def surely_beats(a: dict, b: dict) -> bool:
 def best_per_configuration(rows: list[dict]) -> list[dict]:
     """Per configuration, the variant with the highest goodput per GPU (equal: fewer GPUs, then the name),
     best first; each row's `tie_with` names the configurations neither beats nor is beaten by beyond the noise
-    (surely_beats), and its note says so."""
+    (surely_beats), `variants_within_noise` the other variants of its configuration it does not surely beat
+    (their roles), and its note says both."""
     out: dict[str, dict] = {}
     for r in rows:
         cur = out.get(r["configuration"])
@@ -214,8 +225,13 @@ def best_per_configuration(rows: list[dict]) -> list[dict]:
     for r in best:
         ties = [o["configuration"] for o in best if o is not r and not surely_beats(r, o) and not surely_beats(o, r)]
         r["tie_with"] = ", ".join(ties)
-        if ties:
-            r["note"] = f"tie with {r['tie_with']} within noise" + (f"; {r['note']}" if r["note"] else "")
+        rivals = [o["roles"] for o in rows if o["configuration"] == r["configuration"]
+                  and o["variant"] != r["variant"] and not surely_beats(r, o)]
+        r["variants_within_noise"] = "; ".join(rivals)
+        notes = ([f"tie with {r['tie_with']} within noise"] if ties else []) + \
+            ([f"{len(rivals)} other variant{'s' if len(rivals) > 1 else ''} of it within noise"] if rivals else []) + \
+            ([r["note"]] if r["note"] else [])
+        r["note"] = "; ".join(notes)
     return best
 
 
