@@ -26,7 +26,7 @@ from epdbench.analysis.goodput import surely
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, RateSuite
 
 MAX_DOUBLINGS = 4        # past the highest swept rate: at most 16× it (below the lowest: 1/16 of it)
-SURE_STEPS = 4           # ×√2 steps past a failure within noise, for one beyond it: at most 4× that rate
+SURE_STEPS = 4           # ×√2 steps past a verdict within noise, for one beyond it: at most 4× (¼) that rate
 CAPACITY_COLUMNS = ["configuration", "variant", "roles", "kv_transport", "gpus", "goodput_req_s",
                     "goodput_req_s_per_gpu", "fails_at_req_s", "holds_surely_req_s", "fails_surely_req_s",
                     "attainment", "tie_with", "variants_within_noise", "note"]
@@ -131,7 +131,9 @@ def search_rate(evaluate: Callable[[float], Point], rates: list[float], refine: 
     while all hold, at most MAX_DOUBLINGS times) — or, when the lowest already fails, halving below it until one
     holds (at most MAX_DOUBLINGS times) — then `refine` bisections (geometric) between the highest rate
     sustained and the lowest that failed. When no rate tried surely fails, rates above the highest tried
-    (×√2 each, at most SURE_STEPS) until one does: the noise range's upper end (capacity_row)."""
+    (×√2 each, at most SURE_STEPS) until one does: the noise range's upper end (capacity_row); when the lowest
+    tried held but within noise, rates below it (÷√2 each, at most SURE_STEPS) until one surely holds: its
+    lower end."""
     points: list[Point] = []
     best = upper = None
     for r in _upwards(rates):
@@ -164,6 +166,15 @@ def search_rate(evaluate: Callable[[float], Point], rates: list[float], refine: 
             p = evaluate(r)
             points.append(p)
             if p.surely_fails:
+                break
+    lowest = min(points, key=lambda p: p.rate) if points else None
+    if best is not None and lowest is not None and lowest.sustained and not lowest.surely_holds:
+        r = lowest.rate                     # held, but within noise: bound the range from below
+        for _ in range(SURE_STEPS):
+            r /= math.sqrt(2)
+            p = evaluate(r)
+            points.append(p)
+            if p.surely_holds:
                 break
     return points
 

@@ -180,3 +180,17 @@ def test_a_failure_within_noise_is_followed_up_until_one_surely_fails():
     evaluate_sure, sure_calls = threshold(5.0)
     search_rate(evaluate_sure, [1, 2, 4, 8], refine=3)
     assert len(sure_calls) == 7
+
+
+def test_a_lowest_rate_held_within_noise_is_followed_down_until_one_surely_holds():
+    """Up to 0.6 req/s every request meets the SLO; from there to 2, 92 of 100 (held, interval 0.85–0.96: no
+    verdict); above, none. The range's lower end comes from rates below the lowest swept."""
+    calls = []
+
+    def evaluate(rate):
+        calls.append(rate)
+        return Point(rate, 100, 100 if rate <= 0.6 else 92 if rate <= 2 else 0, 0.9)
+    row = capacity_row(_variant(), search_rate(evaluate, [1, 2, 4], refine=1))
+    assert calls == pytest.approx([1, 2, 4, 8 ** 0.5, 1 / 2 ** 0.5, 0.5])     # walk, bisect, then down
+    assert row["goodput_req_s"] == 2 and row["fails_surely_req_s"] == pytest.approx(8 ** 0.5)
+    assert row["holds_surely_req_s"] == pytest.approx(0.5)
