@@ -102,19 +102,21 @@ class Point:
         return self.requests > 0 and self.attainment >= self.target and self.itl_p99_holds
 
     @property
+    def verdict(self) -> bool | None:
+        """Beyond the noise (analysis.goodput.surely): True held, False failed, None within the noise."""
+        return surely(self.met, self.requests, self.target, self.itl_p99_holds, self.itl_p99_uncertain)
+
+    @property
     def surely_holds(self) -> bool:
-        """Held beyond the noise (analysis.goodput.surely)."""
-        return surely(self.met, self.requests, self.target, self.itl_p99_holds, self.itl_p99_uncertain) is True
+        return self.verdict is True
 
     @property
     def surely_fails(self) -> bool:
-        """Failed beyond the noise (analysis.goodput.surely)."""
-        return surely(self.met, self.requests, self.target, self.itl_p99_holds, self.itl_p99_uncertain) is False
+        return self.verdict is False
 
     @property
     def uncertain(self) -> bool:
-        """Neither: the verdict at this rate is within the noise."""
-        return surely(self.met, self.requests, self.target, self.itl_p99_holds, self.itl_p99_uncertain) is None
+        return self.verdict is None
 
 
 def _upwards(rates: list[float]):
@@ -160,23 +162,24 @@ def search_rate(evaluate: Callable[[float], Point], rates: list[float], refine: 
             points.append(p)
             best, upper = (mid, upper) if p.sustained else (best, mid)
     if upper is not None and not any(p.surely_fails for p in points):
-        r = max(p.rate for p in points)     # the failure found is within noise: bound the range from above
-        for _ in range(SURE_STEPS):
-            r *= math.sqrt(2)
-            p = evaluate(r)
-            points.append(p)
-            if p.surely_fails:
-                break
+        # the failure found is within noise: bound the range from above
+        _step_until(evaluate, points, max(p.rate for p in points), math.sqrt(2), False)
     lowest = min(points, key=lambda p: p.rate) if points else None
     if best is not None and lowest is not None and lowest.sustained and not lowest.surely_holds:
-        r = lowest.rate                     # held, but within noise: bound the range from below
-        for _ in range(SURE_STEPS):
-            r /= math.sqrt(2)
-            p = evaluate(r)
-            points.append(p)
-            if p.surely_holds:
-                break
+        _step_until(evaluate, points, lowest.rate, 1 / math.sqrt(2), True)   # held within noise: from below
     return points
+
+
+def _step_until(evaluate: Callable[[float], Point], points: list[Point], rate: float, factor: float,
+                verdict: bool) -> None:
+    """Rates rate×factor, rate×factor², … (at most SURE_STEPS) appended to `points` until one's verdict beyond
+    the noise is `verdict`."""
+    for _ in range(SURE_STEPS):
+        rate *= factor
+        p = evaluate(rate)
+        points.append(p)
+        if p.verdict is verdict:
+            return
 
 
 def capacity_row(variant: Variant, points: list[Point]) -> dict:
@@ -210,9 +213,15 @@ def capacity_row(variant: Variant, points: list[Point]) -> dict:
             "tie_with": "", "variants_within_noise": "", "note": note}
 
 
-def _per_gpu(row: dict, key: str) -> float | None:
+def _figure(row: dict, key: str) -> float | None:
+    """row[key], None when missing or NaN (a table read back from CSV)."""
     v = row.get(key)
-    return None if v is None or v != v else v / row["gpus"]
+    return None if v is None or v != v else v
+
+
+def _per_gpu(row: dict, key: str) -> float | None:
+    v = _figure(row, key)
+    return None if v is None else v / row["gpus"]
 
 
 def surely_beats(a: dict, b: dict) -> bool:
@@ -271,9 +280,7 @@ def table_lines(rows: list[dict]) -> list[str]:
 def noise_range(row: dict) -> str:
     """A capacity's noise range in words: "<highest rate surely held>–<lowest surely failed>" in req/s, an end
     unknown when no rate tried was sure ("<" or "≥")."""
-    low, high = row.get("holds_surely_req_s"), row.get("fails_surely_req_s")
-    low = None if low is None or low != low else low
-    high = None if high is None or high != high else high
+    low, high = _figure(row, "holds_surely_req_s"), _figure(row, "fails_surely_req_s")
     if low is None and high is None:
         return "?"
     if low is None:
