@@ -1,5 +1,12 @@
 """Automatic prefix caching as vLLM does it: full blocks of prompt token ids, chained hashes, LRU
-eviction within the KV capacity. A request reuses the longest run of cached leading blocks."""
+eviction within the KV capacity. A request reuses the longest run of cached leading blocks.
+
+A prompt's blocks become the most recently used in reverse order, its last block first and its first block
+last, so that under pressure a prompt loses its tail before its head, as vLLM frees a request's blocks
+(`SingleTypeKVCacheManager.free`, vllm/v1/core/single_type_kv_cache_manager.py, 0.33: "we free the blocks in
+reverse order so that the tail blocks are evicted first"; its free block queue evicts from the front). The
+other order would evict a prompt's first block first, and since a block's hash chains everything before it,
+the blocks left behind could never be hit again."""
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -38,9 +45,11 @@ class PrefixCache:
         return hit
 
     def insert(self, ids: list[int], hashes: list[int] | None = None) -> None:
+        """Cache the full blocks of `ids` (`hashes`: their block_hashes if the caller has them), the last block
+        first, so the first is the most recently used (evicted last)."""
         blocks = self._blocks
         touch = blocks.move_to_end
-        for h in block_hashes(ids, self.block) if hashes is None else hashes:
+        for h in reversed(block_hashes(ids, self.block) if hashes is None else hashes):
             if h in blocks:
                 touch(h)              # most recently used
             else:

@@ -7,7 +7,8 @@ from epdbench.sim.prefix_cache import BLOCK_TOKENS, PrefixCache, block_hashes
 
 
 class ReferenceCache:
-    """The same rules one block at a time: a hit or an insert makes a block the most recently used."""
+    """The same rules one block at a time: a hit or an insert makes a block the most recently used; an insert
+    takes a prompt's blocks from its last to its first (vLLM frees a request's blocks in reverse order)."""
 
     def __init__(self, capacity_tokens: int):
         self.capacity = capacity_tokens // BLOCK_TOKENS
@@ -23,7 +24,7 @@ class ReferenceCache:
         return hit
 
     def insert(self, ids: list[int]) -> None:
-        for h in block_hashes(ids):
+        for h in block_hashes(ids)[::-1]:
             if h in self.blocks:
                 self.blocks.move_to_end(h)
             else:
@@ -58,3 +59,15 @@ def test_inserts_and_lookups_keep_exactly_the_blocks_and_order_of_one_block_at_a
             ref.insert(ids)
         assert list(cache._blocks) == list(ref.blocks)
     assert len(ref.blocks) == 90                            # the capacity was reached: evictions happened
+
+
+def test_under_pressure_a_prompt_loses_its_tail_before_its_head():
+    """vLLM frees a request's blocks last block first, so eviction takes a prompt's tail and keeps the head
+    that later prompts sharing it can still hit; evicting the head first would leave its tail unreachable."""
+    cache = PrefixCache(capacity_tokens=8 * BLOCK_TOKENS)
+    a = list(range(6 * BLOCK_TOKENS + 1))                   # 6 full blocks
+    b = list(range(10_000, 10_000 + 4 * BLOCK_TOKENS + 1))  # 4 more: 2 of a's must go
+    cache.insert(a)
+    cache.insert(b)
+    assert cache.lookup(a) == 4 * BLOCK_TOKENS              # a's first 4 blocks are still there
+    assert cache.lookup(b) == 4 * BLOCK_TOKENS
