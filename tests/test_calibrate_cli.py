@@ -134,8 +134,9 @@ def profile_file(tmp_path, run) -> str:
 
 def test_compare_applies_a_profile_to_the_simulator(run, profile_file):
     args = build_parser().parse_args(["compare", "--spec", str(run[0]), "--profile", profile_file])
-    spec = load_compare_spec(args)
+    spec, profile = load_compare_spec(args)
     assert {n: getattr(spec.hardware, n) for n in HIDDEN} == HIDDEN
+    assert profile["hardware"] == HIDDEN
 
 
 def test_compare_with_a_profile_says_what_its_error_bar_is(run, profile_file, tmp_path, capsys, monkeypatch):

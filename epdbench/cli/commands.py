@@ -21,14 +21,13 @@ def cmd_compare(args) -> int:
             raise CliError("--out and --resume name different directories; give one of them")
         out = str(rdir)
         args.spec = str(rdir / "spec.yaml")
-    spec = load_compare_spec(args)
+    spec, profile = load_compare_spec(args)
     if not args.resume and out and Path(out).exists() and any(Path(out).iterdir()):
         raise CliError(f"--out {out}: directory exists and is not empty; choose a new one or --resume it")
     settings = regression_settings(args)
-    if getattr(args, "profile", None):
-        from epdbench.specs.profile import error_bar, load_profile
-        print(f"Simulator constants from profile {args.profile}; {error_bar(load_profile(args.profile))}",
-              flush=True)
+    if profile is not None:
+        from epdbench.specs.profile import error_bar
+        print(f"Simulator constants from profile {args.profile}; {error_bar(profile)}", flush=True)
     quiet_defaults()
     from epdbench.flows import compare as compare_flow
     from epdbench.reports.terminal import print_summary

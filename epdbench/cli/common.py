@@ -92,10 +92,13 @@ def check_kubeconfig(target) -> None:
                         "not found: give the kubeconfig of the cluster")
 
 
-def load_compare_spec(args):
+def load_compare_spec(args) -> tuple:
+    """The spec `compare` runs, with the command line's overrides and --profile's constants; and that profile
+    (None without --profile)."""
     from epdbench.specs.models import SpecError, load_spec, select_configurations
 
     spec = load_spec(args.spec)
+    profile = None
     spec = with_target(spec, args.target or spec.target.kind, kube_overrides(args), args.spec)
     if spec.target.kind == "kubernetes":
         if getattr(args, "profile", None):
@@ -104,7 +107,8 @@ def load_compare_spec(args):
         check_kubeconfig(spec.target.kubernetes)
     elif getattr(args, "profile", None):
         from epdbench.specs.profile import apply_profile, load_profile
-        spec = apply_profile(spec, load_profile(args.profile))
+        profile = load_profile(args.profile)
+        spec = apply_profile(spec, profile)
     updates: dict = {}
     if args.seed is not None:
         if args.seed < 0:
@@ -120,7 +124,7 @@ def load_compare_spec(args):
     configs = [x.strip() for x in args.configs.split(",") if x.strip()] if args.configs else None
     spec = select_configurations(spec, configs)
     check_keep_fits(spec)
-    return spec
+    return spec, profile
 
 
 def check_keep_fits(spec) -> None:
