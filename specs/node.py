@@ -204,7 +204,8 @@ class HardwareSpec(Strict):
                                               "tcp_setup_ms and tcp_descriptor_ms, which loopback measured without "
                                               "a network. Not measured: 0.5 ms is the project's earlier assumption "
                                               "(for the whole fixed cost), kept as the scale `epdbench calibrate` "
-                                              "starts its fit from.")
+                                              "starts its fit from; between two pods of one node "
+                                              "benchmarks/pod_network.py resolved none (README).")
     rdma_nic_gbit_s: float = Field(gt=0, title="RDMA NIC line rate (Gbit/s)",
                                    description="Per interface, e.g. 400 for ConnectX-7 NDR.")
     rdma_efficiency: float = Field(0.8, gt=0, le=1, title="Achievable fraction of RDMA line rate",
