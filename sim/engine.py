@@ -13,13 +13,12 @@ engine.num_gpu_blocks_override), and admission and preemption follow vLLM v1's s
   that preempted; it then takes the blocks of each prefill chunk as it is computed;
 - a running request whose next token needs a block when none is free preempts the most recently admitted
   request (FCFS policy: `self.running.pop()`), possibly itself: the victim's blocks are freed and it goes
-  back to the front of the waiting queue with nothing computed, to prefill its prompt and the tokens it
-  already generated again (recompute), then goes on generating; tokens it already streamed are not
-  streamed again.
-Simplifications: every admitted sequence counts its own blocks (vLLM shares the blocks of a common prefix
-between running requests), and the prefix cache's blocks are evictable, so they never block an admission
-(vLLM counts its unreferenced cached blocks as free too); a recompute starts from scratch (vLLM may find
-some of the victim's freed blocks still in its prefix cache) and needs no new encoder work.
+  back to the front of the waiting queue with nothing computed but what of its prompt the prefix cache still
+  holds, to prefill its prompt and the tokens it already generated again (recompute), then goes on
+  generating; tokens it already streamed are not streamed again.
+The prefix cache (sim.prefix_cache) is part of the KV cache: a request takes the cached blocks of its prefix
+when it is admitted, sequences sharing them hold them once, and the blocks steps allocate evict the least
+recently freed cached ones. Simplification: a recompute needs no new encoder work.
 """
 from __future__ import annotations
 
@@ -32,7 +31,7 @@ from dataclasses import dataclass, field
 
 from epdbench.physics.costmodel import CostModel, chunk_prefill, output_seconds
 from epdbench.sim.fused import decode_stretch
-from epdbench.sim.prefix_cache import BLOCK_TOKENS
+from epdbench.sim.prefix_cache import BLOCK_TOKENS, PrefixCache
 from epdbench.specs.models import EngineSpec
 from epdbench.timer import cancel_and_wait
 
@@ -50,7 +49,9 @@ class Sequence:
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
     finish_reason: str | None = None
     aborted: bool = False
-    on_prefilled: object = None    # callable run once the prompt's KV is complete (prefix-cache insert)
+    block_hashes: list[int] | None = None   # its prompt's full blocks (sim.prefix_cache); None: not cached
+    hit: int = 0                   # prefix-cache blocks its lookup found: taken when it is admitted
+    shared: list[int] = field(default_factory=list)   # the prefix cache's blocks it holds, in prompt order
     arrived: float | None = None   # host clock at submit: no step that serves it can start earlier
     admitted: int | None = None    # when it got KV blocks (vLLM's running order); None while it holds none
     recompute_tokens: int = 0      # generated tokens a preemption dropped from the KV: prefilled again
@@ -147,6 +148,7 @@ class Engine:
         self.stats = EngineStats()
         self.kv_blocks = (limits.num_gpu_blocks_override if limits.num_gpu_blocks_override is not None
                           else cost.kv_capacity_tokens(limits.gpu_memory_utilization) // BLOCK_TOKENS)
+        self.prefix_cache: PrefixCache | None = None   # its cached blocks are part of kv_blocks (sim.prefix_cache)
         self._admissions = 0
         self._output_busy = 0.0   # when the API server's output path is done with the tokens handed to it so far
         self._wake = asyncio.Event()
@@ -183,10 +185,12 @@ class Engine:
 
     def used_blocks(self) -> int:
         """KV blocks held: a decoding sequence holds all its tokens but the last sampled one (the next step
-        computes its KV); an admitted, still prefilling one what it computed so far."""
+        computes its KV); an admitted, still prefilling one what it computed so far; the prefix cache's blocks
+        that sequences hold (a hit holds them from the request's arrival) count once however many share them."""
         b = BLOCK_TOKENS
-        return (sum((s.computed + s.generated + b - 2) // b for s in self.running)
-                + sum((s.computed + b - 1) // b for s in self.waiting if s.admitted is not None))
+        used = (sum((s.computed + s.generated + b - 2) // b - len(s.shared) for s in self.running)
+                + sum((s.computed + b - 1) // b - len(s.shared) for s in self.waiting if s.admitted is not None))
+        return used if self.prefix_cache is None else used + self.prefix_cache.held_blocks
 
     def plan_step(self, start: float | None = None):
         """Choose this step's work: (decodes, [(seq, chunk)], [tokens of each image to encode]). Every running decode
@@ -217,20 +221,26 @@ class Engine:
         scheduled: list = []
         for i, c in chunks:
             seq = candidates[i]
-            held = blocks(seq.computed) if seq.admitted is not None else 0
-            need = blocks(c.start + c.tokens) - held
             if seq.admitted is None:
-                if preempted or blocks(seq.prefill_end) > free:
+                # its prefix-cache hit: blocks other sequences hold cost nothing, free ones leave the free queue
+                hits = seq.block_hashes[:seq.hit] if self.prefix_cache is not None and seq.hit else []
+                shared = self.prefix_cache.probe(hits)[1] if hits else 0
+                need = blocks(c.start + c.tokens) - shared
+                if preempted or blocks(seq.prefill_end) - shared > free:
                     break                    # FCFS: the requests behind it wait too
                 self._admissions += 1
                 seq.admitted = self._admissions
-            elif need > free:
+                if hits:
+                    seq.shared = self.prefix_cache.acquire(hits)
+            elif (need := blocks(c.start + c.tokens) - blocks(seq.computed)) > free:
                 free, room = self._make_room(seq, need, free, decodes)
                 preempted = True
                 if not room:
                     break
             free -= need
             scheduled.append((seq, c))
+        if self.prefix_cache is not None:
+            self.prefix_cache.fit(free)      # the blocks this step takes come off the free queue's front
         # the encoder runs with a sequence's first chunk, wherever its prefix cache hit ends
         encoder_images = [n for s, c in scheduled if c.start == s.cached for n in s.image_tokens]
         return decodes, scheduled, encoder_images
@@ -240,7 +250,7 @@ class Engine:
         requests until its block is free; returns the free blocks and the decodes."""
         decodes: list[Sequence] = []
         for seq in self.running[: self.limits.max_num_seqs]:
-            if seq.admitted is None and seq.computed == 0:
+            if seq.admitted is None and not any(s is seq for s in self.running):
                 continue                     # an earlier decode of this step preempted it
             kv = seq.computed + seq.generated
             need = blocks(kv) - blocks(kv - 1)
@@ -269,14 +279,18 @@ class Engine:
         planned in this step had taken)."""
         if _drop(self.running, seq):
             kv = seq.computed + seq.generated
-            freed = blocks(kv - 1)
+            own = blocks(kv - 1)
             if _drop(decodes, seq):
-                freed += blocks(kv) - blocks(kv - 1)
+                own += blocks(kv) - blocks(kv - 1)
         else:
             _drop(self.waiting, seq)
-            freed = blocks(seq.computed)
+            own = blocks(seq.computed)
+        freed = self._release(seq, own)
         seq.recompute_tokens = seq.generated
         seq.computed = 0
+        if self.prefix_cache is not None and seq.block_hashes is not None:   # its prompt's blocks may still be
+            seq.computed = self.prefix_cache.lookup(seq.prompt_tokens, seq.block_hashes)   # cached: vLLM looks
+            seq.hit = seq.computed // BLOCK_TOKENS                                        # again when it readmits
         seq.admitted = None
         seq.preemptions += 1
         self.stats.preemptions += 1
@@ -335,9 +349,11 @@ class Engine:
         event), and the engine plans again at the in-progress step's end. Returns the last done step's end."""
         free = self.kv_blocks - self.used_blocks()
         free -= new_blocks(decodes)
-        ends, durations = decode_stretch(self.cost, [s.context for s in decodes],
-                                         [s.max_tokens - s.generated for s in decodes], free, first_end,
-                                         first_duration, self.time_scale)
+        contexts = [s.context for s in decodes]
+        ends, durations = decode_stretch(self.cost, contexts, [s.max_tokens - s.generated for s in decodes], free,
+                                         first_end, first_duration, self.time_scale)
+        if self.prefix_cache is not None:   # the stretch's blocks, taken at its start (stepping: step by step)
+            self.prefix_cache.fit(free - sum(blocks(k + len(ends) - 1) - blocks(k) for k in contexts))
         loop = asyncio.get_running_loop()
         self._interrupt = loop.create_future()
         timer = loop.call_at(ends[-1], self._cut_stretch)
@@ -373,8 +389,8 @@ class Engine:
             seq.image_tokens = []
             self.stats.prompt_tokens_computed += chunk.tokens
             if seq.computed >= seq.prefill_end:
-                if seq.on_prefilled:
-                    seq.on_prefilled()
+                if self.prefix_cache is not None and seq.block_hashes is not None:
+                    self.prefix_cache.register(seq.block_hashes, seq.shared)
                 seq.computed -= seq.recompute_tokens   # recomputed output tokens count as generated again
                 seq.recompute_tokens = 0
                 _drop(self.waiting, seq)
@@ -434,6 +450,7 @@ class Engine:
         if seq.generated >= seq.max_tokens:
             seq.finish_reason = "length"
             self.running.remove(seq)
+            self._release(seq, blocks(seq.computed + seq.generated - 1))
             self.stats.requests_finished += 1
             seq.out.put_nowait(("done", "length"))
 
@@ -441,8 +458,16 @@ class Engine:
         """Drop a sequence whose client went away (also mid-step: the step's results skip it)."""
         self._cut_stretch()
         seq.aborted = True
-        if seq in self.waiting:
-            self.waiting.remove(seq)
-        if seq in self.running:
-            self.running.remove(seq)
+        if _drop(self.running, seq):
+            self._release(seq, blocks(seq.computed + seq.generated - 1))
+        elif _drop(self.waiting, seq) and seq.admitted is not None:
+            self._release(seq, blocks(seq.computed))
+        seq.admitted = None
         self._wake.set()   # its blocks are free: a sequence waiting for them may fit now
+
+    def _release(self, seq: Sequence, own: int) -> int:
+        """Free `own` blocks of a sequence, its shared prefix blocks among them (sim.prefix_cache: last first);
+        returns the blocks that became free."""
+        if self.prefix_cache is None:
+            return own
+        return self.prefix_cache.release(seq.shared, own - len(seq.shared))

@@ -1,12 +1,25 @@
-"""Automatic prefix caching as vLLM does it: full blocks of prompt token ids, chained hashes, LRU
-eviction within the KV capacity. A request reuses the longest run of cached leading blocks.
+"""Automatic prefix caching as vLLM does it, as part of one block pool with the engine's KV cache
+(vllm/v1/core/block_pool.py, kv_cache_manager.py, 0.33): full blocks of prompt token ids, chained hashes,
+a request reuses the longest run of cached leading blocks.
 
-A prompt's blocks become the most recently used in reverse order, its last block first and its first block
-last, so that under pressure a prompt loses its tail before its head, as vLLM frees a request's blocks
-(`SingleTypeKVCacheManager.free`, vllm/v1/core/single_type_kv_cache_manager.py, 0.33: "we free the blocks in
-reverse order so that the tail blocks are evicted first"; its free block queue evicts from the front). The
-other order would evict a prompt's first block first, and since a block's hash chains everything before it,
-the blocks left behind could never be hit again."""
+- A request looks its prefix up when it arrives (`lookup`: vLLM when it schedules it) and takes the blocks
+  when the engine admits it (`acquire`): a cached block is then held by sequences (a reference count:
+  sequences sharing a prefix share its blocks, counted once in the KV cache) or else free; a held block
+  leaves the free queue and cannot be evicted.
+- Free blocks wait in one queue in the order they were freed; allocating a block takes the least recently freed
+  one, and a cached block taken so is evicted. The queue never holds more blocks than the engine has free
+  (`fit`), so running requests shrink what the cache can keep.
+- A request frees its blocks last block first (`SingleTypeKVCacheManager.free`: "we free the blocks in reverse
+  order so that the tail blocks are evicted first"): its generated and partial blocks (uncached: no later
+  prompt can match them), then its prompt's blocks from the last to the first. So under pressure a prompt
+  loses its tail before its head; the other order would evict the first block, and since a block's hash chains
+  everything before it, the blocks left behind could never be hit again.
+
+Simplifications: blocks evicted between a request's arrival and its admission still count as its hit
+(computed for free; its KV blocks are counted all the same); a sequence's prompt blocks become cached when
+its prompt's KV is complete (vLLM: as each chunk is scheduled); blocks of generated tokens are never hit (vLLM caches them too, but only the same
+conversation continued could match them); a block another sequence cached meanwhile stays its computer's own,
+uncached (vLLM keeps both copies cached)."""
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -25,34 +38,105 @@ def block_hashes(ids: list[int], block: int = BLOCK_TOKENS) -> list[int]:
 
 
 class PrefixCache:
-    def __init__(self, capacity_tokens: int, block: int = BLOCK_TOKENS):
-        self.capacity_blocks = max(0, capacity_tokens // block)
+    def __init__(self, free_blocks: int, block: int = BLOCK_TOKENS):
         self.block = block
-        self._blocks: OrderedDict[int, None] = OrderedDict()
+        self.room = max(0, free_blocks)          # the engine's free KV blocks: the free queue holds no more
+        self._free: OrderedDict[object, None] = OrderedDict()   # freed blocks, least recently freed first: a
+        # cached block by its hash, an uncached one by a key of its own
+        self._held: dict[int, int] = {}          # cached blocks sequences hold: hash → references
+        self._uncached = 0
 
-    def lookup(self, ids: list[int], hashes: list[int] | None = None) -> int:
-        """Tokens of the longest cached prefix; at least the last prompt token is always recomputed. `hashes`:
-        block_hashes(ids) if the caller has them (a block's hash depends only on what precedes it, so the full
-        blocks of ids[:-1] are their first (len(ids) − 1) // block)."""
-        hit = 0
-        hs = (block_hashes(ids[:-1], self.block) if hashes is None
-              else hashes[:max(0, len(ids) - 1) // self.block])
-        for h in hs:
-            if h not in self._blocks:
+    @property
+    def held_blocks(self) -> int:
+        """Cached blocks held by sequences (each counted once however many share it)."""
+        return len(self._held)
+
+    def cached_free(self) -> list[int]:
+        """Hashes of the cached blocks nobody holds, the next evicted first."""
+        return [h for h in self._free if not isinstance(h, tuple)]
+
+    def lookup(self, n_tokens: int, hashes: list[int]) -> int:
+        """Tokens of the longest run of cached leading blocks of a prompt of `n_tokens` whose block_hashes are
+        `hashes` (held or free; nothing is touched); at least the last prompt token is always recomputed, so
+        the full blocks of ids[:-1] count: a block's hash depends only on what precedes it."""
+        held, free = self._held, self._free
+        n = 0
+        for h in hashes[:max(0, n_tokens - 1) // self.block]:
+            if h not in held and h not in free:
                 break
-            self._blocks.move_to_end(h)
-            hit += self.block
-        return hit
+            n += 1
+        return n * self.block
 
-    def insert(self, ids: list[int], hashes: list[int] | None = None) -> None:
-        """Cache the full blocks of `ids` (`hashes`: their block_hashes if the caller has them), the last block
-        first, so the first is the most recently used (evicted last)."""
-        blocks = self._blocks
-        touch = blocks.move_to_end
-        for h in reversed(block_hashes(ids, self.block) if hashes is None else hashes):
-            if h in blocks:
-                touch(h)              # most recently used
+    def probe(self, hashes: list[int]) -> tuple[int, int]:
+        """Of the leading run of `hashes` still cached: how many, and how many of them other sequences hold
+        (the others would leave the free queue if acquired)."""
+        held, free = self._held, self._free
+        present = shared = 0
+        for h in hashes:
+            if h in held:
+                shared += 1
+            elif h not in free:
+                break
+            present += 1
+        return present, shared
+
+    def acquire(self, hashes: list[int]) -> list[int]:
+        """Hold the leading run of `hashes` still cached (a reference each; a free one leaves the free queue, so
+        it cannot be evicted); returns the hashes held."""
+        held, free = self._held, self._free
+        got: list[int] = []
+        for h in hashes:
+            if h in held:
+                held[h] += 1
+            elif h in free:
+                del free[h]
+                held[h] = 1
+                self.room -= 1               # a free block now held
             else:
-                blocks[h] = None      # a new key goes last
-        while len(blocks) > self.capacity_blocks:
-            blocks.popitem(last=False)
+                break
+            got.append(h)
+        return got
+
+    def register(self, hashes: list[int], holds: list[int]) -> None:
+        """A sequence's prompt KV is complete: its full blocks (`hashes`, in order) beyond the `holds` it already
+        holds become cached and held by it (appended to `holds`). One still free in the cache (the same prompt's
+        earlier copy) is taken back; one another sequence holds leaves this sequence's copy uncached, and so
+        does every later block."""
+        held, free = self._held, self._free
+        for h in hashes[len(holds):]:
+            if h in held:
+                break
+            free.pop(h, None)
+            held[h] = 1
+            holds.append(h)
+
+    def release(self, holds: list[int], uncached: int) -> int:
+        """A sequence frees its blocks, last first: its `uncached` own blocks, then the cached ones it holds
+        (`holds`, emptied) from last to first; a cached block nobody else holds joins the free queue. Returns
+        the blocks that became free."""
+        free, held = self._free, self._held
+        for _ in range(max(0, uncached)):
+            self._uncached += 1
+            free[("uncached", self._uncached)] = None
+        freed = max(0, uncached)
+        for h in reversed(holds):
+            if held[h] > 1:
+                held[h] -= 1
+            else:
+                del held[h]
+                free[h] = None
+                freed += 1
+        holds.clear()
+        self.room += freed
+        return freed
+
+    def fit(self, free_blocks: int) -> None:
+        """The engine now has `free_blocks` free: blocks it allocated came off the front of the free queue,
+        evicting the cached ones among them."""
+        self.room = max(0, free_blocks)
+        self._evict()
+
+    def _evict(self) -> None:
+        free = self._free
+        while len(free) > self.room:
+            free.popitem(last=False)

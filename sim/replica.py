@@ -19,7 +19,7 @@ from epdbench.sim.kv_handoff import KVHandoff
 from epdbench.sim.link import Link
 from epdbench.timer import precise_sleep
 from epdbench.sim.metrics import Counters, prometheus_text
-from epdbench.sim.prefix_cache import BLOCK_TOKENS, PrefixCache
+from epdbench.sim.prefix_cache import BLOCK_TOKENS, PrefixCache, block_hashes
 from epdbench.sim.tokenizer import chat_parts, image_end_positions, image_hash, prompt_ids
 from epdbench.sim.validate import BadRequest, check_body, empty_prompt, request_id_of
 from epdbench.specs.commands import MAX_LOG_LEN
@@ -47,9 +47,10 @@ class Replica:
         self.counters = Counters()
         self.requests_seen = 0   # completion requests received (fault injection counts them)
         self.link = Link(self.time_scale)  # the sending pod's NIC(s), shared by its transfers (KV or encoder outputs)
-        self.prefix_cache = (PrefixCache(self.kv_capacity_tokens())
+        self.prefix_cache = (PrefixCache(self.engine.kv_blocks)
                              if spec.engine.enable_prefix_caching and role in ("server", "prefill", "decode")
                              else None)
+        self.engine.prefix_cache = self.prefix_cache
         self.session: aiohttp.ClientSession | None = None
         self.kv = KVHandoff(self)
         self.encoder = Encoder(self)
@@ -195,11 +196,12 @@ class Replica:
         cached tokens. On a decode leg, the KV connector then loads only the blocks not cached locally."""
         if self.prefix_cache is None:
             return 0
-        cached = self.prefix_cache.lookup(ids)
+        seq.block_hashes = block_hashes(ids)
+        cached = self.prefix_cache.lookup(len(ids), seq.block_hashes)
+        seq.hit = cached // BLOCK_TOKENS                 # the engine takes the blocks when it admits the request
         self.counters.prefix_queries += len(ids)
         self.counters.prefix_hits += cached
         seq.computed = seq.cached = cached
-        seq.on_prefilled = lambda: self.prefix_cache.insert(ids)
         return cached
 
     async def tokenize(self, request: web.Request) -> web.Response:

@@ -68,9 +68,10 @@ class VReplica:
         self.engine = Engine(self.cost, spec.engine, clock=clock, sleep=asyncio.sleep, fuse_decodes=True)
         self.counters = Counters()
         self.link = Link()
-        self.prefix_cache = (PrefixCache(self.kv_capacity_tokens())
+        self.prefix_cache = (PrefixCache(self.engine.kv_blocks)
                              if spec.engine.enable_prefix_caching and role in ("server", "prefill", "decode")
                              else None)
+        self.engine.prefix_cache = self.prefix_cache
         self.encoder = Encoder(self)
         self.api = ApiServer(self)
 
@@ -86,12 +87,12 @@ class VReplica:
         seq = Sequence(request_id=rid, prompt_tokens=len(prompt.ids), max_tokens=max_tokens)
         if self.prefix_cache is None:
             return seq, 0
-        cached = self.prefix_cache.lookup(prompt.ids, prompt.block_hashes())
+        seq.block_hashes = prompt.block_hashes()
+        cached = self.prefix_cache.lookup(len(prompt.ids), seq.block_hashes)
+        seq.hit = cached // BLOCK_TOKENS                 # the engine takes the blocks when it admits the request
         self.counters.prefix_queries += len(prompt.ids)
         self.counters.prefix_hits += cached
         seq.computed = seq.cached = cached
-        ids, hashes, cache = prompt.ids, prompt.block_hashes(), self.prefix_cache
-        seq.on_prefilled = lambda: cache.insert(ids, hashes)
         return seq, cached
 
 

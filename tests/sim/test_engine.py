@@ -384,28 +384,11 @@ def test_the_encoder_runs_with_the_first_chunk_after_a_prefix_cache_hit():
     assert e.plan_step()[2] == [400]
 
 
-async def _serve(e: Engine, seqs: list[Sequence]) -> dict[str, list[float]]:
-    """Modelled end of each token of each sequence, running the engine until all are done."""
-    out: dict[str, list[float]] = {s.request_id: [] for s in seqs}
-
-    async def drain(s: Sequence) -> None:
-        while (ev := await asyncio.wait_for(s.out.get(), timeout=5))[0] != "done":
-            out[s.request_id].append(ev[1])
-    e.start()
-    for s in seqs:
-        e.submit(s)
-    try:
-        await asyncio.gather(*(drain(s) for s in seqs))
-    finally:
-        await e.stop()
-    return out
-
-
-def test_a_preempted_request_recomputes_its_prompt_and_tokens_and_streams_each_token_once():
+def test_a_preempted_request_recomputes_its_prompt_and_tokens_and_streams_each_token_once(serve):
     host = HostClock([])
     e = Engine(COST, EngineSpec(num_gpu_blocks_override=6), clock=host.clock, sleep=host.sleep)
     a, b = Sequence("a", 32, 40), Sequence("b", 32, 40)
-    tokens = asyncio.run(_serve(e, [a, b]))
+    tokens = asyncio.run(serve(e, [a, b]))
     # both prefill in step 1 (2 + 2 blocks); at 48 tokens of KV each needs a 4th block and only 2 are free:
     # a's decode preempts b, which holds 17 tokens then; b fits again (4 blocks for 49 tokens) once a is done
     assert len(tokens["a"]) == len(tokens["b"]) == 40 and e.stats.generation_tokens == 80

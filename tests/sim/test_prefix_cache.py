@@ -1,73 +1,162 @@
-"""sim/prefix_cache.py: vLLM's automatic prefix caching — chained block hashes, the longest cached run of
-leading blocks, least recently used blocks evicted beyond the capacity."""
+"""sim/prefix_cache.py: vLLM's automatic prefix caching as part of the KV block pool — chained block hashes,
+the longest cached run of leading blocks, shared blocks held by reference, free blocks evicted in the order
+they were freed as the engine allocates."""
 import random
-from collections import OrderedDict
 
 from epdbench.sim.prefix_cache import BLOCK_TOKENS, PrefixCache, block_hashes
 
 
-class ReferenceCache:
-    """The same rules one block at a time: a hit or an insert makes a block the most recently used; an insert
-    takes a prompt's blocks from its last to its first (vLLM frees a request's blocks in reverse order)."""
+class ReferencePool:
+    """vLLM's BlockPool one physical block at a time: `n` blocks, each with an optional hash and a reference
+    count; free blocks in one list, allocation from its front (evicting a cached block it takes), freeing to
+    its back; a hash maps to its cached block."""
 
-    def __init__(self, capacity_tokens: int):
-        self.capacity = capacity_tokens // BLOCK_TOKENS
-        self.blocks: OrderedDict[int, None] = OrderedDict()
+    def __init__(self, n: int):
+        self.free = [[None, 0] for _ in range(n)]   # [hash, refs]
+        self.by_hash: dict[int, list] = {}
 
-    def lookup(self, ids: list[int]) -> int:
-        hit = 0
+    def acquire(self, ids: list[int]) -> list[list]:
+        got = []
         for h in block_hashes(ids[:-1]):
-            if h not in self.blocks:
+            b = self.by_hash.get(h)
+            if b is None:
                 break
-            self.blocks.move_to_end(h)
-            hit += BLOCK_TOKENS
-        return hit
+            if b[1] == 0:
+                self.free.remove(b)
+            b[1] += 1
+            got.append(b)
+        return got
 
-    def insert(self, ids: list[int]) -> None:
-        for h in block_hashes(ids)[::-1]:
-            if h in self.blocks:
-                self.blocks.move_to_end(h)
+    def allocate(self, n: int) -> list[list]:
+        taken = [self.free.pop(0) for _ in range(n)]
+        for b in taken:
+            if b[0] is not None:
+                del self.by_hash[b[0]]
+            b[0], b[1] = None, 1
+        return taken
+
+    def register(self, ids: list[int], holds: list[list], own: list[list]) -> None:
+        """The prompt's full blocks beyond those held: one of the sequence's own blocks takes each hash; a hash
+        already cached and free is taken instead (the own block goes back to the front, uncached); one held
+        by another sequence stops it."""
+        for h in block_hashes(ids)[len(holds):]:
+            b = self.by_hash.get(h)
+            if b is not None and b[1] > 0:
+                break
+            mine = own.pop()
+            if b is None:
+                mine[0] = h
+                self.by_hash[h] = mine
+                holds.append(mine)
             else:
-                self.blocks[h] = None
-        while len(self.blocks) > self.capacity:
-            self.blocks.popitem(last=False)
+                self.free.remove(b)
+                b[1] = 1
+                holds.append(b)
+                mine[1] = 0
+                self.free.insert(0, mine)
+
+    def release(self, holds: list[list], own: list[list]) -> None:
+        for b in own[::-1] + holds[::-1]:          # the sequence's last blocks first
+            b[1] -= 1
+            if b[1] == 0:
+                self.free.append(b)
+
+    def cached_free(self) -> list[int]:
+        return [b[0] for b in self.free if b[0] is not None]
+
+
+def take(cache: PrefixCache, ids: list[int], hashes: list[int] | None = None) -> list[int]:
+    """Look a prompt up and hold its hit, as a request the engine admits."""
+    hashes = block_hashes(ids) if hashes is None else hashes
+    return cache.acquire(hashes[:cache.lookup(len(ids), hashes) // BLOCK_TOKENS])
 
 
 def test_a_prompt_reuses_the_longest_cached_run_of_its_leading_blocks_and_recomputes_its_last_token():
-    cache = PrefixCache(capacity_tokens=64 * BLOCK_TOKENS)
+    cache = PrefixCache(free_blocks=64)
     a = list(range(100))                                    # 6 full blocks and 4 tokens
-    assert cache.lookup(a) == 0
-    cache.insert(a)
-    assert cache.lookup(a) == 96                            # the last token is recomputed: ids[:-1] has 6 blocks
-    assert cache.lookup(a[:96]) == 80                       # exactly 6 blocks: the 6th holds the last token
+    holds = take(cache, a)
+    assert holds == []
+    cache.fit(cache.room - 7)                               # its 7 blocks
+    cache.register(block_hashes(a), holds)
+    cache.release(holds, 1)                                 # and its partial block
+    assert len(take(cache, a)) * BLOCK_TOKENS == 96       # the last token is recomputed: ids[:-1] has 6 blocks
+    assert len(take(cache, a[:96])) * BLOCK_TOKENS == 80  # exactly 6 blocks: the 6th holds the last token
     b = a[:40] + [999] + a[41:]                             # differs in block 2: blocks 2.. have other hashes
-    assert cache.lookup(b) == 32
+    assert len(take(cache, b)) * BLOCK_TOKENS == 32
+    assert cache.held_blocks == 6                           # shared: a's blocks counted once
 
 
-def test_inserts_and_lookups_keep_exactly_the_blocks_and_order_of_one_block_at_a_time():
-    """Random prompts sharing prefixes, under a capacity that forces evictions: every lookup answers as the
-    reference does and the cached blocks are the same, in the same least-to-most recently used order."""
+def test_acquire_register_release_and_allocation_keep_the_blocks_and_order_of_vllms_block_pool():
+    """Random requests sharing prefixes come and go in a pool small enough to evict: every hit is the
+    reference's, and the cached free blocks are the same, in the same order of eviction."""
     rng = random.Random(7)
+    n = 96
     stems = [[rng.randrange(50_000) for _ in range(rng.randrange(16, 400))] for _ in range(12)]
-    cache, ref = PrefixCache(capacity_tokens=90 * BLOCK_TOKENS), ReferenceCache(90 * BLOCK_TOKENS)
-    for _ in range(400):
-        ids = rng.choice(stems)[:rng.randrange(1, 400)] + [rng.randrange(50_000) for _ in range(rng.randrange(0, 64))]
-        assert cache.lookup(ids) == ref.lookup(ids)
-        if rng.random() < 0.7:
+    cache, ref = PrefixCache(free_blocks=n), ReferencePool(n)
+    live: list[tuple] = []
+    evicted = 0
+    for _ in range(600):
+        if live and (rng.random() < 0.45 or len(live) > 6):
+            holds, ref_holds, own, ref_own = live.pop(rng.randrange(len(live)))
+            ref.release(ref_holds, ref_own)
+            cache.release(holds, len(own))
+        else:
+            ids = (rng.choice(stems)[:rng.randrange(1, 400)]
+                   + [rng.randrange(50_000) for _ in range(rng.randrange(0, 64))])
             hashes = block_hashes(ids) if rng.random() < 0.5 else None
-            cache.insert(ids, hashes)
-            ref.insert(ids)
-        assert list(cache._blocks) == list(ref.blocks)
-    assert len(ref.blocks) == 90                            # the capacity was reached: evictions happened
+            holds, ref_holds = take(cache, ids, hashes), ref.acquire(ids)
+            assert len(holds) == len(ref_holds) and cache.room == len(ref.free)
+            own = -(-(len(ids) + rng.randrange(0, 40)) // BLOCK_TOKENS) - len(holds)   # prompt and output
+            if own > len(ref.free):                         # it does not fit: it gives its hit back
+                ref.release(ref_holds, [])
+                cache.release(holds, 0)
+                continue
+            before = len(ref.by_hash)
+            ref_own = ref.allocate(own)
+            cache.fit(cache.room - own)
+            evicted += before - len(ref.by_hash)
+            ref.register(ids, ref_holds, ref_own)
+            hit = len(holds)
+            cache.register(block_hashes(ids), holds)
+            assert len(holds) == len(ref_holds)
+            live.append((holds, ref_holds, range(own - (len(holds) - hit)), ref_own))   # its uncached blocks
+        assert cache.cached_free() == ref.cached_free()
+        assert cache.held_blocks == sum(1 for b in ref.by_hash.values() if b[1] > 0)
+        assert cache.room == len(ref.free)
+    assert evicted > 50                                     # the pool was under pressure
 
 
 def test_under_pressure_a_prompt_loses_its_tail_before_its_head():
     """vLLM frees a request's blocks last block first, so eviction takes a prompt's tail and keeps the head
     that later prompts sharing it can still hit; evicting the head first would leave its tail unreachable."""
-    cache = PrefixCache(capacity_tokens=8 * BLOCK_TOKENS)
-    a = list(range(6 * BLOCK_TOKENS + 1))                   # 6 full blocks
-    b = list(range(10_000, 10_000 + 4 * BLOCK_TOKENS + 1))  # 4 more: 2 of a's must go
-    cache.insert(a)
-    cache.insert(b)
-    assert cache.lookup(a) == 4 * BLOCK_TOKENS              # a's first 4 blocks are still there
-    assert cache.lookup(b) == 4 * BLOCK_TOKENS
+    cache = PrefixCache(free_blocks=9)
+    a = list(range(6 * BLOCK_TOKENS + 1))                   # 6 full blocks and a partial one
+    b = list(range(10_000, 10_000 + 4 * BLOCK_TOKENS + 1))  # 5 more: a's partial and 2 full blocks must go
+    for ids in (a, b):
+        holds = take(cache, ids)
+        cache.fit(cache.room - len(block_hashes(ids)) - 1)
+        cache.register(block_hashes(ids), holds)
+        cache.release(holds, 1)
+    assert len(take(cache, a)) == 4                       # a's first 4 blocks are still there
+    assert len(take(cache, b)) == 4
+
+
+def test_a_held_block_is_never_evicted_and_running_requests_shrink_what_the_cache_keeps():
+    cache = PrefixCache(free_blocks=10)
+    a = list(range(4 * BLOCK_TOKENS + 1))                   # 4 full blocks
+    holds = take(cache, a)
+    cache.fit(cache.room - 5)
+    cache.register(block_hashes(a), holds)
+    cache.fit(0)                                            # the engine allocated every free block
+    assert cache.held_blocks == 4 and len(take(cache, a)) == 4
+    cache.release(holds, 1)                                 # one of two holders is done: still held
+    assert cache.held_blocks == 4 and cache.cached_free() == []
+    cache2 = PrefixCache(free_blocks=10)
+    h = take(cache2, a)
+    cache2.fit(5)
+    cache2.register(block_hashes(a), h)
+    cache2.release(h, 1)                                    # free and cached: 4 of 10 blocks
+    assert len(cache2.cached_free()) == 4
+    cache2.fit(2)                                           # running requests now hold all but 2 blocks
+    assert cache2.cached_free() == block_hashes(a)[1::-1]   # the head stays: freed last
+    assert len(take(cache2, a)) == 2 and cache2.room == 0
