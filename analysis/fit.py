@@ -9,7 +9,9 @@ together:
 - loss: mean squared log ratio of predicted to observed over every (cell, metric) the observed table has; a
   figure the simulator did not produce at some constants counts as off by MISSING_RATIO;
 - search: a derivative-free Gauss–Newton trust-region method (least_squares_dfo) in log space within BOUNDS,
-  its first interpolation set the spec's constants and one point per constant (its identifiability probe),
+  its first interpolation set the spec's constants — one the spec sets to zero (log space has no zero) from
+  where it starts to move an observed figure by MIN_EFFECT (_scale) — and one point per
+  constant (its identifiability probe),
   one simulator run per step and at most a given number in all. Nelder–Mead needed about a thousand runs to
   recover seven constants of a synthetic law (tests/analysis/test_fit.py) that this recovers in a few dozen;
 - identifiability: a constant is fitted only if the run has a configuration that uses it (TCP figures need a
@@ -335,6 +337,29 @@ class _Evaluator:
         return residuals(self.observed, self.predicted(values))
 
 
+def _scale(ev: _Evaluator, candidates: list[str], base: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+           reference: pd.DataFrame) -> dict[str, float]:
+    """For each constant the spec sets to zero (at its lower bound, where log space has no scale and 10-fold
+    is still nothing): 10-fold rungs up from it until one moves some figure of `reference` by MIN_EFFECT; its
+    search starts where, in proportion, it would move one by MIN_EFFECT — the scale at which the run starts to
+    show it (base, log space, is updated). A constant no rung moves
+    keeps its bound (and is left: _probe finds no effect either). Returns {constant: largest |log change|}."""
+    effects = {}
+    for i, n in enumerate(candidates):
+        if base[i] > lo[i] + 1e-9:
+            continue
+        effects[n] = 0.0
+        for k in range(1, int((hi[i] - lo[i]) / math.log(WIDE_RATIO) + 1e-9) + 1):
+            u = base.copy()
+            u[i] += k * math.log(WIDE_RATIO)
+            r = _log_ratios(reference, ev.predicted(dict(zip(candidates, np.exp(u).tolist()))))
+            effects[n] = max(effects[n], float(np.nanmax(np.abs(r))) if np.isfinite(r).any() else 0.0)
+            if effects[n] >= MIN_EFFECT:   # a latency adds time: the effect grows about in proportion to it
+                base[i] = max(lo[i], u[i] + math.log(MIN_EFFECT / effects[n]))
+                break
+    return effects
+
+
 def _probe(ev: _Evaluator, candidates: list[str], base: np.ndarray, hi: np.ndarray, reference: pd.DataFrame):
     """Move each constant alone from `base` (log space) by STEP_RATIO, or by WIDE_RATIO if that moved no figure
     of `reference` (the start's predictions) by MIN_EFFECT; down instead of up at the upper bound. Returns
@@ -375,12 +400,20 @@ def fit_constants(spec: ExperimentSpec, observed: pd.DataFrame, predict: Callabl
     hi = np.array([math.log(BOUNDS[n][1]) for n in candidates])
     reference = p0.reindex(index=observed.index, columns=observed.columns).where(observed.notna())
     try:
+        scaled = _scale(ev, candidates, base, lo, hi, reference)
+        if scaled:   # probes are judged against the search's start
+            at_base = ev.predicted(dict(zip(candidates, np.exp(base).tolist())))
+            reference = at_base.reindex(index=observed.index, columns=observed.columns).where(observed.notna())
         vertices, effects = _probe(ev, candidates, base, hi, reference)
     except BudgetExhausted:
         raise FitInputError(f"{max_evaluations} simulator runs ran out while probing the constants; some need a "
-                            f"wide probe: allow at least {2 * len(candidates) + 1}") from None
+                            f"wide probe: allow at least {2 * len(candidates) + 1} (more when the spec sets a "
+                            f"latency to zero)") from None
     for n in candidates:
-        if effects[n] < MIN_EFFECT:
+        if n in scaled and scaled[n] < MIN_EFFECT:
+            left[n] = (f"the spec sets it to 0 and no value up to {BOUNDS[n][1]:g} moves an observed figure by "
+                       f"{MIN_EFFECT:.0%} (at most {scaled[n]:.2%})")
+        elif effects[n] < MIN_EFFECT:
             left[n] = (f"changing it {WIDE_RATIO:g}-fold moves no observed figure by {MIN_EFFECT:.0%} "
                        f"(at most {effects[n]:.2%})")
     fitted = [n for n in candidates if n not in left]

@@ -6,7 +6,7 @@ median relative error per metric over the fitted and the held-out cells, with th
 constants, and with the hidden constants themselves at the spec's seed (the floor the two seeds' sampling noise
 sets), and the recovered constants against the hidden ones.
 
-    python benchmarks/calibration_holdout.py [--spec smoke] [--evaluations 60] [--holdout-seed 0]
+    python benchmarks/calibration_holdout.py [--spec smoke] [--evaluations 100] [--holdout-seed 0]
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from epdbench.analysis import fit
 from epdbench.specs.models import load_spec
 from epdbench.tasks.vrun import simulate_summary
 
-# The "hardware": every free constant moved from the presets' values (0.5, 0.8, 1.0 ms, 3 GB/s, 0.5 ms, 0.8,
+# The "hardware": every free constant moved from the presets' values (0.5, 0.8, 1.0 ms, 3 GB/s, 0 ms, 0.8,
 # 0.05 ms, 36 ms/Mpx, 3.3 ms).
 HIDDEN = {"compute_efficiency": 0.38, "hbm_efficiency": 0.68, "step_overhead_ms": 1.6, "tcp_gb_s": 2.2,
           "tcp_latency_ms": 1.5, "rdma_efficiency": 0.6, "rdma_latency_ms": 0.15, "image_preprocess_ms_per_mp": 50.0,
@@ -27,7 +27,7 @@ HIDDEN = {"compute_efficiency": 0.38, "hbm_efficiency": 0.68, "step_overhead_ms"
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--spec", default="smoke", help="preset or spec path (default: smoke)")
-    ap.add_argument("--evaluations", type=int, default=60, help="simulator runs the fit may use (default: 60)")
+    ap.add_argument("--evaluations", type=int, default=100, help="simulator runs the fit may use (default: 100)")
     ap.add_argument("--holdout-seed", type=int, default=0, help="seed of the split (default: 0)")
     ap.add_argument("--run-seed", type=int, default=None, help="seed of the hardware run (default: spec's + 1)")
     args = ap.parse_args()

@@ -199,13 +199,14 @@ class HardwareSpec(Strict):
                                                      "emulates remote reads over TCP with active messages): "
                                                      "benchmarks/nixl_ucx.py resolved none above its noise (0). vLLM's "
                                                      "NixlConnector reads one descriptor per layer, K/V and block.")
-    tcp_latency_ms: float = Field(0.5, ge=0, title="TCP network latency per transfer (ms)",
+    tcp_latency_ms: float = Field(0.0, ge=0, title="TCP network latency per transfer (ms)",
                                   description="What the pod network adds once per KV transfer over TCP beyond "
                                               "tcp_setup_ms and tcp_descriptor_ms, which loopback measured without "
-                                              "a network. Not measured: 0.5 ms is the project's earlier assumption "
-                                              "(for the whole fixed cost), kept as the scale `epdbench calibrate` "
-                                              "starts its fit from; between two pods of one node "
-                                              "benchmarks/pod_network.py resolved none (README).")
+                                              "a network. 0: between two pods of one node (veth pairs and a "
+                                              "bridge, as the CNI bridge plugin joins them) benchmarks/pod_network.py "
+                                              "resolved none (intercepts −0.013 to −0.009 ms against loopback). "
+                                              "Across nodes, set it or let `epdbench calibrate` fit it (it probes a "
+                                              "zero latency up to 1 s).")
     rdma_nic_gbit_s: float = Field(gt=0, title="RDMA NIC line rate (Gbit/s)",
                                    description="Per interface, e.g. 400 for ConnectX-7 NDR.")
     rdma_efficiency: float = Field(0.8, gt=0, le=1, title="Achievable fraction of RDMA line rate",

@@ -45,7 +45,7 @@ def test_calibration_recovers_the_hidden_constants(run, tmp_path, capsys):
     spec_path, summary = run
     out = tmp_path / "profile.yaml"
     code = main(["calibrate", "--spec", str(spec_path), "--from", str(summary), "--out", str(out),
-                 "--evaluations", "60"])     # converges in 44 (2026-12-02), no fewer than 30 before
+                 "--evaluations", "100"])   # tcp_latency_ms starts from 0: 60 runs were short (2026-12-03)
     printed = capsys.readouterr().out
     assert code == 0, printed
     profile = load_profile(out)
@@ -56,7 +56,7 @@ def test_calibration_recovers_the_hidden_constants(run, tmp_path, capsys):
     assert "no cell of the run sends images" in printed
     assert "no configuration of the run moves data over RDMA" in printed
     assert max(profile["fit_error"].values()) < 0.02 and max(profile["holdout_error"].values()) < 0.03
-    assert "  run   1/60  loss " in printed and 0 < profile["evaluations"] <= 60
+    assert "  run   1/100  loss " in printed and 0 < profile["evaluations"] <= 100
     assert "held out (4 cells)" in printed and f"wrote {out}" in printed
 
 

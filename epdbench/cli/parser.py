@@ -52,8 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--spec", default="smoke", help="spec YAML path or preset name the run used (default: smoke)")
     cal.add_argument("--from", dest="source", required=True, help="summary.csv or records.parquet of the run")
     cal.add_argument("--out", required=True, help="where to write the profile (YAML)")
-    cal.add_argument("--evaluations", type=int, default=60,
-                     help="simulator runs each fit may use (default: 60; the hold-out check fits again)")
+    cal.add_argument("--evaluations", type=int, default=100,
+                     help="simulator runs each fit may use (default: 100; the hold-out check fits again)")
     cal.add_argument("--holdout-seed", type=int, default=0,
                      help="seed of the split into fitted and held-out cells (default: 0)")
     cal.add_argument("--metrics", default=None,

@@ -57,7 +57,7 @@ def run_of(spec, values: dict) -> pd.DataFrame:
 
 def test_fitting_recovers_the_hidden_constants(smoke):
     observed = fit.observed_cells(run_of(smoke, HIDDEN))
-    result = fit.fit_constants(smoke, observed, synthetic_summary, max_evaluations=60)
+    result = fit.fit_constants(smoke, observed, synthetic_summary, max_evaluations=100)
     assert list(result.left) == ["allreduce_latency_us"]          # smoke runs every role at TP 1
     for name, hidden in HIDDEN.items():
         assert result.values[name] == pytest.approx(hidden, rel=0.03), name
@@ -69,7 +69,7 @@ def test_a_table_with_only_some_metric_columns_is_fitted_on_what_is_there(smoke)
     run = run_of(smoke, HIDDEN)[fit.MATCH_KEYS + ["ttft_p50_ms", "tpot_p50_ms"]]
     observed = fit.observed_cells(run)
     assert list(observed.columns) == ["ttft_p50_ms", "tpot_p50_ms"]
-    result = fit.fit_constants(smoke, observed, synthetic_summary, max_evaluations=60)
+    result = fit.fit_constants(smoke, observed, synthetic_summary, max_evaluations=100)
     for name in ("compute_efficiency", "hbm_efficiency", "step_overhead_ms", "tcp_gb_s"):
         assert result.values[name] == pytest.approx(HIDDEN[name], rel=0.05), name
     assert set(fit.relative_errors(observed, result.predicted)) == {"ttft_p50_ms", "tpot_p50_ms"}
@@ -80,7 +80,7 @@ def test_missing_cells_and_unknown_cells_are_left_out(smoke):
     run = run[~((run["config"] == "pd-tcp") & (run["concurrency"] == 8))]
     extra = run.iloc[[0]].assign(workload="999/9")      # a cell the predictor never produces
     observed = fit.observed_cells(pd.concat([run, extra]))
-    result = fit.fit_constants(smoke, observed, synthetic_summary, max_evaluations=60)
+    result = fit.fit_constants(smoke, observed, synthetic_summary, max_evaluations=100)
     assert result.values["compute_efficiency"] == pytest.approx(HIDDEN["compute_efficiency"], rel=0.05)
     assert len(fit.matched(observed, result.predicted)) == len(observed) - 1
 
@@ -116,10 +116,26 @@ def test_a_constant_that_moves_no_observed_figure_is_not_fitted(smoke):
         return synthetic_summary(fit.spec_with(spec, {"rdma_latency_ms": 1.0}))
 
     observed = fit.observed_cells(predictor(fit.spec_with(smoke, HIDDEN)))
-    result = fit.fit_constants(smoke, observed, predictor, max_evaluations=60)
+    result = fit.fit_constants(smoke, observed, predictor, max_evaluations=100)
     assert set(result.left) == {"rdma_latency_ms", "allreduce_latency_us"}
     assert "moves no observed figure" in result.left["rdma_latency_ms"]
     assert result.effects["rdma_latency_ms"] == 0.0 < result.effects["rdma_efficiency"]
+
+
+def test_a_latency_the_spec_sets_to_zero_is_searched_from_the_scale_where_the_run_shows_it(smoke):
+    """smoke sets tcp_latency_ms to 0 (test_fitting_recovers_the_hidden_constants recovers 4 ms from there); a
+    zero latency that moves nothing at any scale is left, saying so, and one that is truly zero stays near it."""
+    assert smoke.hardware.tcp_latency_ms == 0
+
+    def blind(spec):   # the TCP latency reaches no figure
+        return synthetic_summary(fit.spec_with(spec, {"tcp_latency_ms": 0.001}))
+    result = fit.fit_constants(smoke, fit.observed_cells(blind(fit.spec_with(smoke, HIDDEN))), blind,
+                               max_evaluations=80)
+    assert "sets it to 0 and no value up to 1000 moves an observed figure" in result.left["tcp_latency_ms"]
+    assert result.values["compute_efficiency"] == pytest.approx(HIDDEN["compute_efficiency"], rel=0.03)
+    zero = {**HIDDEN, "tcp_latency_ms": 0.001}
+    result = fit.fit_constants(smoke, fit.observed_cells(run_of(smoke, zero)), synthetic_summary, max_evaluations=80)
+    assert result.values["tcp_latency_ms"] < 0.1 and result.loss < 1e-4
 
 
 def test_the_fit_stays_within_its_budget_and_reports_each_run(smoke):
