@@ -342,8 +342,8 @@ def _scale(ev: _Evaluator, candidates: list[str], base: np.ndarray, lo: np.ndarr
     """For each constant the spec sets to zero (at its lower bound, where log space has no scale and 10-fold
     is still nothing): 10-fold rungs up from it until one moves some figure of `reference` by MIN_EFFECT; its
     search starts where, in proportion, it would move one by MIN_EFFECT — the scale at which the run starts to
-    show it (base, log space, is updated). A constant no rung moves
-    keeps its bound (and is left: _probe finds no effect either). Returns {constant: largest |log change|}."""
+    show it (base, log space, is updated). A constant no rung moves keeps its bound (and is left: _probe
+    finds no effect either). Returns {constant: largest |log change|}."""
     effects = {}
     for i, n in enumerate(candidates):
         if base[i] > lo[i] + 1e-9:

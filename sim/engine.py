@@ -186,7 +186,7 @@ class Engine:
     def used_blocks(self) -> int:
         """KV blocks held: a decoding sequence holds all its tokens but the last sampled one (the next step
         computes its KV); an admitted, still prefilling one what it computed so far; the prefix cache's blocks
-        that sequences hold (a hit holds them from the request's arrival) count once however many share them."""
+        that admitted sequences hold count once however many share them."""
         b = BLOCK_TOKENS
         used = (sum((s.computed + s.generated + b - 2) // b - len(s.shared) for s in self.running)
                 + sum((s.computed + b - 1) // b - len(s.shared) for s in self.waiting if s.admitted is not None))
@@ -224,7 +224,7 @@ class Engine:
             if seq.admitted is None:
                 # its prefix-cache hit: blocks other sequences hold cost nothing, free ones leave the free queue
                 hits = seq.block_hashes[:seq.hit] if self.prefix_cache is not None and seq.hit else []
-                shared = self.prefix_cache.probe(hits)[1] if hits else 0
+                shared = self.prefix_cache.probe(hits) if hits else 0
                 need = blocks(c.start + c.tokens) - shared
                 if preempted or blocks(seq.prefill_end) - shared > free:
                     break                    # FCFS: the requests behind it wait too

@@ -17,9 +17,9 @@ a request reuses the longest run of cached leading blocks.
 
 Simplifications: blocks evicted between a request's arrival and its admission still count as its hit
 (computed for free; its KV blocks are counted all the same); a sequence's prompt blocks become cached when
-its prompt's KV is complete (vLLM: as each chunk is scheduled); blocks of generated tokens are never hit (vLLM caches them too, but only the same
-conversation continued could match them); a block another sequence cached meanwhile stays its computer's own,
-uncached (vLLM keeps both copies cached)."""
+its prompt's KV is complete (vLLM: as each chunk is scheduled); blocks of generated tokens are never hit
+(vLLM caches them too, but only the same conversation continued could match them); a block another
+sequence cached meanwhile stays its computer's own, uncached (vLLM keeps both copies cached)."""
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -67,18 +67,17 @@ class PrefixCache:
             n += 1
         return n * self.block
 
-    def probe(self, hashes: list[int]) -> tuple[int, int]:
-        """Of the leading run of `hashes` still cached: how many, and how many of them other sequences hold
-        (the others would leave the free queue if acquired)."""
+    def probe(self, hashes: list[int]) -> int:
+        """Of the leading run of `hashes` still cached, how many other sequences hold (acquiring the others
+        takes them off the free queue)."""
         held, free = self._held, self._free
-        present = shared = 0
+        shared = 0
         for h in hashes:
             if h in held:
                 shared += 1
             elif h not in free:
                 break
-            present += 1
-        return present, shared
+        return shared
 
     def acquire(self, hashes: list[int]) -> list[int]:
         """Hold the leading run of `hashes` still cached (a reference each; a free one leaves the free queue, so
