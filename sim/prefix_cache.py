@@ -22,7 +22,7 @@ its prompt's KV is complete (vLLM: as each chunk is scheduled); blocks of genera
 sequence cached meanwhile stays its computer's own, uncached (vLLM keeps both copies cached)."""
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
 
 BLOCK_TOKENS = 16   # vLLM's KV cache block on CUDA: CacheConfig.DEFAULT_BLOCK_SIZE (vllm/config/cache.py, 0.33)
 
@@ -41,10 +41,12 @@ class PrefixCache:
     def __init__(self, free_blocks: int, block: int = BLOCK_TOKENS):
         self.block = block
         self.room = max(0, free_blocks)          # the engine's free KV blocks: the free queue holds no more
-        self._free: OrderedDict[object, None] = OrderedDict()   # freed blocks, least recently freed first: a
-        # cached block by its hash, an uncached one by a key of its own
+        self._free: dict[object, int] = {}       # freed blocks, least recently freed first (a dict keeps the
+        # order of insertion): a cached block by its hash (→ 1), a sequence's uncached blocks, freed together, as
+        # one run (→ how many). Prompts run to thousands of blocks: whole-list operations below, run in C.
+        self._free_blocks = 0                    # blocks in the free queue (runs counted in full)
         self._held: dict[int, int] = {}          # cached blocks sequences hold: hash → references
-        self._uncached = 0
+        self._runs = 0
 
     @property
     def held_blocks(self) -> int:
@@ -89,6 +91,7 @@ class PrefixCache:
                 held[h] += 1
             elif h in free:
                 del free[h]
+                self._free_blocks -= 1
                 held[h] = 1
                 self.room -= 1               # a free block now held
             else:
@@ -102,29 +105,40 @@ class PrefixCache:
         earlier copy) is taken back; one another sequence holds leaves this sequence's copy uncached, and so
         does every later block."""
         held, free = self._held, self._free
-        for h in hashes[len(holds):]:
-            if h in held:
-                break
-            free.pop(h, None)
-            held[h] = 1
-            holds.append(h)
+        new = hashes[len(holds):]
+        if not held.keys().isdisjoint(new):
+            new = new[:next(i for i, h in enumerate(new) if h in held)]
+        if not free.keys().isdisjoint(new):
+            for h in new:
+                if free.pop(h, 0):
+                    self._free_blocks -= 1
+        held.update(dict.fromkeys(new, 1))
+        holds.extend(new)
 
     def release(self, holds: list[int], uncached: int) -> int:
         """A sequence frees its blocks, last first: its `uncached` own blocks, then the cached ones it holds
         (`holds`, emptied) from last to first; a cached block nobody else holds joins the free queue. Returns
         the blocks that became free."""
         free, held = self._free, self._held
-        for _ in range(max(0, uncached)):
-            self._uncached += 1
-            free[("uncached", self._uncached)] = None
         freed = max(0, uncached)
-        for h in reversed(holds):
-            if held[h] > 1:
-                held[h] -= 1
-            else:
-                del held[h]
-                free[h] = None
-                freed += 1
+        if freed:
+            self._runs += 1
+            free[("uncached", self._runs)] = freed
+        last_first = holds[::-1]
+        if max(map(held.__getitem__, last_first), default=1) == 1:   # nobody else holds any: all go free
+            gone = last_first
+            deque(map(held.__delitem__, gone), maxlen=0)
+        else:
+            gone = []
+            for h in last_first:
+                if held[h] > 1:
+                    held[h] -= 1
+                else:
+                    del held[h]
+                    gone.append(h)
+        free.update(dict.fromkeys(gone, 1))
+        freed += len(gone)
+        self._free_blocks += freed
         holds.clear()
         self.room += freed
         return freed
@@ -137,5 +151,17 @@ class PrefixCache:
 
     def _evict(self) -> None:
         free = self._free
-        while len(free) > self.room:
-            free.popitem(last=False)
+        excess = self._free_blocks - self.room
+        if excess <= 0:
+            return
+        self._free_blocks -= excess
+        evicted = []
+        for key, n in free.items():
+            if n > excess:                   # the front of a run of uncached blocks
+                free[key] = n - excess
+                break
+            evicted.append(key)
+            excess -= n
+            if not excess:
+                break
+        deque(map(free.__delitem__, evicted), maxlen=0)

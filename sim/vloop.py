@@ -1,9 +1,8 @@
 """An asyncio event loop on virtual time: the simulator's engines, links and clients run as a discrete-event
 simulation, with no I/O and no sleeping.
 
-`loop.time()` is a virtual clock that starts at 0. When no callback is ready, the loop asks its selector to
-wait until the next timer; this selector waits for nothing and moves the clock to that timer instead, so
-`asyncio.sleep(d)` costs no host time and every coroutine sees exactly the time it was modelled to see. Host
+`loop.time()` is a virtual clock that starts at 0. When no callback is ready, the loop moves the clock to the
+next timer instead of waiting for it, so `asyncio.sleep(d)` costs no host time and every coroutine sees exactly the time it was modelled to see. Host
 load cannot bend it, and the same inputs give the same event order, hence the same results, on every run.
 
 Only timers move the clock: a loop that has nothing scheduled and nothing ready is deadlocked (a coroutine
@@ -17,18 +16,19 @@ import itertools
 import selectors
 from asyncio import events
 
+_COMPACT_AT = 100   # timers in the heap before cancelled ones are swept out (asyncio: 100, half cancelled)
+
 
 class Deadlock(RuntimeError):
     """Every coroutine waits and no timer is set: virtual time cannot advance."""
 
 
 class _NoIOSelector(selectors.BaseSelector):
-    """A selector with nothing to select on: `select(timeout)` advances the loop's virtual clock by the timeout.
-    The loop's own wake-up pipe is registered here and never polled (only other threads write to it, and a
-    virtual-time simulation has none)."""
+    """A selector with nothing to select on, never polled: VirtualTimeLoop's iteration moves the clock itself.
+    The loop's own wake-up pipe is registered here (only other threads write to it, and a virtual-time
+    simulation has none)."""
 
-    def __init__(self, loop: VirtualTimeLoop):
-        self._loop = loop
+    def __init__(self):
         self._keys: dict = {}
 
     def register(self, fileobj, events, data=None):
@@ -44,10 +44,6 @@ class _NoIOSelector(selectors.BaseSelector):
         return self.register(fileobj, events, data)
 
     def select(self, timeout=None):
-        if timeout is None:
-            raise Deadlock("virtual time: every task waits and no timer is set")
-        if timeout > 0:
-            self._loop.advance(timeout)
         return []
 
     def get_map(self):
@@ -57,39 +53,22 @@ class _NoIOSelector(selectors.BaseSelector):
         self._keys.clear()
 
 
-class _Timer(events.TimerHandle):
-    """A timer ordered by its time and, at equal times, by when it was set (asyncio's own compares the time
-    only, so which of two simultaneous timers runs first would depend on the heap's history: on every other
-    timer the simulation ever set)."""
-    __slots__ = ("_key",)
-
-    def __init__(self, when, callback, args, loop, context, order: int):
-        super().__init__(when, callback, args, loop, context)
-        self._key = (when, order)
-
-    def __lt__(self, other):
-        return self._key < other._key
-
-    def __le__(self, other):
-        return self._key <= other._key
-
-    def __gt__(self, other):
-        return self._key > other._key
-
-    def __ge__(self, other):
-        return self._key >= other._key
-
-
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
-    """asyncio on a virtual clock (seconds from 0). Use `run(coro)`; reading sockets or files is not supported.
-    Simultaneous timers run in the order they were set, and the clock moves to a timer's time exactly (not by a
-    difference, which would round differently depending on the timers in between): the same inputs give the
-    same event order however many unrelated timers the simulation sets."""
+    """asyncio on a virtual clock (seconds from 0). Use `run(coro)`; reading sockets or files is not supported,
+    nor asyncio's debug mode. Simultaneous timers run in the order they were set (asyncio's own heap compares
+    the time only, so which of two simultaneous timers ran first would depend on the heap's history: on every
+    other timer the simulation ever set), and the clock moves to a timer's time exactly: the same inputs give
+    the same event order however many unrelated timers the simulation sets.
+
+    One iteration (`_run_once`) does what asyncio's does for a loop without I/O: drop cancelled timers, move
+    the clock to the next timer when nothing is ready, make the timers now due ready, run what is ready. The
+    timer heap holds (time, order set, handle) tuples, compared in C: a virtual run is little more than
+    its callbacks."""
 
     def __init__(self):
         self._now = 0.0
         self._orders = itertools.count()
-        super().__init__(selector=_NoIOSelector(self))
+        super().__init__(selector=_NoIOSelector())
         self._clock_resolution = 1e-12
 
     def time(self) -> float:
@@ -97,18 +76,46 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
     def call_at(self, when, callback, *args, context=None):
         self._check_closed()
-        timer = _Timer(when, callback, args, self, context, next(self._orders))
+        timer = events.TimerHandle(when, callback, args, self, context)
         if timer._source_traceback:
             del timer._source_traceback[-1]
-        heapq.heappush(self._scheduled, timer)
+        heapq.heappush(self._scheduled, (when, next(self._orders), timer))
         timer._scheduled = True
         return timer
+
+    def _run_once(self):
+        scheduled, ready = self._scheduled, self._ready
+        if len(scheduled) > _COMPACT_AT and 2 * self._timer_cancelled_count > len(scheduled):
+            for entry in scheduled:
+                if entry[2]._cancelled:
+                    entry[2]._scheduled = False
+            scheduled[:] = [entry for entry in scheduled if not entry[2]._cancelled]
+            heapq.heapify(scheduled)
+            self._timer_cancelled_count = 0
+        else:
+            while scheduled and scheduled[0][2]._cancelled:
+                self._timer_cancelled_count -= 1
+                heapq.heappop(scheduled)[2]._scheduled = False
+        if not ready and not self._stopping:
+            if not scheduled:
+                raise Deadlock("virtual time: every task waits and no timer is set")
+            if scheduled[0][0] > self._now:
+                self._now = scheduled[0][0]
+        due = self._now + self._clock_resolution
+        while scheduled and scheduled[0][0] < due:
+            timer = heapq.heappop(scheduled)[2]
+            timer._scheduled = False
+            ready.append(timer)
+        for _ in range(len(ready)):
+            handle = ready.popleft()
+            if not handle._cancelled:
+                handle._run()
 
     def advance(self, seconds: float) -> None:
         """Move the clock by `seconds`, to the next timer's time exactly when that is where it leads."""
         target = self._now + seconds
-        if self._scheduled and abs(self._scheduled[0]._when - target) <= 1e-9:
-            target = max(self._now, self._scheduled[0]._when)
+        if self._scheduled and abs(self._scheduled[0][0] - target) <= 1e-9:
+            target = max(self._now, self._scheduled[0][0])
         self._now = target
 
     def time_ns(self) -> int:
