@@ -209,13 +209,17 @@ class HardwareSpec(Strict):
                                               "zero latency up to 1 s).")
     rdma_nic_gbit_s: float = Field(gt=0, title="RDMA NIC line rate (Gbit/s)",
                                    description="Per interface, e.g. 400 for ConnectX-7 NDR.")
-    rdma_efficiency: float = Field(0.8, gt=0, le=1, title="Achievable fraction of RDMA line rate",
-                                   description="Applied to the sum of the interfaces of the sending pod.")
-    rdma_latency_ms: float = Field(0.05, ge=0, title="RDMA latency per transfer (ms)",
+    rdma_efficiency: float = Field(0.73, gt=0, le=1, title="Achievable fraction of RDMA line rate",
+                                   description="Applied to the sum of the interfaces of the sending pod. 0.73: "
+                                               "the bandwidth fitted to the KV transfer times Mooncake published "
+                                               "for vLLM between two H800 nodes (8 × ConnectX-7 RoCE, 200 Gbit/s "
+                                               "each), over their line rate (benchmarks/mooncake_rdma_published.py).")
+    rdma_latency_ms: float = Field(0.38, ge=0, title="RDMA latency per transfer (ms)",
                                    description="Fixed cost once per KV transfer over RDMA (Mooncake's RDMA endpoints "
                                                "are kept per peer, so descriptors add none): posting its 64 KiB "
-                                               "slices and the last completion. Not from a datasheet: no sourced "
-                                               "figure was found; calibrate it from a run.")
+                                               "slices and the last completion. 0.38 (95 % interval 0.34–0.42): the "
+                                               "intercept of the same fit, over transfers of 20 MiB to 4.5 GiB "
+                                               "(benchmarks/mooncake_rdma_published.py); calibrate it from a run.")
 
 
 class EngineSpec(Strict):
