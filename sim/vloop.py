@@ -2,8 +2,9 @@
 simulation, with no I/O and no sleeping.
 
 `loop.time()` is a virtual clock that starts at 0. When no callback is ready, the loop moves the clock to the
-next timer instead of waiting for it, so `asyncio.sleep(d)` costs no host time and every coroutine sees exactly the time it was modelled to see. Host
-load cannot bend it, and the same inputs give the same event order, hence the same results, on every run.
+next timer instead of waiting for it, so `asyncio.sleep(d)` costs no host time and every coroutine sees exactly
+the time it was modelled to see. Host load cannot bend it, and the same inputs give the same event order, hence
+the same results, on every run.
 
 Only timers move the clock: a loop that has nothing scheduled and nothing ready is deadlocked (a coroutine
 waits for something no timer will bring), and says so instead of hanging.
