@@ -12,6 +12,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections import deque
 from pathlib import Path
 
 from epdbench.specs.commands import vllm_router_args
@@ -30,10 +31,21 @@ def stop_all() -> None:
 atexit.register(stop_all)
 
 
+ISSUED_PORTS: deque[int] = deque(maxlen=4096)   # the ports free_port handed out last, in this process
+
+
 def free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port free now that this process has not handed out among its last 4096. A deployment picks all its ports
+    before its processes bind them, and the kernel can give bind(0) the same port again meanwhile (1 in 20,000
+    consecutive calls on the development VM): two processes of one deployment would then race for one port."""
+    for _ in range(64):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in ISSUED_PORTS:
+            ISSUED_PORTS.append(port)
+            return port
+    raise ProvisionError(f"no free port on {host} that this process has not handed out already (64 tries)")
 
 
 def router_binary() -> str:

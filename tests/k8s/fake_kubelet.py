@@ -6,7 +6,6 @@ import asyncio
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from typing import Callable
 import aiohttp
 from aiohttp import web
 
+from epdbench.tasks import sim_target
 from tests.k8s.fake_objects import ObjectStore, now_stamp, status_body
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,9 +29,9 @@ CRASH_LOG = "ValueError: invalid model configuration (scripted crash)\n"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """Never one this process handed out before (sim_target.free_port): a pod's port is picked before its
+    process binds it, and bind(0) can meanwhile give it to the next pod again."""
+    return sim_target.free_port("127.0.0.1")
 
 
 @dataclass
