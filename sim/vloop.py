@@ -87,10 +87,13 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def _run_once(self):
         scheduled, ready = self._scheduled, self._ready
         if len(scheduled) > _COMPACT_AT and 2 * self._timer_cancelled_count > len(scheduled):
+            kept = []
             for entry in scheduled:
                 if entry[2]._cancelled:
                     entry[2]._scheduled = False
-            scheduled[:] = [entry for entry in scheduled if not entry[2]._cancelled]
+                else:
+                    kept.append(entry)
+            scheduled[:] = kept
             heapq.heapify(scheduled)
             self._timer_cancelled_count = 0
         else:
@@ -111,13 +114,6 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
             handle = ready.popleft()
             if not handle._cancelled:
                 handle._run()
-
-    def advance(self, seconds: float) -> None:
-        """Move the clock by `seconds`, to the next timer's time exactly when that is where it leads."""
-        target = self._now + seconds
-        if self._scheduled and abs(self._scheduled[0][0] - target) <= 1e-9:
-            target = max(self._now, self._scheduled[0][0])
-        self._now = target
 
     def time_ns(self) -> int:
         return int(round(self._now * 1e9))
