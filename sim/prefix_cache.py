@@ -19,7 +19,16 @@ Simplifications: blocks evicted between a request's arrival and its admission st
 (computed for free; its KV blocks are counted all the same); a sequence's prompt blocks become cached when
 its prompt's KV is complete (vLLM: as each chunk is scheduled); blocks of generated tokens are never hit
 (vLLM caches them too, but only the same conversation continued could match them); a block another
-sequence cached meanwhile stays its computer's own, uncached (vLLM keeps both copies cached)."""
+sequence cached meanwhile stays its computer's own, uncached (vLLM keeps both copies cached).
+
+Prompts run to thousands of blocks, so the pool keeps runs of blocks, not blocks: a run is a contiguous
+stretch of one prompt's blocks in one state (held by the same sequences, or free and next to each other in the
+free queue, last block first), found by its first block's hash. Sequences hold leading blocks of their
+prompts and free them last first, so a prompt meets a run at its first block; a hit or a block taken back
+takes the front of a run, eviction its back; and a block whose predecessor is not cached is not cached
+either (the free queue evicts a block after those that follow it). A request's work is per run, not per
+block. tests/sim/test_prefix_cache.py checks every lookup, hit and free block, and the order of eviction,
+against a model of vLLM's pool one block at a time."""
 from __future__ import annotations
 
 from collections import deque
@@ -37,107 +46,153 @@ def block_hashes(ids: list[int], block: int = BLOCK_TOKENS) -> list[int]:
     return out
 
 
+class _Run:
+    """Blocks chain[lo:hi] of one chain of block hashes, in one state: held by `refs` sequences (the same
+    ones for every block), or free (refs 0: in the free queue, evicted from hi down)."""
+    __slots__ = ("chain", "lo", "hi", "refs")
+
+    def __init__(self, chain: list[int], lo: int, hi: int, refs: int):
+        self.chain, self.lo, self.hi, self.refs = chain, lo, hi, refs
+
+
 class PrefixCache:
     def __init__(self, free_blocks: int, block: int = BLOCK_TOKENS):
         self.block = block
         self.room = max(0, free_blocks)          # the engine's free KV blocks: the free queue holds no more
-        self._free: dict[object, int] = {}       # freed blocks, least recently freed first (a dict keeps the
-        # order of insertion): a cached block by its hash (→ 1), a sequence's uncached blocks, freed together, as
-        # one run (→ how many). Prompts run to thousands of blocks: whole-list operations below, run in C.
+        self._starts: dict[int, _Run] = {}       # every run by the hash of its first block
+        self._free: dict[object, int] = {}       # the free queue, least recently freed first (a dict keeps the
+        # order of insertion): free runs (→ 1) and a sequence's uncached blocks, freed together (→ how many)
         self._free_blocks = 0                    # blocks in the free queue (runs counted in full)
-        self._held: dict[int, int] = {}          # cached blocks sequences hold: hash → references
+        self._held_blocks = 0
         self._runs = 0
 
     @property
     def held_blocks(self) -> int:
         """Cached blocks held by sequences (each counted once however many share it)."""
-        return len(self._held)
+        return self._held_blocks
 
     def cached_free(self) -> list[int]:
         """Hashes of the cached blocks nobody holds, the next evicted first."""
-        return [h for h in self._free if not isinstance(h, tuple)]
+        out: list[int] = []
+        for run in self._free:
+            if type(run) is _Run:
+                out.extend(reversed(run.chain[run.lo:run.hi]))
+        return out
+
+    def _pieces(self, hashes: list[int], pos: int, limit: int) -> tuple[list[tuple[_Run, int, int]], int]:
+        """The leading cached run of hashes[pos:limit] as (run, start, end) pieces, and where it ends. A block's
+        hash chains everything before it, so where a prompt and a run's chain agree on a block they agree on
+        every block before it: the agreement within a run ends where a binary search says."""
+        starts = self._starts
+        out = []
+        while pos < limit:
+            run = starts.get(hashes[pos])
+            if run is None:
+                break
+            end = min(run.hi, limit)
+            chain = run.chain
+            if chain is not hashes and chain[end - 1] != hashes[end - 1]:
+                lo, hi = pos + 1, end - 1            # chain[lo - 1] agrees, chain[hi] does not
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if chain[mid] == hashes[mid]:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                end = lo
+            out.append((run, pos, end))
+            pos = end
+        return out, pos
 
     def lookup(self, n_tokens: int, hashes: list[int]) -> int:
         """Tokens of the longest run of cached leading blocks of a prompt of `n_tokens` whose block_hashes are
         `hashes` (held or free; nothing is touched); at least the last prompt token is always recomputed, so
         the full blocks of ids[:-1] count: a block's hash depends only on what precedes it."""
-        held, free = self._held, self._free
-        n = 0
-        for h in hashes[:max(0, n_tokens - 1) // self.block]:
-            if h not in held and h not in free:
-                break
-            n += 1
-        return n * self.block
+        return self._pieces(hashes, 0, min(len(hashes), max(0, n_tokens - 1) // self.block))[1] * self.block
 
     def probe(self, hashes: list[int]) -> int:
         """Of the leading run of `hashes` still cached, how many other sequences hold (acquiring the others
         takes them off the free queue)."""
-        held, free = self._held, self._free
-        shared = 0
-        for h in hashes:
-            if h in held:
-                shared += 1
-            elif h not in free:
-                break
-        return shared
+        return sum(end - pos for run, pos, end in self._pieces(hashes, 0, len(hashes))[0] if run.refs)
 
     def acquire(self, hashes: list[int]) -> list[int]:
         """Hold the leading run of `hashes` still cached (a reference each; a free one leaves the free queue, so
         it cannot be evicted); returns the hashes held."""
-        held, free = self._held, self._free
-        got: list[int] = []
-        for h in hashes:
-            if h in held:
-                held[h] += 1
-            elif h in free:
-                del free[h]
-                self._free_blocks -= 1
-                held[h] = 1
-                self.room -= 1               # a free block now held
-            else:
-                break
-            got.append(h)
-        return got
+        pieces, n = self._pieces(hashes, 0, len(hashes))
+        for run, pos, end in pieces:
+            part = self._split(run, pos, end)
+            if run.refs:
+                part.refs += 1
+            else:                                # free blocks now held
+                if part is run:
+                    del self._free[run]
+                part.refs = 1
+                self._free_blocks -= end - pos
+                self._held_blocks += end - pos
+                self.room -= end - pos
+        return hashes[:n]
 
     def register(self, hashes: list[int], holds: list[int]) -> None:
         """A sequence's prompt KV is complete: its full blocks (`hashes`, in order) beyond the `holds` it already
         holds become cached and held by it (appended to `holds`). One still free in the cache (the same prompt's
         earlier copy) is taken back; one another sequence holds leaves this sequence's copy uncached, and so
         does every later block."""
-        held, free = self._held, self._free
-        new = hashes[len(holds):]
-        if not held.keys().isdisjoint(new):
-            new = new[:next(i for i, h in enumerate(new) if h in held)]
-        if not free.keys().isdisjoint(new):
-            for h in new:
-                if free.pop(h, 0):
-                    self._free_blocks -= 1
-        held.update(dict.fromkeys(new, 1))
-        holds.extend(new)
+        start = len(holds)
+        cut = len(hashes)
+        for run, pos, end in self._pieces(hashes, start, cut)[0]:
+            if run.refs:                         # held by another sequence (so are the blocks before it)
+                cut = pos
+                break
+            if self._split(run, pos, end) is run:    # free: taken back
+                del self._free[run]
+            del self._starts[hashes[pos]]
+            self._free_blocks -= end - pos
+        if cut > start:
+            run = self._starts[hashes[start]] = _Run(hashes, start, cut, 1)
+            self._held_blocks += cut - start
+            holds.extend(hashes[start:cut])
+
+    def _split(self, run: _Run, a: int, b: int) -> _Run:
+        """Blocks [a, b) of a run as a run in the same state (the run itself if that is all of it); what is left
+        keeps its place in the free queue (the blocks above b first, then those below a)."""
+        if a == run.lo and b == run.hi:
+            return run
+        starts, chain = self._starts, run.chain
+        part = starts[chain[a]] = _Run(chain, a, b, run.refs)
+        if b < run.hi:
+            if a > run.lo:                       # a middle: the blocks below a follow the run in the queue
+                below = starts[chain[run.lo]] = _Run(chain, run.lo, a, run.refs)
+                if not run.refs:
+                    queue = list(self._free.items())
+                    at = next(i for i, (key, _) in enumerate(queue) if key is run)
+                    queue.insert(at + 1, (below, 1))
+                    self._free.clear()
+                    self._free.update(queue)
+            run.lo = b
+            starts[chain[b]] = run
+        else:
+            run.hi = a
+        return part
 
     def release(self, holds: list[int], uncached: int) -> int:
         """A sequence frees its blocks, last first: its `uncached` own blocks, then the cached ones it holds
         (`holds`, emptied) from last to first; a cached block nobody else holds joins the free queue. Returns
         the blocks that became free."""
-        free, held = self._free, self._held
+        free = self._free
         freed = max(0, uncached)
         if freed:
             self._runs += 1
             free[("uncached", self._runs)] = freed
-        last_first = holds[::-1]
-        if max(map(held.__getitem__, last_first), default=1) == 1:   # nobody else holds any: all go free
-            gone = last_first
-            deque(map(held.__delitem__, gone), maxlen=0)
-        else:
-            gone = []
-            for h in last_first:
-                if held[h] > 1:
-                    held[h] -= 1
-                else:
-                    del held[h]
-                    gone.append(h)
-        free.update(dict.fromkeys(gone, 1))
-        freed += len(gone)
+        gone = 0
+        for run, _, _ in reversed(self._pieces(holds, 0, len(holds))[0]):   # each held by this sequence in full
+            if run.refs > 1:
+                run.refs -= 1
+            else:
+                run.refs = 0
+                free[run] = 1
+                gone += run.hi - run.lo
+        self._held_blocks -= gone
+        freed += gone
         self._free_blocks += freed
         holds.clear()
         self.room += freed
@@ -157,7 +212,13 @@ class PrefixCache:
         self._free_blocks -= excess
         evicted = []
         for key, n in free.items():
-            if n > excess:                   # the front of a run of uncached blocks
+            if type(key) is _Run:                # a run loses its last blocks first
+                n = key.hi - key.lo
+                if n > excess:
+                    key.hi -= excess
+                    break
+                del self._starts[key.chain[key.lo]]
+            elif n > excess:                     # the front of a run of uncached blocks
                 free[key] = n - excess
                 break
             evicted.append(key)

@@ -3,6 +3,8 @@ the longest cached run of leading blocks, shared blocks held by reference, free 
 they were freed as the engine allocates."""
 import random
 
+import pytest
+
 from epdbench.sim.prefix_cache import BLOCK_TOKENS, PrefixCache, block_hashes
 
 
@@ -86,25 +88,43 @@ def test_a_prompt_reuses_the_longest_cached_run_of_its_leading_blocks_and_recomp
     assert cache.held_blocks == 6                           # shared: a's blocks counted once
 
 
-def test_acquire_register_release_and_allocation_keep_the_blocks_and_order_of_vllms_block_pool():
-    """Random requests sharing prefixes come and go in a pool small enough to evict: every hit is the
-    reference's, and the cached free blocks are the same, in the same order of eviction."""
-    rng = random.Random(7)
+@pytest.mark.parametrize("seed", [7, 11, 23, 42, 99])
+def test_acquire_register_release_and_allocation_keep_the_blocks_and_order_of_vllms_block_pool(seed):
+    """Random requests sharing prefixes come and go in a pool small enough to evict; a request's prompt is
+    registered some time after its admission (others sharing its prefix may register it first, or free theirs
+    meanwhile) and it may leave before that (preempted). Every lookup, probe and hit is the reference's, and
+    the cached free blocks are the same, in the same order of eviction."""
+    rng = random.Random(seed)
     n = 96
     stems = [[rng.randrange(50_000) for _ in range(rng.randrange(16, 400))] for _ in range(12)]
     cache, ref = PrefixCache(free_blocks=n), ReferencePool(n)
-    live: list[tuple] = []
-    evicted = 0
-    for _ in range(600):
-        if live and (rng.random() < 0.45 or len(live) > 6):
-            holds, ref_holds, own, ref_own = live.pop(rng.randrange(len(live)))
-            ref.release(ref_holds, ref_own)
-            cache.release(holds, len(own))
+    live: list[dict] = []
+    evicted = taken_back = 0
+    for _ in range(1500):
+        r = rng.random()
+        pending = [s for s in live if not s["registered"]]
+        if pending and r < 0.3:
+            s = rng.choice(pending)
+            hit = len(s["holds"])
+            before = sum(1 for b in ref.free if b[0] is not None)
+            ref.register(s["ids"], s["ref_holds"], s["ref_own"])
+            taken_back += before - sum(1 for b in ref.free if b[0] is not None)
+            cache.register(block_hashes(s["ids"]), s["holds"])
+            assert len(s["holds"]) == len(s["ref_holds"])
+            s["registered"], s["uncached"] = True, s["own"] - (len(s["holds"]) - hit)
+        elif live and (r < 0.6 or len(live) > 6):
+            s = live.pop(rng.randrange(len(live)))
+            ref.release(s["ref_holds"], s["ref_own"])
+            cache.release(s["holds"], s["uncached"])
         else:
             ids = (rng.choice(stems)[:rng.randrange(1, 400)]
                    + [rng.randrange(50_000) for _ in range(rng.randrange(0, 64))])
-            hashes = block_hashes(ids) if rng.random() < 0.5 else None
-            holds, ref_holds = take(cache, ids, hashes), ref.acquire(ids)
+            hashes = block_hashes(ids)
+            cached = hashes[:(len(ids) - 1) // BLOCK_TOKENS]
+            ref_hit = next((i for i, h in enumerate(cached) if h not in ref.by_hash), len(cached))
+            assert cache.lookup(len(ids), hashes) == ref_hit * BLOCK_TOKENS
+            assert cache.probe(cached[:ref_hit]) == sum(ref.by_hash[h][1] > 0 for h in cached[:ref_hit])
+            holds, ref_holds = take(cache, ids, hashes if rng.random() < 0.5 else None), ref.acquire(ids)
             assert len(holds) == len(ref_holds) and cache.room == len(ref.free)
             own = -(-(len(ids) + rng.randrange(0, 40)) // BLOCK_TOKENS) - len(holds)   # prompt and output
             if own > len(ref.free):                         # it does not fit: it gives its hit back
@@ -115,15 +135,12 @@ def test_acquire_register_release_and_allocation_keep_the_blocks_and_order_of_vl
             ref_own = ref.allocate(own)
             cache.fit(cache.room - own)
             evicted += before - len(ref.by_hash)
-            ref.register(ids, ref_holds, ref_own)
-            hit = len(holds)
-            cache.register(block_hashes(ids), holds)
-            assert len(holds) == len(ref_holds)
-            live.append((holds, ref_holds, range(own - (len(holds) - hit)), ref_own))   # its uncached blocks
+            live.append({"ids": ids, "holds": holds, "ref_holds": ref_holds, "own": own, "ref_own": ref_own,
+                         "registered": False, "uncached": own})
         assert cache.cached_free() == ref.cached_free()
         assert cache.held_blocks == sum(1 for b in ref.by_hash.values() if b[1] > 0)
         assert cache.room == len(ref.free)
-    assert evicted > 50                                     # the pool was under pressure
+    assert evicted > 50 and taken_back > 0                  # the pool was under pressure; copies were taken back
 
 
 def test_under_pressure_a_prompt_loses_its_tail_before_its_head():
