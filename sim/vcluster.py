@@ -111,6 +111,7 @@ class _Sink:
     the request's list (`stamps`; None for a prefill-only leg) and only the end wakes the request's coroutine —
     no task switch per token — at the last token's stamp (when the API server's output path hands it over:
     sim.engine.Engine.output_stamps), as the HTTP simulator's response writer waits for each stamp."""
+    __slots__ = ("stamps", "loop", "done", "last")
 
     def __init__(self, stamps: list[float] | None):
         self.stamps = stamps

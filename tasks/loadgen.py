@@ -14,6 +14,7 @@ the engine and this process cannot bend its token times) and the arrivals are ke
 from __future__ import annotations
 
 import asyncio
+import operator
 import sys
 import time
 import traceback
@@ -23,7 +24,7 @@ from typing import Callable
 
 import aiohttp
 
-from epdbench.tasks.sse import Clock, StreamTiming, _fail, _is_int, consume_stream, derive_timing
+from epdbench.tasks.sse import Clock, StreamTiming, _fail, _is_int, consume_stream
 from epdbench.specs.workload import RequestSpec
 
 PROCESS_START_MARGIN_S = 0.05   # worker processes start a phase together this long after it is handed out
@@ -64,7 +65,11 @@ def modelled_offsets(t: StreamTiming) -> list[int] | None:
     m, a = t.chunk_modelled_ns, t.chunk_offsets_ns
     if t.modelled_missing or not m or len(m) != len(a):
         return None
-    if m[0] <= 0 or any(y < x for x, y in zip(m, m[1:])) or any(x > arr + 1000 for x, arr in zip(m, a)):
+    if m[0] <= 0 or any(map(operator.lt, m[1:], m)):
+        return None
+    if m == a:                           # the virtual core's: its stamps are when the chunks arrive
+        return list(m)
+    if any(x > arr + 1000 for x, arr in zip(m, a)):
         return None
     return [min(x, arr) for x, arr in zip(m, a)]
 
@@ -74,14 +79,14 @@ def _int_or_none(v) -> int | None:
 
 
 def _fill(rec: Record, t: StreamTiming) -> None:
-    modelled = modelled_offsets(t)
-    if modelled is not None:
+    offsets = modelled_offsets(t)
+    if offsets is not None:
         rec.timing, rec.chunk_arrival_ns = "modelled", t.chunk_offsets_ns
-        t = StreamTiming(**{**t.__dict__, "chunk_offsets_ns": modelled})
-    timing = derive_timing(t)
-    rec.chunk_offsets_ns, rec.chunk_tokens = t.chunk_offsets_ns, t.chunk_tokens
-    rec.ttft_ms = timing["ttft_ns"] / 1e6 if timing["ttft_ns"] is not None else None
-    rec.e2e_ms = timing["e2e_ns"] / 1e6 if timing["e2e_ns"] is not None else None
+    else:
+        offsets = t.chunk_offsets_ns
+    rec.chunk_offsets_ns, rec.chunk_tokens = offsets, t.chunk_tokens
+    rec.ttft_ms = offsets[0] / 1e6 if offsets else None          # sse.derive_timing's TTFT and E2E
+    rec.e2e_ms = offsets[-1] / 1e6 if offsets else None
     rec.done_ms = t.done_ns / 1e6 if t.done_ns is not None else None
     if isinstance(t.usage, dict):  # consume_stream only keeps well-typed usage; re-checked here anyway
         details = t.usage.get("prompt_tokens_details")
@@ -92,7 +97,7 @@ def _fill(rec: Record, t: StreamTiming) -> None:
         rec.error = t.error
     elif not t.saw_done:
         rec.error = "stream ended without [DONE]"
-    elif not t.chunk_offsets_ns:
+    elif not offsets:
         rec.error = "no generated content in stream"
     rec.ok = rec.error is None
 
