@@ -12,6 +12,7 @@ waits for something no timer will bring), and says so instead of hanging.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import heapq
 import itertools
 import selectors
@@ -54,6 +55,28 @@ class _NoIOSelector(selectors.BaseSelector):
         self._keys.clear()
 
 
+class _Handle(events.Handle):
+    """events.Handle as asyncio makes it outside debug mode (VirtualTimeLoop uses asyncio's own in debug mode):
+    a virtual run makes one or two for every event, so the debug checks alone were a measurable share."""
+    __slots__ = ()
+
+    def __init__(self, callback, args, loop, context=None):
+        self._context = contextvars.copy_context() if context is None else context
+        self._loop, self._callback, self._args = loop, callback, args
+        self._cancelled, self._repr, self._source_traceback = False, None, None
+
+
+class _TimerHandle(events.TimerHandle):
+    """events.TimerHandle likewise."""
+    __slots__ = ()
+
+    def __init__(self, when, callback, args, loop, context=None):
+        self._context = contextvars.copy_context() if context is None else context
+        self._loop, self._callback, self._args = loop, callback, args
+        self._cancelled, self._repr, self._source_traceback = False, None, None
+        self._when, self._scheduled = when, False
+
+
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
     """asyncio on a virtual clock (seconds from 0). Use `run(coro)`; reading sockets or files is not supported,
     nor asyncio's debug mode. Simultaneous timers run in the order they were set (asyncio's own heap compares
@@ -75,11 +98,22 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def time(self) -> float:
         return self._now
 
+    def call_soon(self, callback, *args, context=None):
+        if self._debug:
+            return super().call_soon(callback, *args, context=context)
+        self._check_closed()
+        handle = _Handle(callback, args, self, context)
+        self._ready.append(handle)
+        return handle
+
+    def call_later(self, delay, callback, *args, context=None):
+        if delay is None:
+            raise TypeError("delay must not be None")
+        return self.call_at(self._now + delay, callback, *args, context=context)
+
     def call_at(self, when, callback, *args, context=None):
         self._check_closed()
-        timer = events.TimerHandle(when, callback, args, self, context)
-        if timer._source_traceback:
-            del timer._source_traceback[-1]
+        timer = (_TimerHandle if not self._debug else events.TimerHandle)(when, callback, args, self, context)
         heapq.heappush(self._scheduled, (when, next(self._orders), timer))
         timer._scheduled = True
         return timer

@@ -77,3 +77,27 @@ def test_simultaneous_timers_run_in_the_order_set_and_the_clock_lands_on_each_ex
         order, clocks = trace(noise)
         assert order == list("abcde"), noise
         assert clocks == [0.1 + 0.2] * 5, noise
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_callbacks_run_in_order_cancelled_ones_never_and_debug_mode_gives_the_same(debug):
+    """call_soon is FIFO, call_later is relative to the virtual clock, a cancelled handle never runs; in
+    asyncio's debug mode the loop uses asyncio's own handles and behaves the same."""
+    loop = VirtualTimeLoop()
+    loop.set_debug(debug)
+    seen = []
+
+    async def main():
+        lp = asyncio.get_running_loop()
+        lp.call_soon(seen.append, ("soon", 1, lp.time()))
+        lp.call_soon(seen.append, ("soon", 2, lp.time())).cancel()
+        lp.call_soon(seen.append, ("soon", 3, lp.time()))
+        lp.call_later(2.0, lambda: seen.append(("later", 2.0, lp.time())))
+        lp.call_later(1.0, lambda: seen.append(("later", 1.0, lp.time())))
+        lp.call_at(1.5, seen.append, ("at", 1.5, 1.5)).cancel()
+        await asyncio.sleep(3)
+        with pytest.raises(TypeError):
+            lp.call_later(None, seen.append, "never")
+
+    run(main(), loop)
+    assert seen == [("soon", 1, 0.0), ("soon", 3, 0.0), ("later", 1.0, 1.0), ("later", 2.0, 2.0)]
