@@ -71,9 +71,7 @@ class _TimerHandle(events.TimerHandle):
     __slots__ = ()
 
     def __init__(self, when, callback, args, loop, context=None):
-        self._context = contextvars.copy_context() if context is None else context
-        self._loop, self._callback, self._args = loop, callback, args
-        self._cancelled, self._repr, self._source_traceback = False, None, None
+        _Handle.__init__(self, callback, args, loop, context)
         self._when, self._scheduled = when, False
 
 
