@@ -120,7 +120,7 @@ class PrefixCache:
         it cannot be evicted); returns the hashes held."""
         pieces, n = self._pieces(hashes, 0, len(hashes))
         for run, pos, end in pieces:
-            part = self._split(run, pos, end)
+            part = self._front(run, end)
             if run.refs:
                 part.refs += 1
             else:                                # free blocks now held
@@ -143,35 +143,24 @@ class PrefixCache:
             if run.refs:                         # held by another sequence (so are the blocks before it)
                 cut = pos
                 break
-            if self._split(run, pos, end) is run:    # free: taken back
+            if self._front(run, end) is run:     # free: taken back
                 del self._free[run]
             del self._starts[hashes[pos]]
             self._free_blocks -= end - pos
         if cut > start:
-            run = self._starts[hashes[start]] = _Run(hashes, start, cut, 1)
+            self._starts[hashes[start]] = _Run(hashes, start, cut, 1)
             self._held_blocks += cut - start
             holds.extend(hashes[start:cut])
 
-    def _split(self, run: _Run, a: int, b: int) -> _Run:
-        """Blocks [a, b) of a run as a run in the same state (the run itself if that is all of it); what is left
-        keeps its place in the free queue (the blocks above b first, then those below a)."""
-        if a == run.lo and b == run.hi:
+    def _front(self, run: _Run, end: int) -> _Run:
+        """A run's blocks before `end` as a run in the same state (the run itself if that is all of it); the rest
+        keeps the run's place in the free queue. A piece of a prompt always starts at its run's first block:
+        runs are found by that block's hash."""
+        if end == run.hi:
             return run
-        starts, chain = self._starts, run.chain
-        part = starts[chain[a]] = _Run(chain, a, b, run.refs)
-        if b < run.hi:
-            if a > run.lo:                       # a middle: the blocks below a follow the run in the queue
-                below = starts[chain[run.lo]] = _Run(chain, run.lo, a, run.refs)
-                if not run.refs:
-                    queue = list(self._free.items())
-                    at = next(i for i, (key, _) in enumerate(queue) if key is run)
-                    queue.insert(at + 1, (below, 1))
-                    self._free.clear()
-                    self._free.update(queue)
-            run.lo = b
-            starts[chain[b]] = run
-        else:
-            run.hi = a
+        part = self._starts[run.chain[run.lo]] = _Run(run.chain, run.lo, end, run.refs)
+        run.lo = end
+        self._starts[run.chain[end]] = run
         return part
 
     def release(self, holds: list[int], uncached: int) -> int:
