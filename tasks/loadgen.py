@@ -24,7 +24,7 @@ from typing import Callable
 
 import aiohttp
 
-from epdbench.tasks.sse import Clock, StreamTiming, _fail, _is_int, consume_stream
+from epdbench.tasks.sse import Clock, StreamTiming, _fail, _is_int, consume_stream, derive_timing
 from epdbench.specs.workload import RequestSpec
 
 PROCESS_START_MARGIN_S = 0.05   # worker processes start a phase together this long after it is handed out
@@ -85,8 +85,9 @@ def _fill(rec: Record, t: StreamTiming) -> None:
     else:
         offsets = t.chunk_offsets_ns
     rec.chunk_offsets_ns, rec.chunk_tokens = offsets, t.chunk_tokens
-    rec.ttft_ms = offsets[0] / 1e6 if offsets else None          # sse.derive_timing's TTFT and E2E
-    rec.e2e_ms = offsets[-1] / 1e6 if offsets else None
+    timing = derive_timing(offsets)
+    rec.ttft_ms = timing["ttft_ns"] / 1e6 if timing["ttft_ns"] is not None else None
+    rec.e2e_ms = timing["e2e_ns"] / 1e6 if timing["e2e_ns"] is not None else None
     rec.done_ms = t.done_ns / 1e6 if t.done_ns is not None else None
     if isinstance(t.usage, dict):  # consume_stream only keeps well-typed usage; re-checked here anyway
         details = t.usage.get("prompt_tokens_details")

@@ -227,9 +227,9 @@ def _lines(lines: list[bytes], now: int, send_ns: int, t: StreamTiming, progress
     return False
 
 
-def derive_timing(t: StreamTiming) -> dict:
-    """TTFT, E2E (last content chunk) and ITLs in ns; latency − TTFT == Σ ITL exactly."""
-    offs = t.chunk_offsets_ns
+def derive_timing(offs: list[int]) -> dict:
+    """TTFT, E2E (last content chunk) and ITLs in ns from a stream's chunk offsets (StreamTiming.chunk_offsets_ns,
+    or the modelled ones that replace them); latency − TTFT == Σ ITL exactly."""
     if not offs:
         return {"ttft_ns": None, "e2e_ns": None, "itl_ns": []}
     return {"ttft_ns": offs[0], "e2e_ns": offs[-1], "itl_ns": [b - a for a, b in zip(offs, offs[1:])]}

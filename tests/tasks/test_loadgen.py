@@ -45,7 +45,7 @@ def test_latency_minus_ttft_equals_sum_of_itl_exactly():
               b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":4,"total_tokens":9}}\n',
               b"data: [DONE]\n"]
     t = asyncio.run(consume_stream(lines(stream), send, clock))
-    timing = derive_timing(t)
+    timing = derive_timing(t.chunk_offsets_ns)
     assert len(t.chunk_offsets_ns) == 4                   # empty-content chunk is not a token
     assert (timing["e2e_ns"] - timing["ttft_ns"]) - sum(timing["itl_ns"]) == 0
     assert timing["ttft_ns"] == 3 * 13                    # third event read after send

@@ -72,7 +72,7 @@ def test_malformed_event_fails_the_request_and_keeps_earlier_chunks(bad, expecte
     assert t.chunk_tokens == [1, 1, 1]
     assert t.saw_done and t.done_ns == 42
     assert clock.reads == 1 + len(stream)                                # one clock read per event
-    timing = derive_timing(t)
+    timing = derive_timing(t.chunk_offsets_ns)
     assert timing["e2e_ns"] - timing["ttft_ns"] == sum(timing["itl_ns"])
     rec = Record("r", 0, "measured", "completions", 3, 3, "h", None, None, 0, 0, 0.0)
     _fill(rec, t)
