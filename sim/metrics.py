@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from epdbench.sim import logfmt
-from epdbench.sim.engine import LAG_BUCKETS_S, Lag
+from epdbench.sim.lag import LAG_BUCKETS_S, Lag
 
 if TYPE_CHECKING:
     from epdbench.sim.replica import Replica

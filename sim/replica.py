@@ -14,8 +14,9 @@ from epdbench.physics.costmodel import CostModel
 from epdbench.sim import logfmt, responses
 from epdbench.sim.apiserver import ApiServer
 from epdbench.sim.encoder import Encoder, PullError
-from epdbench.sim.engine import Engine, Lag, Sequence
+from epdbench.sim.engine import Engine, Sequence
 from epdbench.sim.kv_handoff import KVHandoff
+from epdbench.sim.lag import Lag
 from epdbench.sim.link import Link
 from epdbench.timer import precise_sleep
 from epdbench.sim.metrics import Counters, prometheus_text

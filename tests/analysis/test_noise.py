@@ -11,7 +11,7 @@ from epdbench.analysis.noise import (CONTAMINATION_FRACTION, EMIT_LAG, RUN_TO_RU
                                      delivery_lag_p99_ms, distinct, emulation_lag_p99_ms, histogram_buckets,
                                      is_contaminated, percentile_ci, percentile_ci_half, percentile_value,
                                      samples_p99_ms, timing_of, band_sides)
-from epdbench.sim.engine import LAG_BUCKETS_S, Lag
+from epdbench.sim.lag import LAG_BUCKETS_S, Lag
 from epdbench.sim.metrics import lag_histogram
 
 LBL = 'engine="0",model_name="m"'
