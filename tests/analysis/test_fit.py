@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from epdbench.analysis import fit
+from epdbench.analysis import dfo, fit
 from epdbench.specs.models import load_spec, select_configurations
 
 # (suite, workload, input tokens, output tokens, concurrency, image megapixels): the smoke spec's fixed cells
@@ -240,8 +240,8 @@ def test_the_search_minimises_a_nonlinear_least_squares_problem_within_its_box()
 
     def run(lower):
         points = np.array([[0.0, 0.0], [0.4, 0.0], [0.0, 0.4]])
-        return fit.least_squares_dfo(f, points, np.array([f(p) for p in points]), np.array(lower),
-                                     np.array([1.0, 1.0]), radius=0.4, xtol=1e-7)
+        return dfo.least_squares_dfo(f, points, np.array([f(p) for p in points]), np.array(lower),
+                                     np.array([1.0, 1.0]), radius=0.4, xtol=1e-7, max_radius=math.log(10))
 
     x, r = run([-1.0, -1.0])
     assert x == pytest.approx(target, abs=1e-3) and r == pytest.approx(f(x))
@@ -254,11 +254,11 @@ def test_the_search_stops_when_its_budget_is_spent():
 
     def f(x):
         if len(calls) == 3:
-            raise fit.BudgetExhausted
+            raise dfo.BudgetExhausted
         calls.append(x)
         return np.array([x[0] - 5.0])
 
     points = np.array([[0.0], [1.0]])
-    x, r = fit.least_squares_dfo(f, points, np.array([[-5.0], [-4.0]]), np.array([-10.0]), np.array([10.0]),
-                                 radius=1.0)
+    x, r = dfo.least_squares_dfo(f, points, np.array([[-5.0], [-4.0]]), np.array([-10.0]), np.array([10.0]),
+                                 radius=1.0, xtol=1e-3, max_radius=math.log(10))
     assert len(calls) == 3 and r[0] ** 2 == min(float((c[0] - 5.0) ** 2) for c in [*calls, [1.0]])
