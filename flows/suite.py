@@ -18,6 +18,7 @@ from epdbench.specs.workload import Calibration, Cell, build_requests, plan_cell
 from epdbench.tasks.loadgen import LoadGenerator, records_as_dicts
 from epdbench.tasks.looplag import LoopLag
 from epdbench.tasks.results import append_records
+from epdbench.tasks import stoppable
 from epdbench.tasks.resume import record_attempt
 
 
@@ -192,5 +193,5 @@ def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run:
                         keep_partial([(cell, requests)], trial)))
                     finish([(cell, rows_of(cell, trial, recs))], trial, noise)
 
-    asyncio.run(go())
+    stoppable.run(go())   # a SIGTERM meanwhile stops it at once (tasks.stoppable)
     return done
