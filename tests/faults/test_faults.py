@@ -185,9 +185,13 @@ def test_sigkill_leaves_processes_that_resume_ends_and_finishes_exactly_once(tmp
     run.assert_no_process_left()
 
 
-def test_sigterm_stops_like_ctrl_c_with_one_line_and_nothing_left(tmp_path):
+@pytest.mark.parametrize("until, after_s", [("[pd-tcp] serving at", 0.0),
+                                            ("Prompt calibration against", 0.5)],   # in the cell's event loop
+                         ids=["provisioned", "mid-cell"])
+def test_sigterm_stops_like_ctrl_c_with_one_line_and_nothing_left(tmp_path, until, after_s):
     run = Run(tmp_path)
-    proc, _ = run.start(small_spec(tmp_path, ["pd-tcp"]), "[pd-tcp] serving at")
+    proc, _ = run.start(small_spec(tmp_path, ["pd-tcp"]), until)
+    time.sleep(after_s)
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130
