@@ -62,6 +62,8 @@ def cmd_compare(args) -> int:
 
     outcome = compare_flow.compare(spec, out_dir=out, tracking_uri=args.tracking_uri, trigger="cli",
                                    run_name=run_name, resume=bool(args.resume), regression=settings)
+    if compare_flow.INTERRUPTED.is_set():   # the signal came, but something on the way swallowed its exception
+        raise KeyboardInterrupt
     print_summary(outcome)
     if not outcome["all_verified"]:
         return EXIT_FAILURES
