@@ -24,7 +24,7 @@ from typing import Callable
 
 import aiohttp
 
-from epdbench.tasks.sse import Clock, StreamTiming, _fail, _is_int, consume_stream, derive_timing
+from epdbench.tasks.sse import Clock, StreamTiming, _fail, _is_int, consume_stream, ttft_e2e_ns
 from epdbench.specs.workload import RequestSpec
 
 PROCESS_START_MARGIN_S = 0.05   # worker processes start a phase together this long after it is handed out
@@ -85,9 +85,9 @@ def _fill(rec: Record, t: StreamTiming) -> None:
     else:
         offsets = t.chunk_offsets_ns
     rec.chunk_offsets_ns, rec.chunk_tokens = offsets, t.chunk_tokens
-    timing = derive_timing(offsets)
-    rec.ttft_ms = timing["ttft_ns"] / 1e6 if timing["ttft_ns"] is not None else None
-    rec.e2e_ms = timing["e2e_ns"] / 1e6 if timing["e2e_ns"] is not None else None
+    ttft, e2e = ttft_e2e_ns(offsets)     # the ITLs are derived from the offsets where they are read
+    rec.ttft_ms = ttft / 1e6 if ttft is not None else None
+    rec.e2e_ms = e2e / 1e6 if e2e is not None else None
     rec.done_ms = t.done_ns / 1e6 if t.done_ns is not None else None
     if isinstance(t.usage, dict):  # consume_stream only keeps well-typed usage; re-checked here anyway
         details = t.usage.get("prompt_tokens_details")

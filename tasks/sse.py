@@ -227,9 +227,13 @@ def _lines(lines: list[bytes], now: int, send_ns: int, t: StreamTiming, progress
     return False
 
 
+def ttft_e2e_ns(offs: list[int]) -> tuple[int | None, int | None]:
+    """TTFT and E2E (last content chunk) in ns from a stream's chunk offsets (StreamTiming.chunk_offsets_ns, or
+    the modelled ones that replace them); None for a stream without content."""
+    return (offs[0], offs[-1]) if offs else (None, None)
+
+
 def derive_timing(offs: list[int]) -> dict:
-    """TTFT, E2E (last content chunk) and ITLs in ns from a stream's chunk offsets (StreamTiming.chunk_offsets_ns,
-    or the modelled ones that replace them); latency − TTFT == Σ ITL exactly."""
-    if not offs:
-        return {"ttft_ns": None, "e2e_ns": None, "itl_ns": []}
-    return {"ttft_ns": offs[0], "e2e_ns": offs[-1], "itl_ns": [b - a for a, b in zip(offs, offs[1:])]}
+    """ttft_e2e_ns and the ITLs in ns; latency − TTFT == Σ ITL exactly."""
+    ttft, e2e = ttft_e2e_ns(offs)
+    return {"ttft_ns": ttft, "e2e_ns": e2e, "itl_ns": [b - a for a, b in zip(offs, offs[1:])]}
