@@ -37,12 +37,10 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# the package's directories (pyproject.toml [tool.setuptools.package-dir]): the worktree of `--against` is
-# imported through a directory that maps them under `epdbench`, ahead of the installed package
-SUBPACKAGES = ("physics", "specs", "analysis", "reports", "sim", "manifests", "tasks", "flows")
 
 
 def one_round(spec, calibration, rows: list | None = None) -> tuple[float, float]:
@@ -136,8 +134,9 @@ def spec_path(name: str) -> str:
     return str(candidate) if "/" not in name and candidate.exists() else name
 
 
-def child(name: str, rounds: int, pythonpath: str | None) -> dict:
-    """`measure` in a fresh process, importing epdbench from `pythonpath` if given (else as installed)."""
+def child(name: str, rounds: int, pythonpath: str | None, label: str) -> dict:
+    """`measure` in a fresh process, importing epdbench from `pythonpath` if given (else as installed); prints
+    its best round under `label`."""
     env = dict(os.environ)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
@@ -146,7 +145,9 @@ def child(name: str, rounds: int, pythonpath: str | None) -> dict:
                                name], env=env, cwd=cwd, capture_output=True, text=True, timeout=3600)
     if done.returncode != 0:
         raise SystemExit(f"vtime_speed: a measuring process failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"  {got['preset']} {label}: best of {rounds} {min(got['host_s']):.3f} s", flush=True)
+    return got
 
 
 def checkout(rev: str, into: Path) -> tuple[str, str]:
@@ -160,10 +161,13 @@ def checkout(rev: str, into: Path) -> tuple[str, str]:
                            capture_output=True, text=True)
     if added.returncode != 0:
         raise SystemExit(f"vtime_speed: cannot check out {rev!r}: {added.stderr.strip()}")
+    # its package's directories, as its pyproject.toml maps them under `epdbench`, ahead of the installed package
+    dirs = tomllib.loads((tree / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
     pkg = into / "path" / "epdbench"
-    shutil.copytree(tree / "epdbench", pkg)
-    for sub in SUBPACKAGES:
-        (pkg / sub).symlink_to(tree / sub, target_is_directory=True)
+    shutil.copytree(tree / dirs["epdbench"], pkg)
+    for name, sub in dirs.items():
+        if name != "epdbench":
+            (pkg / name.removeprefix("epdbench.")).symlink_to(tree / sub, target_is_directory=True)
     return str(into / "path"), commit.stdout.strip()
 
 
@@ -175,10 +179,8 @@ def against(rev: str, names: list[str], rounds: int, processes: int) -> None:
             runs: dict[str, list[dict]] = {commit: [], "working tree": []}
             for p in range(processes):
                 for label, pythonpath in ((commit, path), ("working tree", None)):
-                    got = child(spec_path(name), rounds, pythonpath)
-                    runs[label].append(got)
-                    print(f"  {got['preset']} {label} process {p + 1}/{processes}: best of {rounds} "
-                          f"{min(got['host_s']):.3f} s", flush=True)
+                    runs[label].append(child(spec_path(name), rounds, pythonpath,
+                                             f"{label} process {p + 1}/{processes}"))
             report(runs, rounds)
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(into / "tree")],
@@ -239,9 +241,7 @@ def main() -> int:
             continue
         runs = []
         for p in range(args.processes):
-            runs.append(child(name, args.rounds, None))
-            print(f"  {runs[-1]['preset']} process {p + 1}/{args.processes}: best of {args.rounds} "
-                  f"{min(runs[-1]['host_s']):.3f} s", flush=True)
+            runs.append(child(name, args.rounds, None, f"process {p + 1}/{args.processes}"))
         report({"working tree": runs}, args.rounds)
     return 0
 
