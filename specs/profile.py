@@ -38,6 +38,11 @@ class CalibrationProfile(Strict):
     spec_fingerprint: str = Field(title="Spec fingerprint",
                                   description="specs.models.spec_fingerprint of that spec (as the run used it).")
     source: str = Field(title="Source", description="The summary.csv or records.parquet the constants were fitted to.")
+    gpu: str | None = Field(None, title="GPU",
+                            description="The GPU of the fitted run (its spec's hardware.gpu): the efficiencies are "
+                                        "fractions of that GPU's datasheet figures. Absent in profiles written "
+                                        "before it was recorded.")
+    model: str | None = Field(None, title="Model", description="The model of the fitted run (its spec's model.name).")
     created: date = Field(title="Date", description="When the profile was fitted.")
     hardware: dict[str, float] = Field(title="Fitted constants",
                                        description="Hardware fields the fit set; applying the profile replaces "
@@ -91,18 +96,37 @@ def load_profile(path: str | Path) -> dict:
     return parse_profile(data, str(path))
 
 
-def error_bar(profile: dict | None) -> str:
-    """What is known of how far predictions made with `profile` are off, in words: its measured hold-out
-    error (median |predicted / observed − 1| per metric on cells it was not fitted to), or that none was
-    measured."""
+def fitted_elsewhere(spec: ExperimentSpec, profile: dict) -> list[str]:
+    """Where the run a profile was fitted to differs from `spec` in what its constants depend on — the GPU (the
+    efficiencies are fractions of its datasheet figures) and the model (its kernels) — in words; empty when
+    both are the same, or the profile does not record them."""
+    return [f"{what} {fitted} (this spec: {here})"
+            for what, fitted, here in (("GPU", profile.get("gpu"), spec.hardware.gpu),
+                                       ("model", profile.get("model"), spec.model.name))
+            if fitted is not None and fitted != here]
+
+
+def error_bar(profile: dict | None, spec: ExperimentSpec | None = None) -> str:
+    """What is known of how far predictions made with `profile` for `spec` are off, in words: its measured
+    hold-out error (median |predicted / observed − 1| per metric on cells it was not fitted to), or that none
+    was measured — nor is there one when the profile was fitted on another GPU or model than `spec`'s."""
     if profile is None:
         return ("uncalibrated: the spec's hardware constants, no measured error bar (epdbench calibrate fits them "
                 "to a run and measures one)")
     held = {k: v for k, v in (profile.get("holdout_error") or {}).items() if v is not None}
+    measured = ", ".join(f"{k} {v:.1%}" for k, v in held.items())
+    moved = fitted_elsewhere(spec, profile) if spec is not None else []
+    if moved:
+        return (f"no measured error bar: the profile was fitted to a run on {' and '.join(moved)}"
+                + (f", so its error on cells it was not fitted to ({measured}) was measured there, not for this spec"
+                   if held else ", and has no hold-out check"))
+    unrecorded = (" (the profile does not say which GPU and model it was fitted on: this holds only if they are "
+                  "this spec's)"
+                  if spec is not None and (profile.get("gpu") is None or profile.get("model") is None) else "")
     if not held:
-        return "no hold-out check in the profile: its error on cells it was not fitted to is not known"
-    return ("its predictions' measured error on cells it was not fitted to (median |predicted/observed − 1|): "
-            + ", ".join(f"{k} {v:.1%}" for k, v in held.items()))
+        return f"no hold-out check in the profile: its error on cells it was not fitted to is not known{unrecorded}"
+    return (f"its predictions' measured error on cells it was not fitted to (median |predicted/observed − 1|): "
+            f"{measured}{unrecorded}")
 
 
 def apply_profile(spec: ExperimentSpec, profile: dict) -> ExperimentSpec:

@@ -58,6 +58,8 @@ def test_calibration_recovers_the_hidden_constants(run, tmp_path, capsys):
     assert max(profile["fit_error"].values()) < 0.02 and max(profile["holdout_error"].values()) < 0.03
     assert "  run   1/100  loss " in printed and 0 < profile["evaluations"] <= 100
     assert "held out (4 cells)" in printed and f"wrote {out}" in printed
+    smoke = load_spec("smoke")                     # the run's GPU and model, which the constants belong to
+    assert (profile["gpu"], profile["model"]) == (smoke.hardware.gpu, smoke.model.name)
 
 
 def test_a_published_table_with_some_metric_columns_is_fitted_on_those(run, tmp_path, capsys):
@@ -139,10 +141,21 @@ def test_compare_applies_a_profile_to_the_simulator(run, profile_file):
     assert profile["hardware"] == HIDDEN
 
 
-def test_compare_with_a_profile_says_what_its_error_bar_is(run, profile_file, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("fitted_on, error_bar", [
+    ({}, "no hold-out check in the profile: its error on cells it was not fitted to is not known (the profile "
+         "does not say which GPU and model it was fitted on"),
+    ({"gpu": "A100-SXM4-40GB"}, "no measured error bar: the profile was fitted to a run on GPU A100-SXM4-40GB "
+                                "(this spec: "),
+])
+def test_compare_with_a_profile_says_what_its_error_bar_is(run, profile_file, tmp_path, capsys, monkeypatch,
+                                                           fitted_on, error_bar):
     import signal
 
     import epdbench.flows.compare as flow
+
+    data = yaml.safe_load(open(profile_file))
+    with open(profile_file, "w") as f:
+        yaml.safe_dump({**data, **fitted_on}, f)
 
     class Started(Exception):
         pass
@@ -158,8 +171,7 @@ def test_compare_with_a_profile_says_what_its_error_bar_is(run, profile_file, tm
     finally:
         for s, h in handlers.items():
             signal.signal(s, h)
-    assert (f"Simulator constants from profile {profile_file}; no hold-out check in the profile: its error on "
-            "cells it was not fitted to is not known") in capsys.readouterr().out
+    assert f"Simulator constants from profile {profile_file}; {error_bar}" in capsys.readouterr().out
 
 
 def test_compare_refuses_a_profile_on_kubernetes(run, profile_file, capsys):

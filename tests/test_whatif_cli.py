@@ -89,6 +89,15 @@ def test_a_profile_replaces_the_constants_and_says_where_it_came_from(tiny_spec_
     assert f"profile {path} (fitted to a run of spec {slow['spec']}" in text and "compute_efficiency 0.1" in text
     assert "Model error: uncalibrated: the spec's hardware constants, no measured error bar" in text   # plain
     assert "Model error: its predictions' measured error on cells it was not fitted to" in text       # profiled
+    assert "the profile does not say which GPU and model it was fitted on" in text
+    path.write_text(profile_to_yaml({**slow, "gpu": "A100-SXM4-40GB"}))              # fitted on another GPU
+    assert main([*args, "--profile", str(path), "--out", str(tmp_path / "elsewhere")]) == 0
+    text = capsys.readouterr().out
+    gpu = yaml.safe_load(spec.read_text())["hardware"]["gpu"]
+    assert f"compute_efficiency 0.1) — fitted on another GPU A100-SXM4-40GB (this spec: {gpu})" in text
+    assert ("Model error: no measured error bar: the profile was fitted to a run on GPU A100-SXM4-40GB "
+            f"(this spec: {gpu}), so its error on cells it was not fitted to (ttft_p50_ms 4.0%) was measured there, "
+            "not for this spec") in text
     plain = pd.read_csv(tmp_path / "plain" / "capacity.csv").set_index("configuration")["goodput_req_s"]
     profiled = pd.read_csv(tmp_path / "profiled" / "capacity.csv").set_index("configuration")["goodput_req_s"]
     assert (profiled.fillna(0) < plain.fillna(0)).all()

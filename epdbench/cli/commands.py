@@ -27,7 +27,7 @@ def cmd_compare(args) -> int:
     settings = regression_settings(args)
     if profile is not None:
         from epdbench.specs.profile import error_bar
-        print(f"Simulator constants from profile {args.profile}; {error_bar(profile)}", flush=True)
+        print(f"Simulator constants from profile {args.profile}; {error_bar(profile, spec)}", flush=True)
     quiet_defaults()
     from epdbench.flows import compare as compare_flow
     from epdbench.reports.terminal import print_summary

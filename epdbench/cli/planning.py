@@ -53,6 +53,7 @@ def cmd_calibrate(args) -> int:
     _print_errors(errors)
     profile = CalibrationProfile(
         spec=run_spec.name, spec_fingerprint=spec_fingerprint(run_spec), source=str(args.source),
+        gpu=run_spec.hardware.gpu, model=run_spec.model.name,
         created=date.today(), hardware=full.values, left_as_in_spec=sorted(full.left),
         evaluations=full.evaluations, fit_error=fit_error, holdout_seed=args.holdout_seed if holdout_error else None,
         holdout_error=holdout_error)
@@ -174,7 +175,7 @@ def cmd_whatif(args) -> int:
     from epdbench.analysis.whatif import slo_suites, table_lines, variants
     from epdbench.specs.models import load_spec, select_configurations
 
-    from epdbench.specs.profile import error_bar
+    from epdbench.specs.profile import error_bar, fitted_elsewhere
 
     spec = load_spec(args.spec)
     profile = None
@@ -186,6 +187,8 @@ def cmd_whatif(args) -> int:
         fitted = ", ".join(f"{k} {v:.3g}" for k, v in profile["hardware"].items())
         origin = (f", profile {args.profile} (fitted to a run of spec {profile.get('spec')}"
                   f" from {profile.get('source')}: {fitted})")
+        if moved := fitted_elsewhere(spec, profile):
+            origin += f" — fitted on another {' and '.join(moved)}"
     configs = [x.strip() for x in args.configs.split(",") if x.strip()] if args.configs else None
     spec = select_configurations(spec, configs)
     suites = slo_suites(spec)
@@ -235,7 +238,7 @@ def cmd_whatif(args) -> int:
         print(f"\nCapacity within the SLO, suite {suite} {shape} — best variant per configuration, by goodput per GPU:")
         for line in table_lines(g.to_dict("records")):
             print("  " + line)
-    print(f"\nModel error: {error_bar(profile)}; the noise ranges are the workload's sampling noise only.")
+    print(f"\nModel error: {error_bar(profile, spec)}; the noise ranges are the workload's sampling noise only.")
     print(f"\n{len(found)} variants in {time.perf_counter() - t0:.1f} s; tables and plots in {out}/ "
           "(variants.csv, capacity.csv, points.csv, *.png)")
     return 0

@@ -85,3 +85,42 @@ def test_the_error_bar_of_a_prediction_is_the_profiles_measured_hold_out_error_o
     assert "not known" in error_bar(a_profile(holdout_error={}, holdout_seed=None))
     assert "not known" in error_bar(a_profile(holdout_error={"req_s": None}))
     assert error_bar(None).startswith("uncalibrated: the spec's hardware constants, no measured error bar")
+
+
+def test_a_profile_fitted_on_another_gpu_or_model_has_no_measured_error_bar_for_this_spec():
+    from epdbench.specs.profile import error_bar, fitted_elsewhere
+
+    spec = load_spec("smoke")
+    same = a_profile(gpu=spec.hardware.gpu, model=spec.model.name)
+    assert fitted_elsewhere(spec, same) == [] and error_bar(same, spec) == error_bar(same)
+    assert "ttft_p50_ms 4.0%" in error_bar(same, spec) and "does not say" not in error_bar(same, spec)
+
+    other = a_profile(gpu="A100-SXM4-40GB", model=spec.model.name)
+    assert fitted_elsewhere(spec, other) == [f"GPU A100-SXM4-40GB (this spec: {spec.hardware.gpu})"]
+    text = error_bar(other, spec)
+    assert text.startswith("no measured error bar: the profile was fitted to a run on GPU A100-SXM4-40GB (this spec: ")
+    assert "(ttft_p50_ms 4.0%) was measured there, not for this spec" in text
+    assert error_bar(other) == error_bar(same)          # no spec to check against: as measured
+
+    both = a_profile(gpu="A100-SXM4-40GB", model="other/model", holdout_error={}, holdout_seed=None)
+    assert len(fitted_elsewhere(spec, both)) == 2
+    assert error_bar(both, spec).endswith("and model other/model (this spec: " + spec.model.name
+                                          + "), and has no hold-out check")
+    # applying it still replaces only the fitted constants: the GPU and model stay the spec's
+    applied = apply_profile(spec, both)
+    assert (applied.hardware.gpu, applied.model.name) == (spec.hardware.gpu, spec.model.name)
+
+
+def test_a_profile_that_does_not_record_its_gpu_and_model_says_so_with_its_error_bar():
+    from epdbench.specs.profile import error_bar, fitted_elsewhere
+
+    spec = load_spec("smoke")
+    old = a_profile()                               # written before the GPU and model were recorded
+    assert "gpu" not in old and fitted_elsewhere(spec, old) == []
+    assert load_profile_dict(old)["gpu"] is None
+    assert error_bar(old, spec) == error_bar(old) + (" (the profile does not say which GPU and model it was fitted "
+                                                     "on: this holds only if they are this spec's)")
+
+
+def load_profile_dict(data: dict) -> dict:
+    return CalibrationProfile.model_validate(data).model_dump(mode="json")
