@@ -32,7 +32,7 @@ from epdbench.tasks.deployment import ProvisionError
 from epdbench.tasks.targets import target_module
 from epdbench.tasks.calibrate import calibrate
 from epdbench.tasks.results import drop_records, read_records, write_json, write_summary
-from epdbench.tasks.resume import cells_done, missing_cells, noise_of, validate_state_files
+from epdbench.tasks.resume import check_resumable, cells_done, missing_cells, noise_of, validate_state_files
 from epdbench.tasks.runstate import RunFolder, end_leftovers
 from epdbench.tasks.history import check_history, log_regression_check
 from epdbench.tasks.report_files import read_goodput, write_report
@@ -239,6 +239,7 @@ def compare(spec: ExperimentSpec, out_dir: str | None = None, tracking_uri: str 
     try:
         if resume:
             validate_state_files(rdir)
+            check_resumable(rdir, spec)
             ended = end_leftovers(rdir)
             if ended:
                 say(f"Ended {len(ended)} process(es) an earlier run of {run} left running: "

@@ -171,11 +171,72 @@ def select_configurations(spec: ExperimentSpec, names: list[str] | None) -> Expe
     return spec.model_copy(update={"configurations": chosen})
 
 
+NOT_COMPARED = {"tracking", "description"}    # where results are logged, and prose: two runs compare without them
+
+
 def spec_fingerprint(spec: ExperimentSpec) -> str:
     """What makes two runs comparable: the resolved spec less where results are logged and its prose
     (tracking, description). Regression history matches on it, not only on the spec's name."""
-    data = spec.model_dump(mode="json", exclude={"tracking", "description"})
+    data = spec.model_dump(mode="json", exclude=NOT_COMPARED)
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def spec_changes(before: ExperimentSpec, after: ExperimentSpec, most: int = 4) -> list[str]:
+    """What `after` changes of `before` in what spec_fingerprint covers, as "path: old → new", "path: added" or
+    "path: removed" (lists of named items by name, of other containers by position; at most `most` entries, then how
+    many more); empty when their fingerprints are equal."""
+    changes: list[str] = []
+    absent = object()
+
+    def text(value) -> str:
+        shown = json.dumps(value)
+        return shown if len(shown) <= 40 else shown[:39] + "…"
+
+    def by_name(value) -> dict | None:
+        if isinstance(value, list) and all(isinstance(x, dict) and "name" in x for x in value):
+            return {x["name"]: x for x in value}
+        return None
+
+    def walk(path: str, a, b) -> None:
+        if a == b:
+            return
+        if isinstance(a, list) and isinstance(b, list) and by_name(a) is not None and by_name(b) is not None:
+            a, b, path = by_name(a), by_name(b), path + "[{}]"
+        elif (isinstance(a, list) and isinstance(b, list) and len(a) == len(b)
+              and all(isinstance(x, (dict, list)) for x in a + b)):
+            a, b, path = dict(enumerate(a)), dict(enumerate(b)), path + "[{}]"
+        elif isinstance(a, dict) and isinstance(b, dict):
+            path = f"{path}.{{}}" if path else "{}"
+        elif b is absent or a is absent:
+            changes.append(f"{path}: {'removed' if b is absent else 'added'}")
+            return
+        else:
+            changes.append(f"{path}: {text(a)} → {text(b)}")
+            return
+        for key in list(a) + [k for k in b if k not in a]:
+            walk(path.format(key), a.get(key, absent), b.get(key, absent))
+
+    walk("", before.model_dump(mode="json", exclude=NOT_COMPARED), after.model_dump(mode="json", exclude=NOT_COMPARED))
+    return changes[:most] + ([f"{len(changes) - most} more"] if len(changes) > most else [])
+
+
+REACH_FIELDS = ("kubeconfig", "context", "namespace", "keep")   # how a run reaches its cluster, not what it measures
+
+
+def resume_changes(stored: ExperimentSpec, spec: ExperimentSpec) -> list[str]:
+    """What resuming a run whose folder holds `stored` (its spec.yaml) with `spec` would change of what the run
+    measures (spec_changes): the remaining cells must be measured as the first attempt's were. How the cluster
+    is reached (REACH_FIELDS of target.kubernetes) may differ."""
+    reach = {field: getattr(spec.target.kubernetes, field) for field in REACH_FIELDS}
+    kube = stored.target.kubernetes.model_copy(update=reach)
+    return spec_changes(stored.model_copy(update={"target": stored.target.model_copy(update={"kubernetes": kube})}),
+                        spec)
+
+
+def resume_refusal(rdir, changes: list[str]) -> str:
+    """The one line that refuses resuming the run in folder `rdir` with these resume_changes."""
+    return (f"--resume {rdir}: the options given change the run's spec ({'; '.join(changes)}); a resumed run "
+            "measures its remaining cells as its first attempt did: resume without them, or start a new run")
 
 
 def spec_to_yaml(spec: ExperimentSpec) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from epdbench.specs.models import ExperimentSpec
+from epdbench.specs.models import ExperimentSpec, SpecError, load_spec, resume_changes, resume_refusal
 from epdbench.specs.workload import Calibration, build_requests, plan_cells
 from epdbench.tasks.results import read_records, write_json
 
@@ -125,3 +125,19 @@ def validate_state_files(rdir: Path) -> None:
                  *sorted((rdir / "evidence").glob("*/*.json"))]:
         read_json_file(path, None)
     read_records_checked(rdir / "records.parquet")
+
+
+def check_resumable(rdir: Path, spec: ExperimentSpec) -> None:
+    """StateError when resuming the run in `rdir` with `spec` would measure its remaining cells otherwise than
+    its first attempt did (specs.models.resume_changes against the folder's spec.yaml) — as a UI run given an
+    existing run key with another preset, seed or target would; the message names each change."""
+    path = rdir / "spec.yaml"
+    if not path.exists():
+        return
+    try:
+        stored = load_spec(str(path))
+    except SpecError as e:
+        raise StateError(f"{path}: cannot be read, so the run cannot be resumed ({e}); start a new run") from None
+    changed = resume_changes(stored, spec)
+    if changed:
+        raise StateError(resume_refusal(rdir, changed))

@@ -147,30 +147,13 @@ def test_compare_applies_a_profile_to_the_simulator(run, profile_file):
     ({"gpu": "A100-SXM4-40GB"}, "no measured error bar: the profile was fitted to a run on GPU A100-SXM4-40GB "
                                 "(this spec: "),
 ])
-def test_compare_with_a_profile_says_what_its_error_bar_is(run, profile_file, tmp_path, capsys, monkeypatch,
+def test_compare_with_a_profile_says_what_its_error_bar_is(run, profile_file, tmp_path, capsys, compare_started,
                                                            fitted_on, error_bar):
-    import signal
-
-    import epdbench.flows.compare as flow
-
     data = yaml.safe_load(open(profile_file))
     with open(profile_file, "w") as f:
         yaml.safe_dump({**data, **fitted_on}, f)
-
-    class Started(Exception):
-        pass
-
-    def started(*args, **kwargs):
-        raise Started
-
-    monkeypatch.setattr(flow, "compare", started)
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        with pytest.raises(Started):
-            main(["compare", "--spec", str(run[0]), "--profile", profile_file, "--out", str(tmp_path / "out")])
-    finally:
-        for s, h in handlers.items():
-            signal.signal(s, h)
+    with pytest.raises(compare_started):
+        main(["compare", "--spec", str(run[0]), "--profile", profile_file, "--out", str(tmp_path / "out")])
     assert f"Simulator constants from profile {profile_file}; {error_bar}" in capsys.readouterr().out
 
 

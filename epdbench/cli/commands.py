@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from epdbench.cli.common import (EXIT_FAILURES, EXIT_OK, EXIT_REGRESSION, EXIT_UNPUBLISHED, INTERRUPTED_RUN, CliError,
-                                 kube_overrides, load_compare_spec, pool_settings, quiet_defaults, regression_settings,
-                                 results_dir_of, tracking_uri_of, with_target)
+                                 check_resumed_spec, kube_overrides, load_compare_spec, pool_settings, quiet_defaults,
+                                 regression_settings, results_dir_of, tracking_uri_of, with_target)
 
 
 def cmd_compare(args) -> int:
@@ -22,6 +22,8 @@ def cmd_compare(args) -> int:
         out = str(rdir)
         args.spec = str(rdir / "spec.yaml")
     spec, profile = load_compare_spec(args)
+    if args.resume:
+        check_resumed_spec(spec, rdir)
     if not args.resume and out and Path(out).exists() and any(Path(out).iterdir()):
         raise CliError(f"--out {out}: directory exists and is not empty; choose a new one or --resume it")
     settings = regression_settings(args)

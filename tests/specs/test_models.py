@@ -233,3 +233,29 @@ def test_malformed_yaml_names_line_and_column(tmp_path, text, where):
         load_spec(str(path))
     msg = str(exc.value)
     assert msg.startswith(f"{path}: not valid YAML at {where}: ") and "\n" not in msg
+
+
+def test_spec_changes_names_each_changed_field_with_its_values():
+    from epdbench.specs.models import select_configurations, spec_changes, spec_fingerprint
+
+    spec = load_spec("smoke")
+    assert spec_changes(spec, spec) == []
+    data = spec.model_dump(mode="json")
+    data["seed"] = 9
+    data["hardware"]["compute_efficiency"] = 0.42
+    data["suites"][0]["concurrencies"] = [1, 2]
+    data["tracking"]["experiment"] = "elsewhere"                # where results go: not a change of the run
+    data["description"] = "other words"
+    other = parse_spec(data)
+    assert spec_changes(spec, other) == ["seed: 0 → 9", "hardware.compute_efficiency: 0.5 → 0.42",
+                                         f"suites[{spec.suites[0].name}].concurrencies: [1, 8] → [1, 2]"]
+    assert spec_changes(spec, other, most=1) == ["seed: 0 → 9", "2 more"]
+    two = select_configurations(spec, ["aggregated", "pd-tcp"])
+    assert spec_changes(spec, two) == ["configurations[pd-rdma]: removed", "configurations[epd]: removed"]
+    assert spec_changes(two, spec) == ["configurations[pd-rdma]: added", "configurations[epd]: added"]
+    # what it compares is what the fingerprint covers
+    same = parse_spec({**spec.model_dump(mode="json"), "description": "x", "tracking": data["tracking"]})
+    assert spec_changes(spec, same) == [] and spec_fingerprint(spec) == spec_fingerprint(same)
+    data["suites"][0]["concurrencies"] = list(range(1, 40))  # a long value is cut short
+    (shown,) = [c for c in spec_changes(spec, parse_spec(data)) if c.startswith("suites")]
+    assert shown.endswith("→ [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,…") and len(shown) < 100

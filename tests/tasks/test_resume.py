@@ -122,3 +122,35 @@ def test_the_ledger_keeps_each_attempts_noise_and_a_new_attempt_replaces_it(tmp_
     assert noise_of(tmp_path, ["pd-tcp", "epd", "absent"]) == {
         ("pd-tcp", "fixed/4096/32/c4", 0): {"loop_lag_p99_ms": 0.1, "emulation_lag_p99_ms": 0.3},
         ("pd-tcp", "fixed/4096/32/c4", 1): {"loop_lag_p99_ms": 0.2}}
+
+
+def test_a_run_resumes_only_with_the_spec_it_was_started_with(tmp_path, tiny_spec):
+    from epdbench.specs.models import spec_to_yaml
+    from epdbench.tasks.resume import check_resumable
+
+    check_resumable(tmp_path, tiny_spec)                         # no spec.yaml yet: nothing to hold it to
+    (tmp_path / "spec.yaml").write_text(spec_to_yaml(tiny_spec))
+    check_resumable(tmp_path, tiny_spec)
+    kube = tiny_spec.target.kubernetes.model_copy(update={"kubeconfig": "/elsewhere/config", "context": "c2",
+                                                           "namespace": "other", "keep": True})
+    check_resumable(tmp_path, tiny_spec.model_copy(update={"target": tiny_spec.target.model_copy(
+        update={"kubernetes": kube})}))                          # how the cluster is reached may change
+    with pytest.raises(StateError) as e:                         # as a UI run given an existing run key would
+        check_resumable(tmp_path, tiny_spec.model_copy(update={"seed": tiny_spec.seed + 1, "trials": 3}))
+    assert str(e.value) == (f"--resume {tmp_path}: the options given change the run's spec (seed: 7 → 8; trials: 1 "
+                            "→ 3); a resumed run measures its remaining cells as its first attempt did: resume "
+                            "without them, or start a new run")
+    (tmp_path / "spec.yaml").write_text("seed: [")
+    with pytest.raises(StateError, match=r"spec.yaml: cannot be read, so the run cannot be resumed"):
+        check_resumable(tmp_path, tiny_spec)
+
+
+def test_the_compare_flow_refuses_to_resume_a_run_with_another_spec_before_anything_starts(tmp_path, tiny_spec):
+    """The path of a UI run given an existing run key (flows.deployments), without Prefect's engine."""
+    from epdbench.flows.compare import compare
+    from epdbench.specs.models import load_spec, spec_to_yaml
+
+    (tmp_path / "spec.yaml").write_text(spec_to_yaml(tiny_spec))
+    with pytest.raises(StateError, match=r"the options given change the run's spec \(name: \"tiny\" → \"smoke\""):
+        compare.fn(load_spec("smoke"), out_dir=str(tmp_path), run_name="run", resume=True)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != ".lock") == ["spec.yaml"]
