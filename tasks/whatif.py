@@ -3,6 +3,7 @@ searched rates by the virtual-time simulator (tasks.vrun), in worker processes; 
 points and the plots written to a folder."""
 from __future__ import annotations
 
+import json
 import math
 import multiprocessing
 import os
@@ -16,7 +17,7 @@ import pandas as pd
 from epdbench.analysis.goodput import ItlP99, itl_p99, requests_meeting, wilson
 from epdbench.analysis.whatif import (CAPACITY_COLUMNS, Point, Variant, best_per_configuration, capacity_row,
                                       noise_range, search_rate, slo_suites)
-from epdbench.specs.models import ExperimentSpec, RateSuite
+from epdbench.specs.models import ExperimentSpec, RateSuite, spec_to_yaml
 from epdbench.specs.workload import Calibration
 from epdbench.tasks.vrun import prompt_calibration, simulate_configuration
 
@@ -104,6 +105,15 @@ def tables(variants: list[Variant], results: list[dict]) -> tuple[pd.DataFrame, 
                          for b in best_per_configuration(g.to_dict("records"))], columns=allv.columns)
     points = pd.DataFrame([p for res in results for p in res["points"]], columns=POINT_COLUMNS)
     return allv, best, points
+
+
+def write_provenance(out: Path, spec: ExperimentSpec, about: dict) -> None:
+    """What the folder's tables are, written before any of them: the spec as the variants were made from
+    (spec.yaml, the profile's constants applied) and `about` (whatif.json: modelled, not measured; the
+    options, the profile and the model's error bar), so a table read later says where it came from."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "spec.yaml").write_text(spec_to_yaml(spec))
+    (out / "whatif.json").write_text(json.dumps(about, indent=1, default=str) + "\n")
 
 
 def write_outputs(out: Path, allv: pd.DataFrame, best: pd.DataFrame, points: pd.DataFrame, plots: list) -> None:

@@ -1,5 +1,6 @@
 """`epdbench whatif`: variants served in virtual time at searched rates, the capacity table printed and written
 with its plots; bad input answered in one line (exit 2)."""
+import json
 import re
 
 import pandas as pd
@@ -7,6 +8,7 @@ import pytest
 import yaml
 
 from epdbench.cli import main
+from epdbench.specs.models import load_spec
 
 
 def small_spec(tiny_spec_path, tmp_path, suites=True):
@@ -55,6 +57,13 @@ def test_whatif_prints_the_capacity_table_and_writes_tables_and_plots(tiny_spec_
     assert (out / "whatif-goodput-per-gpu.png").stat().st_size > 1000
     assert (out / "whatif-capacity-attainment-vs-rate.png").exists()
     assert "not a measurement" in text and "6 variants" in text
+    # what the tables are, for whoever reads the folder later: modelled, from which spec, options and error bar
+    about = json.loads((out / "whatif.json").read_text())
+    assert about["what"] == "modelled by the virtual-time simulator, not measured" and about["spec"] == "tiny-whatif"
+    assert about["options"]["replicas"] == "1,2" and about["options"]["window_s"] == 2
+    assert sorted(about["variants"]) == sorted(variants["variant"]) and about["profile"] is None
+    assert about["model_error"].startswith("uncalibrated") and f"Model error: {about['model_error']}" in text
+    assert load_spec(str(out / "spec.yaml")).name == "tiny-whatif"
 
 
 @pytest.mark.parametrize("args, message", [
@@ -90,6 +99,10 @@ def test_a_profile_replaces_the_constants_and_says_where_it_came_from(tiny_spec_
     assert "Model error: uncalibrated: the spec's hardware constants, no measured error bar" in text   # plain
     assert "Model error: its predictions' measured error on cells it was not fitted to" in text       # profiled
     assert "the profile does not say which GPU and model it was fitted on" in text
+    about = json.loads((tmp_path / "profiled" / "whatif.json").read_text())
+    assert about["profile"] == str(path) and about["profile_contents"]["hardware"] == {"compute_efficiency": 0.1}
+    assert f"Model error: {about['model_error']}" in text
+    assert load_spec(str(tmp_path / "profiled" / "spec.yaml")).hardware.compute_efficiency == 0.1
     path.write_text(profile_to_yaml({**slow, "gpu": "A100-SXM4-40GB"}))              # fitted on another GPU
     assert main([*args, "--profile", str(path), "--out", str(tmp_path / "elsewhere")]) == 0
     text = capsys.readouterr().out
@@ -193,6 +206,7 @@ def test_an_interrupted_whatif_keeps_what_finished_with_one_line_and_nothing_lef
     assert 2 <= finished < 20
     variants = pd.read_csv(out / "variants.csv")
     assert len(variants) == finished and not (out / "capacity.csv").exists()
+    assert len(json.loads((out / "whatif.json").read_text())["variants"]) == 20      # what was planned
     assert set(pd.read_csv(out / "points.csv")["variant"]) == set(variants["variant"])
     time.sleep(0.5)
     assert not marked_processes(mark), "a worker outlived the command"

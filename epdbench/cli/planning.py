@@ -211,7 +211,17 @@ def cmd_whatif(args) -> int:
     if out.exists() and any(out.iterdir()):
         raise CliError(f"--out {out}: directory exists and is not empty; choose a new one")
     from epdbench.reports.whatif import best_attainment, capacity_per_gpu
-    from epdbench.tasks.whatif import run_whatif, tables, write_outputs
+    from epdbench.specs.models import spec_fingerprint
+    from epdbench.tasks.whatif import run_whatif, tables, write_outputs, write_provenance
+
+    write_provenance(out, spec, {
+        "what": "modelled by the virtual-time simulator, not measured", "spec": spec.name,
+        "spec_fingerprint": spec_fingerprint(spec), "modelled_gpu": spec.hardware.gpu,
+        "options": {"replicas": args.replicas, "tp": args.tp, "transports": args.transports,
+                    "max_gpus": args.max_gpus, "configs": args.configs, "refine": args.refine,
+                    "window_s": args.window},
+        "variants": [v.config.name for v in found], "profile": args.profile, "profile_contents": profile,
+        "model_error": error_bar(profile, spec), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
 
     print(f"What-if on the virtual-time simulator (modelled hardware {spec.hardware.gpu}, not a measurement): "
           f"{len(found)} variants of {len(spec.configurations)} configurations, suites "
@@ -240,5 +250,5 @@ def cmd_whatif(args) -> int:
             print("  " + line)
     print(f"\nModel error: {error_bar(profile, spec)}; the noise ranges are the workload's sampling noise only.")
     print(f"\n{len(found)} variants in {time.perf_counter() - t0:.1f} s; tables and plots in {out}/ "
-          "(variants.csv, capacity.csv, points.csv, *.png)")
+          "(variants.csv, capacity.csv, points.csv, *.png; what they are: whatif.json, spec.yaml)")
     return 0
