@@ -1,9 +1,11 @@
 """The report's Environment section from the resolved spec (pure): hardware, engine image and flags,
-placement, and per configuration its roles, connectors and transport. Every figure comes from the spec."""
+placement, and per configuration its roles, connectors and transport. Every figure comes from the spec, and on
+the simulator the calibration profile its constants came from (`compare --profile`), with its error bar."""
 from __future__ import annotations
 
 from epdbench.specs.commands import ENGINE_PORT, engine_args, kv_transfer_config
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
+from epdbench.specs.profile import error_bar
 
 
 def hardware_text(spec: ExperimentSpec) -> str:
@@ -56,11 +58,26 @@ def connectors_text(spec: ExperimentSpec, config: ConfigurationSpec) -> str:
     return ", ".join(parts)
 
 
-def environment(spec: ExperimentSpec) -> dict:
-    """JSON-able: hardware, image, flags, placement; per configuration roles, GPUs, connectors, flags."""
+def calibration_text(spec: ExperimentSpec, profile: dict | str | None) -> str | None:
+    """On the simulator, where its constants came from when a profile was applied (`profile`: the profile, or
+    why the run's copy could not be read), with the model's error bar for this spec; else None."""
+    if profile is None or spec.target.kind != "sim":
+        return None
+    if isinstance(profile, str):
+        return f"from a calibration profile whose copy in the run could not be read ({profile})"
+    fitted = ", ".join(f"{name} {value:.3g}" for name, value in profile["hardware"].items())
+    on = ", ".join(x for x in (profile.get("gpu"), profile.get("model")) if x)
+    return (f"from calibration profile profile.yaml, fitted to a run of spec {profile['spec']}"
+            + (f" ({on})" if on else "") + f" ({profile['source']}, {profile['created']}): {fitted}; "
+            f"model error: {error_bar(profile, spec)}")
+
+
+def environment(spec: ExperimentSpec, profile: dict | str | None = None) -> dict:
+    """JSON-able: hardware, image, flags, placement, the simulator's calibration (calibration_text); per
+    configuration roles, GPUs, connectors, flags."""
     return {
         "hardware": hardware_text(spec), "engine_image": engine_image(spec), "engine_flags": engine_flags(spec),
-        "placement": placement_text(spec),
+        "placement": placement_text(spec), "calibration": calibration_text(spec, profile),
         "configurations": {c.name: {"connectors": connectors_text(spec, c),
                                     "rdma_interfaces": sum(r.rdma_interfaces * r.replicas for r in c.roles),
                                     "role_flags": role_flags(spec, c) if spec.target.kind == "kubernetes" else {}}

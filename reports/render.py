@@ -90,9 +90,33 @@ def configuration_rows(meta: dict, verdicts: dict, environment: dict | None) -> 
     return rows
 
 
-def in_configuration_order(verdicts: dict, configurations: list[dict]) -> dict:
+ROLE_ORDER = ("encode", "prefill", "decode", "server", "router")    # a request's path through a deployment
+
+
+def _role_rank(name: str) -> tuple:
+    """A role, or a pod named after its role (prefill-0), by its place on the path, then by name."""
+    role = name.rsplit("-", 1)[0] if name.rsplit("-", 1)[-1].isdigit() else name
+    return (ROLE_ORDER.index(role) if role in ROLE_ORDER else len(ROLE_ORDER), name)
+
+
+def in_configuration_order(verdicts: dict, configurations: list[dict], suites: list[str] = ()) -> dict:
+    """The verdicts in the spec's configuration order, and within each its roles and pods in path order and
+    its suites in `suites`' order (the run's): the same report whether the verdicts come from the run or from
+    outcome.json (written with sorted keys)."""
     order = [c["name"] for c in configurations if c["name"] in verdicts]
-    return {name: verdicts[name] for name in order + [n for n in verdicts if n not in order]}
+
+    def by_role(v: dict, keys) -> dict:
+        return {**v, **{k: dict(sorted(v[k].items(), key=lambda kv: _role_rank(kv[0])))
+                        for k in keys if isinstance(v.get(k), dict)}}
+
+    def ordered(v: dict) -> dict:
+        v = by_role(v, ("per_role", "fraction_seen", "observed"))
+        if isinstance(v.get("suites"), dict):
+            rank = {s: i for i, s in enumerate(suites)}
+            v["suites"] = {s: by_role(e, ("cache", "fraction_seen")) if isinstance(e, dict) else e
+                           for s, e in sorted(v["suites"].items(), key=lambda kv: (rank.get(kv[0], len(rank)), kv[0]))}
+        return v
+    return {name: ordered(verdicts[name]) for name in order + [n for n in verdicts if n not in order]}
 
 
 def role_count_rows(verdicts: dict) -> list[dict]:
@@ -120,6 +144,7 @@ def report_context(meta: dict, summary: pd.DataFrame, verdicts: dict[str, dict],
     agg = aggregate_trials(summary)
     baseline = baseline_config(meta["configurations"])
     changes = changes_vs_baseline(agg, baseline) if baseline else []
+    suite_order = list(dict.fromkeys(summary["suite"])) if "suite" in summary else []
     return {
         "meta": meta,
         "baseline": baseline,
@@ -137,9 +162,9 @@ def report_context(meta: dict, summary: pd.DataFrame, verdicts: dict[str, dict],
         "reuse": reuse_view(meta, agg, verdicts),
         "limitations": limitations(meta, summary, agg, verdicts, prompt_fit(records), early_stops(records)),
         "plot_groups": plot_groups(plots),
-        "verdicts": in_configuration_order(verdicts, meta["configurations"]),
+        "verdicts": in_configuration_order(verdicts, meta["configurations"], suite_order),
         "role_columns": list(ROLE_COUNTS.values()),
-        "role_counts": role_count_rows(in_configuration_order(verdicts, meta["configurations"])),
+        "role_counts": role_count_rows(in_configuration_order(verdicts, meta["configurations"], suite_order)),
         "history": history_view(history, meta, REGRESSION_METRICS),
     }
 

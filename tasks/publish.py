@@ -28,9 +28,10 @@ from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, load_spec, 
 from epdbench.specs.workload import hash_prompt_hashes, plan_cells
 from epdbench.tasks.results import read_records, write_json
 from epdbench.tasks.resume import noise_of
-from epdbench.tasks.publish_state import (PARENT_ARTIFACTS, cell_key, comparison_fingerprint,  # noqa: F401
-                                          config_fingerprint, config_key, folder_configs, load_state, pending,
-                                          read_json, resolve_tracking_uri, save_state, store_id)
+from epdbench.tasks.publish_state import (OPTIONAL_ARTIFACTS, PARENT_ARTIFACTS, cell_key,  # noqa: F401
+                                          comparison_fingerprint, config_fingerprint, config_key, folder_configs,
+                                          load_state, pending, read_json, resolve_tracking_uri, save_state,
+                                          store_id)
 from epdbench.tasks.tracking import KEY_TAG, MlflowUnreachable, Tracker, is_unreachable
 
 # --- reading the folder --------------------------------------------------------------------------------
@@ -192,7 +193,7 @@ def publish_comparison(tracker: Tracker, parent: str, rdir: Path, all_verified: 
     """Artifacts, verdict tags and status of the comparison run; configuration runs under it for configurations
     no longer in the folder are deleted (with their cell runs). Returns the run id (truthy: published)."""
     rdir = Path(rdir)
-    for name in PARENT_ARTIFACTS:
+    for name in PARENT_ARTIFACTS + OPTIONAL_ARTIFACTS:
         if (rdir / name).exists():   # goodput.csv is absent from folders written before it existed
             tracker.log_artifacts(parent, rdir / name)
     if (rdir / "plots").exists():

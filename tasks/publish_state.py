@@ -21,7 +21,8 @@ experiment; another store starts from nothing), a fingerprint of what was publis
                          TTFT, E2E, output tokens)
     parent_published     sha256 of outcome.json without its mlflow_* / tracking_uri fields, and of the other
                          files of the comparison run (summary.csv, summary_trials.csv, summary.parquet,
-                         goodput.csv, records.parquet, report.md, report.html, spec.yaml, calibration.json, plots/)
+                         goodput.csv, records.parquet, report.md, report.html, spec.yaml, calibration.json, plots/,
+                         and profile.yaml when there is one)
 A piece is pending when its fingerprint differs from the one recorded. The old format (a list of names,
 a boolean) loads as "fingerprint unknown", i.e. pending.
 """
@@ -39,6 +40,9 @@ from epdbench.tasks.tracking import default_tracking_uri
 STATE = "state.json"
 PARENT_ARTIFACTS = ("report.md", "report.html", "summary.csv", "summary_trials.csv", "summary.parquet",
                     "goodput.csv", "records.parquet", "spec.yaml", "calibration.json", "outcome.json")
+# files the comparison run carries only when the folder has them, in its fingerprint only then (so folders
+# without one keep the fingerprint they were published with): the calibration profile of `compare --profile`
+OPTIONAL_ARTIFACTS = ("profile.yaml",)
 # outcome.json fields about MLflow itself: written after publishing, so not part of what is published
 MLFLOW_OUTCOME_FIELDS = ("mlflow_pending", "mlflow_run_id", "mlflow_url", "tracking_uri")
 RECORD_FINGERPRINT_COLUMNS = ["request_id", "cell", "trial", "phase", "ok", "status", "prompt_hash", "send_ns",
@@ -138,6 +142,7 @@ def comparison_fingerprint(rdir: Path) -> str:
     if isinstance(outcome, dict):
         outcome = {k: v for k, v in outcome.items() if k not in MLFLOW_OUTCOME_FIELDS}
     files = {name: _file_digest(rdir / name) for name in PARENT_ARTIFACTS if name != "outcome.json"}
+    files.update({name: _file_digest(rdir / name) for name in OPTIONAL_ARTIFACTS if (rdir / name).is_file()})
     plots = rdir / "plots"
     if plots.is_dir():
         files.update({f"plots/{p.relative_to(plots)}": _file_digest(p) for p in sorted(plots.rglob("*"))

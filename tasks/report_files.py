@@ -4,6 +4,7 @@ fetched back from MLflow to re-render them."""
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -15,8 +16,10 @@ from epdbench.reports.goodput import goodput_view
 from epdbench.reports.plots import suite_plots
 from epdbench.reports.render import render_html, render_markdown, report_context
 from epdbench.specs.models import RateSuite, SpecError, load_spec
+from epdbench.specs.profile import load_profile
+from epdbench.tasks.publish_state import OPTIONAL_ARTIFACTS
 from epdbench.tasks.results import read_records
-from epdbench.tasks.resume import noise_of
+from epdbench.tasks.resume import LEDGER, ledger_path, noise_of
 
 REPORT_FILES = ("report.md", "report.html")
 NEEDED = ("outcome.json", "records.parquet", "spec.yaml")
@@ -32,6 +35,17 @@ def resolved_spec(rdir: Path):
         return load_spec(str(rdir / "spec.yaml"))
     except (SpecError, OSError):
         return None
+
+
+def applied_profile(rdir: Path) -> dict | str | None:
+    """The calibration profile `compare --profile` copied into the run (profile.yaml): None without one, why
+    not when it no longer reads."""
+    if not (rdir / "profile.yaml").exists():
+        return None
+    try:
+        return load_profile(rdir / "profile.yaml")
+    except SpecError as e:
+        return str(e)
 
 
 def write_plots(rdir: Path, plots) -> None:
@@ -73,11 +87,12 @@ def write_report(rdir: Path, meta: dict, verdicts: dict, regression: dict | None
     if summary is None:
         summary = summarize(records, gpus, noise_of(rdir, [c["name"] for c in meta["configurations"]]))
     spec = resolved_spec(rdir)
+    profile = applied_profile(rdir)
     att, goodput_table = write_goodput(out, spec, records, gpus)
     plots = suite_plots(summary, records, [c["name"] for c in meta["configurations"]], att)
     write_plots(out, plots)
-    context = report_context(meta, summary, verdicts, environment(spec) if spec is not None else None, records,
-                             regression, plots, goodput_table)
+    context = report_context(meta, summary, verdicts, environment(spec, profile) if spec is not None else None,
+                             records, regression, plots, goodput_table)
     (out / "report.md").write_text(render_markdown(context))
     (out / "report.html").write_text(render_html(context))
     return [out / name for name in REPORT_FILES]
@@ -95,7 +110,10 @@ def rerender(rdir: Path, out: Path | None = None) -> list[Path]:
 
 
 def download_comparison(tracking_uri: str, run_id: str, dest: Path | None = None) -> Path:
-    """The comparison run's stored results (outcome, records, spec) into `dest` (default results/<run name>)."""
+    """The comparison run's stored results (outcome, records, spec; the calibration profile if any) into `dest`
+    (default results/<run name>), with each configuration run's cell ledger (evidence/<config>/cells.json): the
+    host-load figures that mark cells contaminated, without which the report would name winners the run's own
+    report withheld."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
@@ -115,4 +133,19 @@ def download_comparison(tracking_uri: str, run_id: str, dest: Path | None = None
         if name not in stored:
             raise ResultsError(f"--run-id {run_id}: the run has no {name} artifact; it cannot be re-rendered")
         client.download_artifacts(run_id, name, str(dest))
+    for name in OPTIONAL_ARTIFACTS:
+        if name in stored:
+            client.download_artifacts(run_id, name, str(dest))
+    children = client.search_runs([run.info.experiment_id], f"tags.`mlflow.parentRunId` = '{run_id}' and "
+                                  "tags.`epdbench.kind` = 'configuration'", max_results=1000)
+    for child in children:
+        config = child.data.tags.get("epdbench.config")
+        wanted = f"evidence/{LEDGER}"
+        if not config or wanted not in {a.path for a in client.list_artifacts(child.info.run_id, "evidence")}:
+            continue
+        with tempfile.TemporaryDirectory(dir=dest) as tmp:
+            got = Path(client.download_artifacts(child.info.run_id, wanted, tmp))
+            ledger = ledger_path(dest, config)
+            ledger.parent.mkdir(parents=True, exist_ok=True)
+            got.replace(ledger)
     return dest

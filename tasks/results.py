@@ -117,7 +117,12 @@ def write_summary(run_dir: Path, summary: pd.DataFrame) -> None:
 
 
 def write_json(path: Path, data) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """`text` into `path` whole or not at all (a temporary file renamed over it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str))
+    tmp.write_text(text)
     os.replace(tmp, path)

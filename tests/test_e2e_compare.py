@@ -1,4 +1,5 @@
 """End to end: `epdbench compare` on a tiny spec, real Prefect (ephemeral) and a real MLflow SQLite store."""
+import html
 import os
 import signal
 import subprocess
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 from epdbench.analysis.metrics import METRIC_KEYS
 from tests.processes import marked_processes
@@ -32,11 +34,20 @@ def leftovers(marker: str) -> list[str]:
     return [line for line in out.splitlines() if "pgrep" not in line]
 
 
+# A calibration profile that sets the spec's own figures (the physics unchanged for the other tests): the run
+# keeps it and says where its constants came from.
+PROFILE = {"spec": "tiny", "spec_fingerprint": "0" * 16, "source": "hardware/summary.csv", "created": "2026-12-01",
+           "gpu": "H100-SXM5-80GB", "model": "Qwen/Qwen2.5-VL-7B-Instruct",
+           "hardware": {"compute_efficiency": 0.5, "tcp_gb_s": 3.0}, "holdout_seed": 0,
+           "holdout_error": {"ttft_p50_ms": 0.031}}
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, tiny_spec_path):
     work = tmp_path_factory.mktemp("e2e")
     out = work / "results"
-    proc = epdbench("compare", "--spec", str(tiny_spec_path), "--out", str(out),
+    (work / "profile.yaml").write_text(yaml.safe_dump(PROFILE))
+    proc = epdbench("compare", "--spec", str(tiny_spec_path), "--out", str(out), "--profile", "profile.yaml",
                     "--tracking-uri", f"sqlite:///{work / 'mlflow.db'}", cwd=work)
     return proc, out, work
 
@@ -53,6 +64,31 @@ def test_compare_exits_zero_and_writes_results(run):
     assert "ITL p99" in proc.stdout and "MLflow:" in proc.stdout          # compact terminal table + links
     assert not leftovers(str(out)), "simulator processes left running"
     assert not marked_processes(RUN_MARK), "a child (simulator, router or Prefect server) outlived the run"
+
+
+def test_the_run_keeps_the_calibration_profile_its_constants_came_from(run):
+    proc, out, _ = run
+    assert "Simulator constants from profile profile.yaml; its predictions' measured error" in proc.stdout
+    assert yaml.safe_load((out / "profile.yaml").read_text())["hardware"] == PROFILE["hardware"]
+    for report in ("report.md", "report.html"):
+        text = html.unescape((out / report).read_text())
+        assert ("Simulator constants from calibration profile profile.yaml, fitted to a run of spec tiny "
+                "(H100-SXM5-80GB, Qwen/Qwen2.5-VL-7B-Instruct) (hardware/summary.csv, 2026-12-01): "
+                "compute_efficiency 0.5, tcp_gb_s 3; model error: its predictions' measured error on cells it was "
+                "not fitted to (median |predicted/observed − 1|): ttft_p50_ms 3.1%") in text, report
+
+
+def test_a_report_rendered_again_from_mlflow_says_where_the_constants_came_from(run):
+    from mlflow.tracking import MlflowClient
+    _, out, work = run
+    uri = f"sqlite:///{work / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    (parent,) = client.search_runs([client.get_experiment_by_name("epdbench").experiment_id],
+                                   "tags.`epdbench.kind` = 'comparison'")
+    proc = epdbench("report", "--run-id", parent.info.run_id, "--tracking-uri", uri, "--out",
+                    str(work / "from-mlflow"), cwd=work)
+    assert proc.returncode == 0, proc.stderr
+    assert (work / "from-mlflow" / "report.md").read_text() == (out / "report.md").read_text()
 
 
 def test_mixed_streams_share_one_window_and_gpus_are_counted(run):
@@ -171,7 +207,7 @@ def test_mlflow_holds_comparison_configuration_and_cell_runs(run):
         assert r.data.tags["mlflow.parentRunId"] in config_ids
         assert set(METRIC_KEYS) <= set(r.data.metrics)
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
-    assert {"report.md", "records.parquet", "summary.csv"} <= artifacts
+    assert {"report.md", "records.parquet", "summary.csv", "profile.yaml"} <= artifacts
     # the comparison run on its own: the report's verdict as its description, a verdict tag per cell, wins
     note = parent.data.tags["mlflow.note.content"]
     assert note.startswith("# epdbench: tiny") and "## Verdict" in note and "## Summary" not in note

@@ -46,6 +46,11 @@ def cmd_compare(args) -> int:
         raise CliError(str(e)) from None
     compare_flow.RUN_FOLDER = hold
     INTERRUPTED_RUN["dir"] = out
+    if profile is not None and not (Path(out) / "profile.yaml").exists():
+        # the run keeps where its constants came from: its report and its MLflow run say so
+        from epdbench.specs.profile import profile_to_yaml
+        from epdbench.tasks.results import write_text_atomic
+        write_text_atomic(Path(out) / "profile.yaml", profile_to_yaml(profile))
     if args.resume:
         try:
             validate_state_files(Path(out))

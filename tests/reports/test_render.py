@@ -168,3 +168,47 @@ def test_headline_says_why_it_is_empty():
     assert ("No matched difference against `aggregated` is both outside the noise and at least 1.1× on a headline "
             "metric.") in \
         render_report(meta("sim"), close, VERDICTS)
+
+
+def test_roles_pods_and_suites_show_in_path_and_run_order_however_the_verdicts_were_stored():
+    """outcome.json is written with sorted keys: a report rendered again from it (or from MLflow) must show the
+    same order as the run's own report."""
+    from epdbench.reports.render import in_configuration_order
+
+    stored = {"epd": {"per_role": {"decode": {}, "encode": {}, "prefill": {}, "router": {}},
+                      "fraction_seen": {"decode": 1.0, "encode": 1.0, "prefill": 1.0},
+                      "observed": {"decode-0": "tcp", "decode-1": "tcp", "prefill-0": "tcp", "prefill-10": "tcp"},
+                      "suites": {"mixed": {"cache": {"decode": {}, "prefill": {}}}, "fixed": {"cache": {}},
+                                 "zz-unplanned": {}, "mm": {"cache": {"prefill": {}, "encode": {}}}}},
+              "aggregated": {"per_role": {"router": {}, "server": {}}}}
+    got = in_configuration_order(stored, [{"name": "aggregated"}, {"name": "epd"}], ["fixed", "mm", "mixed"])
+    assert list(got) == ["aggregated", "epd"] and list(got["aggregated"]["per_role"]) == ["server", "router"]
+    epd = got["epd"]
+    assert list(epd["per_role"]) == ["encode", "prefill", "decode", "router"]
+    assert list(epd["fraction_seen"]) == ["encode", "prefill", "decode"]
+    assert list(epd["observed"]) == ["prefill-0", "prefill-10", "decode-0", "decode-1"]
+    assert list(epd["suites"]) == ["fixed", "mm", "mixed", "zz-unplanned"]
+    assert list(epd["suites"]["mm"]["cache"]) == ["encode", "prefill"]
+    assert list(epd["suites"]["mixed"]["cache"]) == ["prefill", "decode"]
+    assert list(stored["epd"]["per_role"]) == ["decode", "encode", "prefill", "router"]      # a copy
+
+
+def test_the_environment_says_which_calibration_profile_set_the_simulators_constants(tiny_spec):
+    from epdbench.reports.environment import environment
+    from epdbench.specs.profile import error_bar
+    from tests.specs.test_profile import a_profile
+
+    assert environment(tiny_spec)["calibration"] is None                      # the spec's own constants
+    profile = a_profile(gpu=tiny_spec.hardware.gpu, model=tiny_spec.model.name)
+    text = environment(tiny_spec, profile)["calibration"]
+    assert text == (f"from calibration profile profile.yaml, fitted to a run of spec smoke ({tiny_spec.hardware.gpu}, "
+                    f"{tiny_spec.model.name}) (results/run/summary.csv, 2026-12-01): compute_efficiency 0.42, "
+                    f"tcp_gb_s 1.7; model error: {error_bar(profile, tiny_spec)}")
+    assert "not fitted to (median" in text
+    elsewhere = environment(tiny_spec, a_profile(gpu="A100-SXM4-40GB"))["calibration"]
+    assert "model error: no measured error bar: the profile was fitted to a run on GPU A100-SXM4-40GB" in elsewhere
+    assert "could not be read (bad: field)" in environment(tiny_spec, "bad: field")["calibration"]
+    kube = tiny_spec.model_copy(update={"target": tiny_spec.target.model_copy(update={"kind": "kubernetes"})})
+    assert environment(kube, profile)["calibration"] is None                # measured: no simulator constants
+    report = render_report(meta("sim"), SUMMARY, VERDICTS, environment(tiny_spec, profile))
+    assert f"- Simulator constants {text}" in report

@@ -341,3 +341,26 @@ def test_mlflow_retry_warnings_are_silenced(caplog, fast_mlflow_env):
     with pytest.raises(Exception):
         client.get_experiment_by_name("epdbench")
     assert not [r for r in caplog.records if "Retrying" in r.getMessage()], caplog.text
+
+
+def test_a_calibration_profile_is_part_of_the_comparison_only_when_the_folder_has_one(tmp_path):
+    """Folders without a profile.yaml keep the fingerprint they were published with (no republishing after an
+    upgrade); one added, changed or removed is pending again."""
+    import hashlib
+    import json
+
+    from epdbench.tasks.publish_state import PARENT_ARTIFACTS, _file_digest, comparison_fingerprint
+
+    (tmp_path / "outcome.json").write_text(json.dumps({"run": "r", "mlflow_run_id": "x"}))
+    (tmp_path / "summary.csv").write_text("config\na\n")
+    before = comparison_fingerprint(tmp_path)
+    files = {name: _file_digest(tmp_path / name) for name in PARENT_ARTIFACTS if name != "outcome.json"}
+    as_published = hashlib.sha256(json.dumps([{"run": "r"}, files], sort_keys=True, default=str).encode()).hexdigest()
+    assert before == as_published                                   # as defined before profiles were carried
+    (tmp_path / "profile.yaml").write_text("hardware: {compute_efficiency: 0.4}\n")
+    with_profile = comparison_fingerprint(tmp_path)
+    assert with_profile != before
+    (tmp_path / "profile.yaml").write_text("hardware: {compute_efficiency: 0.3}\n")
+    assert comparison_fingerprint(tmp_path) not in (before, with_profile)
+    (tmp_path / "profile.yaml").unlink()
+    assert comparison_fingerprint(tmp_path) == before
