@@ -233,11 +233,5 @@ def resume_changes(stored: ExperimentSpec, spec: ExperimentSpec) -> list[str]:
                         spec)
 
 
-def resume_refusal(rdir, changes: list[str]) -> str:
-    """The one line that refuses resuming the run in folder `rdir` with these resume_changes."""
-    return (f"--resume {rdir}: the options given change the run's spec ({'; '.join(changes)}); a resumed run "
-            "measures its remaining cells as its first attempt did: resume without them, or start a new run")
-
-
 def spec_to_yaml(spec: ExperimentSpec) -> str:
     return yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)

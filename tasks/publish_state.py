@@ -42,7 +42,8 @@ PARENT_ARTIFACTS = ("report.md", "report.html", "summary.csv", "summary_trials.c
                     "goodput.csv", "records.parquet", "spec.yaml", "calibration.json", "outcome.json")
 # files the comparison run carries only when the folder has them, in its fingerprint only then (so folders
 # without one keep the fingerprint they were published with): the calibration profile of `compare --profile`
-OPTIONAL_ARTIFACTS = ("profile.yaml",)
+PROFILE_FILE = "profile.yaml"
+OPTIONAL_ARTIFACTS = (PROFILE_FILE,)
 # outcome.json fields about MLflow itself: written after publishing, so not part of what is published
 MLFLOW_OUTCOME_FIELDS = ("mlflow_pending", "mlflow_run_id", "mlflow_url", "tracking_uri")
 RECORD_FINGERPRINT_COLUMNS = ["request_id", "cell", "trial", "phase", "ok", "status", "prompt_hash", "send_ns",

@@ -17,7 +17,7 @@ from epdbench.reports.plots import suite_plots
 from epdbench.reports.render import render_html, render_markdown, report_context
 from epdbench.specs.models import RateSuite, SpecError, load_spec
 from epdbench.specs.profile import load_profile
-from epdbench.tasks.publish_state import OPTIONAL_ARTIFACTS
+from epdbench.tasks.publish_state import OPTIONAL_ARTIFACTS, PROFILE_FILE
 from epdbench.tasks.results import read_records
 from epdbench.tasks.resume import LEDGER, ledger_path, noise_of
 
@@ -40,10 +40,10 @@ def resolved_spec(rdir: Path):
 def applied_profile(rdir: Path) -> dict | str | None:
     """The calibration profile `compare --profile` copied into the run (profile.yaml): None without one, why
     not when it no longer reads."""
-    if not (rdir / "profile.yaml").exists():
+    if not (rdir / PROFILE_FILE).exists():
         return None
     try:
-        return load_profile(rdir / "profile.yaml")
+        return load_profile(rdir / PROFILE_FILE)
     except SpecError as e:
         return str(e)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from epdbench.specs.models import ExperimentSpec, SpecError, load_spec, resume_changes, resume_refusal
+from epdbench.specs.models import ExperimentSpec, SpecError, load_spec, resume_changes
 from epdbench.specs.workload import Calibration, build_requests, plan_cells
 from epdbench.tasks.results import read_records, write_json
 
@@ -129,8 +129,10 @@ def validate_state_files(rdir: Path) -> None:
 
 def check_resumable(rdir: Path, spec: ExperimentSpec) -> None:
     """StateError when resuming the run in `rdir` with `spec` would measure its remaining cells otherwise than
-    its first attempt did (specs.models.resume_changes against the folder's spec.yaml) — as a UI run given an
-    existing run key with another preset, seed or target would; the message names each change."""
+    its first attempt did (specs.models.resume_changes against the folder's spec.yaml) — as `compare --resume`
+    with another --seed, --configs, --target or --profile, or a UI run given an existing run key with another
+    preset, would; the message names each change. How the cluster is reached and where results are logged may
+    change."""
     path = rdir / "spec.yaml"
     if not path.exists():
         return
@@ -140,4 +142,6 @@ def check_resumable(rdir: Path, spec: ExperimentSpec) -> None:
         raise StateError(f"{path}: cannot be read, so the run cannot be resumed ({e}); start a new run") from None
     changed = resume_changes(stored, spec)
     if changed:
-        raise StateError(resume_refusal(rdir, changed))
+        raise StateError(f"--resume {rdir}: the options given change the run's spec ({'; '.join(changed)}); a "
+                         "resumed run measures its remaining cells as its first attempt did: resume without them, "
+                         "or start a new run")

@@ -3,7 +3,6 @@ searched rates by the virtual-time simulator (tasks.vrun), in worker processes; 
 points and the plots written to a folder."""
 from __future__ import annotations
 
-import json
 import math
 import multiprocessing
 import os
@@ -19,6 +18,7 @@ from epdbench.analysis.whatif import (CAPACITY_COLUMNS, Point, Variant, best_per
                                       noise_range, search_rate, slo_suites)
 from epdbench.specs.models import ExperimentSpec, RateSuite, spec_to_yaml
 from epdbench.specs.workload import Calibration
+from epdbench.tasks.results import write_json, write_text_atomic
 from epdbench.tasks.vrun import prompt_calibration, simulate_configuration
 
 POINT_COLUMNS = ["configuration", "variant", "suite", "shape", "rate", "requests", "met", "attainment",
@@ -111,9 +111,8 @@ def write_provenance(out: Path, spec: ExperimentSpec, about: dict) -> None:
     """What the folder's tables are, written before any of them: the spec as the variants were made from
     (spec.yaml, the profile's constants applied) and `about` (whatif.json: modelled, not measured; the
     options, the profile and the model's error bar), so a table read later says where it came from."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "spec.yaml").write_text(spec_to_yaml(spec))
-    (out / "whatif.json").write_text(json.dumps(about, indent=1, default=str) + "\n")
+    write_text_atomic(out / "spec.yaml", spec_to_yaml(spec))
+    write_json(out / "whatif.json", about)
 
 
 def write_outputs(out: Path, allv: pd.DataFrame, best: pd.DataFrame, points: pd.DataFrame, plots: list) -> None:

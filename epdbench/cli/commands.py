@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from epdbench.cli.common import (EXIT_FAILURES, EXIT_OK, EXIT_REGRESSION, EXIT_UNPUBLISHED, INTERRUPTED_RUN, CliError,
-                                 check_resumed_spec, kube_overrides, load_compare_spec, pool_settings, quiet_defaults,
-                                 regression_settings, results_dir_of, tracking_uri_of, with_target)
+                                 kube_overrides, load_compare_spec, pool_settings, quiet_defaults, regression_settings,
+                                 results_dir_of, tracking_uri_of, with_target)
 
 
 def cmd_compare(args) -> int:
@@ -22,8 +22,9 @@ def cmd_compare(args) -> int:
         out = str(rdir)
         args.spec = str(rdir / "spec.yaml")
     spec, profile = load_compare_spec(args)
-    if args.resume:
-        check_resumed_spec(spec, rdir)
+    if args.resume:   # before anything is written or started (the flow checks again, for runs from the UI)
+        from epdbench.tasks.resume import check_resumable
+        check_resumable(rdir, spec)
     if not args.resume and out and Path(out).exists() and any(Path(out).iterdir()):
         raise CliError(f"--out {out}: directory exists and is not empty; choose a new one or --resume it")
     settings = regression_settings(args)
@@ -33,6 +34,7 @@ def cmd_compare(args) -> int:
     quiet_defaults()
     from epdbench.flows import compare as compare_flow
     from epdbench.reports.terminal import print_summary
+    from epdbench.tasks.publish_state import PROFILE_FILE
     from epdbench.tasks.resume import StateError, validate_state_files
     from epdbench.tasks.runstate import FolderLocked, RunFolder
 
@@ -46,11 +48,11 @@ def cmd_compare(args) -> int:
         raise CliError(str(e)) from None
     compare_flow.RUN_FOLDER = hold
     INTERRUPTED_RUN["dir"] = out
-    if profile is not None and not (Path(out) / "profile.yaml").exists():
+    if profile is not None and not (Path(out) / PROFILE_FILE).exists():
         # the run keeps where its constants came from: its report and its MLflow run say so
         from epdbench.specs.profile import profile_to_yaml
         from epdbench.tasks.results import write_text_atomic
-        write_text_atomic(Path(out) / "profile.yaml", profile_to_yaml(profile))
+        write_text_atomic(Path(out) / PROFILE_FILE, profile_to_yaml(profile))
     if args.resume:
         try:
             validate_state_files(Path(out))

@@ -127,17 +127,6 @@ def load_compare_spec(args) -> tuple:
     return spec, profile
 
 
-def check_resumed_spec(spec, rdir) -> None:
-    """A resumed run measures its remaining cells as its first attempt did (its spec.yaml): options that would
-    change that (--seed, --profile, --configs, --target) are refused, naming what they change. How to reach the
-    cluster (--kubeconfig, --kube-context, --namespace, --keep) and where results are logged may change."""
-    from epdbench.specs.models import load_spec, resume_changes, resume_refusal
-
-    changed = resume_changes(load_spec(str(rdir / "spec.yaml")), spec)
-    if changed:
-        raise CliError(resume_refusal(rdir, changed))
-
-
 def check_keep_fits(spec) -> None:
     """Kept configurations stay side by side on the GPU node: they must fit together."""
     from epdbench.specs.models import SpecError
