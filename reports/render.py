@@ -144,7 +144,8 @@ def report_context(meta: dict, summary: pd.DataFrame, verdicts: dict[str, dict],
     agg = aggregate_trials(summary)
     baseline = baseline_config(meta["configurations"])
     changes = changes_vs_baseline(agg, baseline) if baseline else []
-    suite_order = list(dict.fromkeys(summary["suite"])) if "suite" in summary else []
+    ordered = in_configuration_order(verdicts, meta["configurations"],
+                                     list(dict.fromkeys(summary["suite"])) if "suite" in summary else [])
     return {
         "meta": meta,
         "baseline": baseline,
@@ -162,9 +163,9 @@ def report_context(meta: dict, summary: pd.DataFrame, verdicts: dict[str, dict],
         "reuse": reuse_view(meta, agg, verdicts),
         "limitations": limitations(meta, summary, agg, verdicts, prompt_fit(records), early_stops(records)),
         "plot_groups": plot_groups(plots),
-        "verdicts": in_configuration_order(verdicts, meta["configurations"], suite_order),
+        "verdicts": ordered,
         "role_columns": list(ROLE_COUNTS.values()),
-        "role_counts": role_count_rows(in_configuration_order(verdicts, meta["configurations"], suite_order)),
+        "role_counts": role_count_rows(ordered),
         "history": history_view(history, meta, REGRESSION_METRICS),
     }
 
