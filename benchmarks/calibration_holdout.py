@@ -4,7 +4,7 @@ images and burst lengths, so the run is not the model's own sample); the constan
 preset's values, on half of its cells (analysis.fit.holdout_mask) and the other half predicted. Prints the
 median relative error per metric over the fitted and the held-out cells, with the preset's and the fitted
 constants, and with the hidden constants themselves at the spec's seed (the floor the two seeds' sampling noise
-sets), and the recovered constants against the hidden ones.
+sets), the recovered constants against the hidden ones, and calibrate's hold-out verdict (analysis.holdout).
 
     python benchmarks/calibration_holdout.py [--spec smoke] [--evaluations 100] [--holdout-seed 0]
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from epdbench.analysis import fit
+from epdbench.analysis import fit, holdout
 from epdbench.specs.models import load_spec
 from epdbench.tasks.vrun import simulate_summary
 
@@ -65,6 +65,8 @@ def main() -> int:
     print(f"\nmedian relative error over cells\n{'metric':<14}" + "".join(f"{h:>22}" for h in columns))
     for m in observed.columns:
         print(f"{m:<14}" + "".join(f"{'—' if c[m] is None else f'{c[m]:.1%}':>22}" for c in columns.values()))
+    checks = holdout.compare_on_held_out(observed[held], result.start_predicted, result.predicted)
+    print(f"\n{holdout.summary_line(checks)} (sign test, p < {holdout.ALPHA})")
     return 0
 
 

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from datetime import date
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import yaml
 from pydantic import Field, TypeAdapter, ValidationError, field_validator
 
 from epdbench.specs.base import Strict
 from epdbench.specs.models import ExperimentSpec, HardwareSpec, SpecError, describe_validation_error, parse_spec
+
+HOLDOUT_VERDICTS = ("better", "worse", "no clear difference", "too few cells")   # analysis.holdout
 
 # The hardware fields the cost model reads that no datasheet gives: what calibration fits.
 # (The per-ring-step NVLink latency is left out: for a given TP it only adds to the all-reduce's base latency.)
@@ -58,6 +60,15 @@ class CalibrationProfile(Strict):
     holdout_error: dict[str, float | None] = Field(default_factory=dict, title="Hold-out error",
                                                    description="Per metric: median relative error over the "
                                                                "held-out cells, fitting on the other half.")
+    holdout_spec_error: dict[str, float | None] = Field(
+        default_factory=dict, title="Hold-out error with the spec's constants",
+        description="Per metric: median relative error over the same held-out cells with the spec's own "
+                    "constants, the baseline the fit must beat.")
+    holdout_verdict: dict[str, Literal[HOLDOUT_VERDICTS]] = Field(
+        default_factory=dict, title="Hold-out verdict",
+        description="Per metric: whether the fitted constants predict the held-out cells better or worse than the "
+                    "spec's, cell by cell beyond chance (a sign test: analysis.holdout), no clear difference, or too "
+                    "few cells to tell.")
 
     @field_validator("hardware")
     @classmethod
@@ -125,8 +136,18 @@ def error_bar(profile: dict | None, spec: ExperimentSpec | None = None) -> str:
                   if spec is not None and (profile.get("gpu") is None or profile.get("model") is None) else "")
     if not held:
         return f"no hold-out check in the profile: its error on cells it was not fitted to is not known{unrecorded}"
+    worse = _worse_than_spec(profile)
     return (f"its predictions' measured error on cells it was not fitted to (median |predicted/observed − 1|): "
-            f"{measured}{unrecorded}")
+            f"{measured}{unrecorded}"
+            + (f"; on those cells the spec's own constants predicted better for {worse}" if worse else ""))
+
+
+def _worse_than_spec(profile: dict) -> str:
+    """The metrics whose hold-out check found the fit worse than the spec's constants, with both errors."""
+    spec_error, held = profile.get("holdout_spec_error") or {}, profile.get("holdout_error") or {}
+    return ", ".join(f"{m} ({held[m]:.1%} against {spec_error[m]:.1%})" if held.get(m) is not None
+                     and spec_error.get(m) is not None else m
+                     for m, v in (profile.get("holdout_verdict") or {}).items() if v == "worse")
 
 
 def apply_profile(spec: ExperimentSpec, profile: dict) -> ExperimentSpec:

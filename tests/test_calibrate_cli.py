@@ -57,7 +57,12 @@ def test_calibration_recovers_the_hidden_constants(run, tmp_path, capsys):
     assert "no configuration of the run moves data over RDMA" in printed
     assert max(profile["fit_error"].values()) < 0.02 and max(profile["holdout_error"].values()) < 0.03
     assert "  run   1/100  loss " in printed and 0 < profile["evaluations"] <= 100
-    assert "held out (4 cells)" in printed and f"wrote {out}" in printed
+    assert "held out (4), fitted" in printed and f"wrote {out}" in printed
+    # 4 held-out cells: even all 4 closer with the fit could be chance, and the check says so
+    assert set(profile["holdout_verdict"].values()) == {"too few cells"}
+    assert ("hold-out check: the fitted constants against the spec's on the held-out cells: too few cells to tell "
+            "for ttft_p50_ms, ") in printed
+    assert min(profile["holdout_spec_error"].values()) > 10 * max(profile["holdout_error"].values())
     smoke = load_spec("smoke")                     # the run's GPU and model, which the constants belong to
     assert (profile["gpu"], profile["model"]) == (smoke.hardware.gpu, smoke.model.name)
 

@@ -11,7 +11,7 @@ def cmd_calibrate(args) -> int:
     """Fit the simulator's free constants to a run's summary, check them on held-out cells, write a profile."""
     from datetime import date
 
-    from epdbench.analysis import fit
+    from epdbench.analysis import fit, holdout
     from epdbench.specs.models import load_spec, spec_fingerprint
     from epdbench.specs.profile import CalibrationProfile, profile_to_yaml
     from epdbench.tasks.vrun import simulate_summary
@@ -44,19 +44,30 @@ def cmd_calibrate(args) -> int:
     errors = {"spec's constants": fit.relative_errors(cells, full.start_predicted),
               f"fitted ({len(cells)} cells)": fit_error}
     holdout_error: dict = {}
+    holdout_spec_error: dict = {}
+    checks: dict = {}
     if held.any():
-        holdout = _calibrate_fit(f"hold-out check (seed {args.holdout_seed}): fit on {int((~held).sum())} cells, "
-                                 f"predict {int(held.sum())}", spec, cells[~held], simulate_summary,
-                                 args.evaluations, cache)
-        holdout_error = errors[f"held out ({int(held.sum())} cells)"] = fit.relative_errors(cells[held],
-                                                                                            holdout.predicted)
+        half = _calibrate_fit(f"hold-out check (seed {args.holdout_seed}): fit on {int((~held).sum())} cells, "
+                              f"predict {int(held.sum())}", spec, cells[~held], simulate_summary,
+                              args.evaluations, cache)
+        n_held = int(held.sum())
+        holdout_spec_error = errors[f"held out ({n_held}), spec's"] = fit.relative_errors(cells[held],
+                                                                                         full.start_predicted)
+        holdout_error = errors[f"held out ({n_held}), fitted"] = fit.relative_errors(cells[held], half.predicted)
+        checks = holdout.compare_on_held_out(cells[held], full.start_predicted, half.predicted)
     _print_errors(errors)
+    if checks:
+        print(f"\nhold-out check: {holdout.summary_line(checks)} (sign test over the cells, p < {holdout.ALPHA})")
+        if worse := [m for m, c in checks.items() if c["verdict"] == "worse"]:
+            print(f"warning: for {', '.join(worse)} the spec's own constants predict cells the fit did not see "
+                  "better than fitted ones do; the profile records it and its error bar says so wherever it is used")
     profile = CalibrationProfile(
         spec=run_spec.name, spec_fingerprint=spec_fingerprint(run_spec), source=str(args.source),
         gpu=run_spec.hardware.gpu, model=run_spec.model.name,
         created=date.today(), hardware=full.values, left_as_in_spec=sorted(full.left),
         evaluations=full.evaluations, fit_error=fit_error, holdout_seed=args.holdout_seed if holdout_error else None,
-        holdout_error=holdout_error)
+        holdout_error=holdout_error, holdout_spec_error=holdout_spec_error,
+        holdout_verdict={m: c["verdict"] for m, c in checks.items()})
     part = out.with_name(out.name + ".part")      # whole or not at all, even if stopped while writing
     try:
         part.write_text(profile_to_yaml(profile))
@@ -149,10 +160,10 @@ def _print_errors(errors: dict[str, dict]) -> None:
     metrics = list(next(iter(errors.values())))
     width = max(len(m) for m in metrics)
     print(f"\nmedian relative error over cells, per metric:\n{'metric':<{width}}  "
-          + "  ".join(f"{h:>20}" for h in errors))
+          + "  ".join(f"{h:>22}" for h in errors))
     for m in metrics:
         cells = [errors[h][m] for h in errors]
-        print(f"{m:<{width}}  " + "  ".join(f"{'—' if v is None else f'{v:.1%}':>20}" for v in cells))
+        print(f"{m:<{width}}  " + "  ".join(f"{'—' if v is None else f'{v:.1%}':>22}" for v in cells))
 
 
 def _ints(flag: str, text: str | None) -> list[int] | None:

@@ -124,3 +124,21 @@ def test_a_profile_that_does_not_record_its_gpu_and_model_says_so_with_its_error
 
 def load_profile_dict(data: dict) -> dict:
     return CalibrationProfile.model_validate(data).model_dump(mode="json")
+
+
+def test_a_profile_whose_fit_predicted_held_out_cells_worse_than_the_spec_says_so_in_its_error_bar():
+    from epdbench.specs.profile import error_bar
+
+    checked = a_profile(holdout_error={"ttft_p50_ms": 0.061, "tpot_p50_ms": 0.001},
+                        holdout_spec_error={"ttft_p50_ms": 0.019, "tpot_p50_ms": 0.012},
+                        holdout_verdict={"ttft_p50_ms": "worse", "tpot_p50_ms": "better"})
+    text = error_bar(checked)
+    assert text.endswith("; on those cells the spec's own constants predicted better for ttft_p50_ms (6.1% against "
+                         "1.9%)")
+    assert "tpot_p50_ms 0.1%" in text
+    fine = a_profile(holdout_verdict={"ttft_p50_ms": "no clear difference"})
+    assert error_bar(fine) == error_bar(a_profile())          # only a worse verdict adds to the error bar
+    assert load_profile_dict(a_profile())["holdout_verdict"] == {}          # older profiles: no verdict
+    with pytest.raises(SpecError, match="holdout_verdict"):
+        from epdbench.specs.profile import parse_profile
+        parse_profile(a_profile(holdout_verdict={"ttft_p50_ms": "great"}))

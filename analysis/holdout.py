@@ -1,0 +1,102 @@
+"""Does calibrating help on cells it was not fitted to? The hold-out check of `epdbench calibrate` (pure).
+
+A fit always lowers the error on the cells it is fitted to; what a profile is for is predicting others. So on
+the held-out cells, the constants fitted to the other half are set against the spec's own constants, cell by
+cell and metric by metric: which of the two predictions lies closer to the observed figure (|log ratio|), the
+two counted alike within ALIKE (1 %, the smallest move analysis.fit counts as an effect). A two-sided sign test
+over the cells where they differ says whether one is closer beyond chance (ALPHA): `better` (the fit predicts
+the held-out cells better than the spec's constants), `worse` (it was fitted to the noise or to a trade of
+constants that does not carry over: the spec's constants predict this run better), otherwise `no clear
+difference` (alike on most cells, or closer on some and farther on others), and `too few cells` when fewer than
+6 cells are compared: even all of them on one side could be chance. Medians alone cannot say this: 6 % against
+2 % over a dozen cells may be two or three cells, and 0.1 % against 0.0 % on every cell is no difference.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from epdbench.analysis.fit import MIN_EFFECT
+from epdbench.specs.profile import HOLDOUT_VERDICTS as VERDICTS
+
+ALPHA = 0.05
+ALIKE = math.log1p(MIN_EFFECT)   # predictions this close (1 %) on a cell are alike: the fit's own smallest effect
+
+
+def sign_test(wins: int, losses: int) -> float:
+    """Two-sided exact sign test: the chance of a split at least this uneven between `wins` and `losses`
+    when either side is equally likely (ties left out before)."""
+    n = wins + losses
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(wins, losses) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def fewest_cells(alpha: float = ALPHA) -> int:
+    """The fewest differing cells with which a sign test can reach `alpha` at all (all on one side)."""
+    n = 1
+    while sign_test(n, 0) >= alpha:
+        n += 1
+    return n
+
+
+def _abs_log_ratio(predicted: pd.Series, observed: pd.Series) -> pd.Series:
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r = np.abs(np.log(predicted.astype(float) / observed.astype(float)))
+    return r.where(np.isfinite(r))
+
+
+def compare_on_held_out(observed: pd.DataFrame, spec_predicted: pd.DataFrame,
+                        fitted_predicted: pd.DataFrame) -> dict[str, dict]:
+    """Per metric of `observed` (held-out cells × metrics, as analysis.fit.observed_cells), the spec's constants'
+    prediction against the fitted one: {spec_error, fitted_error (median |predicted/observed − 1| over the cells
+    both predict), closer, farther (cells where the fitted prediction is closer / farther; equal ones left out),
+    p (sign test), verdict (one of VERDICTS)}. A cell one of them did not predict is not compared."""
+    out: dict[str, dict] = {}
+    spec_p = spec_predicted.reindex(index=observed.index, columns=observed.columns)
+    fit_p = fitted_predicted.reindex(index=observed.index, columns=observed.columns)
+    for m in observed.columns:
+        a, b = _abs_log_ratio(spec_p[m], observed[m]), _abs_log_ratio(fit_p[m], observed[m])
+        both = a.notna() & b.notna()
+        a, b = a[both], b[both]
+        closer, farther = int((b < a - ALIKE).sum()), int((b > a + ALIKE).sum())
+        p = sign_test(closer, farther)
+        if closer + farther < fewest_cells():
+            verdict = "no clear difference" if int(both.sum()) >= fewest_cells() else "too few cells"
+        elif p < ALPHA:
+            verdict = "better" if closer > farther else "worse"
+        else:
+            verdict = "no clear difference"
+        out[m] = {"spec_error": _median_rel(spec_p[m], observed[m], both),
+                  "fitted_error": _median_rel(fit_p[m], observed[m], both),
+                  "closer": closer, "farther": farther, "p": p, "verdict": verdict}
+    return out
+
+
+def _median_rel(predicted: pd.Series, observed: pd.Series, rows: pd.Series) -> float | None:
+    """Median |predicted / observed − 1| over `rows` (analysis.fit.relative_errors' measure); None if none."""
+    if not rows.any():
+        return None
+    return float(np.median(np.abs(predicted[rows].to_numpy(dtype=float) / observed[rows].to_numpy(dtype=float) - 1)))
+
+
+_WORDS = {"better": "better for", "worse": "WORSE for", "no clear difference": "no clear difference for",
+          "too few cells": "too few cells to tell for"}
+
+
+def summary_line(checks: dict[str, dict]) -> str:
+    """The check in one sentence: which metrics the fit predicts better, worse, or no differently on held-out
+    cells than the spec's constants, with the counts of cells."""
+    def part(verdict: str) -> str:
+        names = [f"{m} ({c['closer'] if verdict == 'better' else c['farther']} of {c['closer'] + c['farther']} cells)"
+                 if verdict in ("better", "worse") else m
+                 for m, c in checks.items() if c["verdict"] == verdict]
+        return ", ".join(names)
+    said = []
+    for verdict in VERDICTS:
+        if text := part(verdict):
+            said.append(f"{_WORDS[verdict]} {text}")
+    return "the fitted constants against the spec's on the held-out cells: " + "; ".join(said)
