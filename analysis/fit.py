@@ -60,6 +60,13 @@ WIDE_RATIO = 10.0     # or, if that moved too little, 10-fold (a 0.05 ms latency
 MIN_EFFECT = 0.01     # ... must move some observed figure by 1 % to count as identified by the run
 MISSING_RATIO = 10.0  # an observed figure the simulator left null counts as off by this factor
 XTOL = 1e-3           # stop when the trust region is narrower than 0.1 %
+# The search's points lie on a grid in log space (GRID: 1e-6 relative, far inside XTOL) and the constants it
+# evaluates are rounded to SNAP_DIGITS significant digits. A virtual-time run's figures jump with its constants
+# (events reorder), so without them the last bits of the search's arithmetic, which differ between machines and
+# library builds, chose the profile: the smoke hold-out benchmark's steps moved by 1e-13 gave other constants
+# (TCP 2.23 GB/s instead of 2.11, image preprocessing 35.5 ms/Mpx instead of 37.7) and another held-out error.
+GRID = 1e-6
+SNAP_DIGITS = 6
 
 LINK_CONSTANTS = {"tcp": ("tcp_gb_s", "tcp_latency_ms"), "rdma": ("rdma_efficiency", "rdma_latency_ms")}
 
@@ -230,6 +237,12 @@ class FitResult:
     effects: dict[str, float] = field(default_factory=dict)  # largest |log change| of a figure per probe
 
 
+def snap(values: dict[str, float]) -> dict[str, float]:
+    """Constants rounded to SNAP_DIGITS significant digits: the points the search evaluates, so that two runs of
+    the same fit evaluate the same points and land on the same constants."""
+    return {k: float(f"{v:.{SNAP_DIGITS}g}") for k, v in values.items()}
+
+
 class _Evaluator:
     """Runs the predictor for a set of constants, at most `budget` times; predictions are kept in `cache`
     (shared between fits of the same spec), so a repeated point costs no run. The observed cells are narrowed
@@ -243,8 +256,11 @@ class _Evaluator:
         self.narrowed = False
         self.best_loss = math.inf
 
-    def predicted(self, values: dict[str, float]) -> pd.DataFrame:
-        key = tuple(sorted((k, float(f"{v:.10g}")) for k, v in values.items()))
+    def predicted(self, values: dict[str, float], exact: bool = False) -> pd.DataFrame:
+        """The prediction at `values` snapped to SNAP_DIGITS (`exact`: as given, for the spec's own constants)."""
+        if not exact:
+            values = snap(values)
+        key = tuple(sorted(values.items()))
         fresh = key not in self.cache
         if fresh:
             if self.count >= self.budget:
@@ -317,7 +333,7 @@ def fit_constants(spec: ExperimentSpec, observed: pd.DataFrame, predict: Callabl
                             f"{len(candidates)} constants (got {max_evaluations})")
     ev = _Evaluator(spec, observed, predict, max_evaluations, cache, on_evaluation)
     start = {n: float(np.clip(getattr(spec.hardware, n), *BOUNDS[n])) for n in candidates}
-    p0 = ev.predicted(start)
+    p0 = ev.predicted(start, exact=True)
     observed = ev.observed
     if observed.empty:
         raise FitInputError("no observed cell matches a cell the spec runs (config, suite, workload, "
@@ -355,8 +371,9 @@ def fit_constants(spec: ExperimentSpec, observed: pd.DataFrame, predict: Callabl
         points = np.array([base[idx]] + [vertices[n][idx] for n in fitted])
         x, _ = least_squares_dfo(lambda x: ev.residuals(at(x)), points,
                                  np.array([ev.residuals(at(x)) for x in points]), lo[idx], hi[idx],
-                                 radius=math.log(STEP_RATIO), xtol=XTOL, max_radius=math.log(WIDE_RATIO))
-        values = {n: v for n, v in at(x).items() if n in fitted}
-    best = ev.predicted({**start, **values})
+                                 radius=math.log(STEP_RATIO), xtol=XTOL, max_radius=math.log(WIDE_RATIO),
+                                 grid=GRID)
+        values = {n: v for n, v in snap(at(x)).items() if n in fitted}
+    best = ev.predicted(at(x)) if fitted else p0          # the point the search evaluated (a cached run)
     return FitResult(values=values, left=left, start_loss=loss(observed, p0), loss=loss(observed, best),
                      evaluations=ev.count, start_predicted=p0, predicted=best, effects=effects)

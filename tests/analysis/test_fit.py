@@ -262,3 +262,41 @@ def test_the_search_stops_when_its_budget_is_spent():
     x, r = dfo.least_squares_dfo(f, points, np.array([[-5.0], [-4.0]]), np.array([-10.0]), np.array([10.0]),
                                  radius=1.0, xtol=1e-3, max_radius=math.log(10))
     assert len(calls) == 3 and r[0] ** 2 == min(float((c[0] - 5.0) ** 2) for c in [*calls, [1.0]])
+
+
+def test_on_its_grid_the_search_lands_on_the_same_point_whatever_the_last_bits_of_its_steps(monkeypatch):
+    """A virtual-time run's figures jump with its constants; the last bits of the step's arithmetic differ between
+    machines and library builds. Off the grid, steps moved by 1e-13 end elsewhere; on it, on the same point."""
+    def f(x):   # a smooth valley plus a term that jumps with the 12th digit of x, as event order does
+        return np.array([x[0] - 0.3, 3 * (x[1] + 0.2), 1e-3 * np.sin(1e12 * x[0]) + 1e-3 * np.cos(1e12 * x[1])])
+
+    solve = dfo.lsq_linear
+
+    def search(grid: float, eps: float) -> np.ndarray:
+        signs = np.random.default_rng(7)
+        monkeypatch.setattr(dfo, "lsq_linear", lambda *a, **k: type("S", (), {"x": solve(*a, **k).x * (
+            1 + eps * signs.choice([-1.0, 1.0], size=a[0].shape[1]))})())
+        points = np.array([[0.0, 0.0], [0.4, 0.0], [0.0, 0.4]])
+        x, _ = dfo.least_squares_dfo(f, points, np.array([f(p) for p in points]), np.array([-1.0, -1.0]),
+                                     np.array([1.0, 1.0]), radius=0.4, xtol=1e-3, max_radius=1.0, grid=grid)
+        return x
+
+    assert not np.array_equal(search(0.0, 0.0), search(0.0, 1e-13))
+    on_grid = search(fit.GRID, 0.0)
+    assert np.array_equal(on_grid, search(fit.GRID, 1e-13)) and np.array_equal(on_grid, search(fit.GRID, -1e-11))
+    assert on_grid == pytest.approx([0.3, -0.2], abs=0.01)
+    assert np.allclose(on_grid / fit.GRID, np.round(on_grid / fit.GRID))     # a grid point (not the start)
+
+
+def test_the_fitted_constants_are_what_the_search_evaluated_rounded_to_six_digits(smoke):
+    runs = []
+
+    def predict(spec):
+        runs.append({n: getattr(spec.hardware, n) for n in HIDDEN})
+        return synthetic_summary(spec)
+
+    result = fit.fit_constants(smoke, fit.observed_cells(run_of(smoke, HIDDEN)), predict, 80)
+    assert all(float(f"{v:.6g}") == v for v in result.values.values())
+    assert any(all(run[n] == v for n, v in result.values.items()) for run in runs)
+    # the spec's own constants, exactly (within the search's bounds: a zero latency starts at 1 µs)
+    assert runs[0] == {n: float(np.clip(getattr(smoke.hardware, n), *fit.BOUNDS[n])) for n in HIDDEN}
