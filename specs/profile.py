@@ -120,7 +120,8 @@ def fitted_elsewhere(spec: ExperimentSpec, profile: dict) -> list[str]:
 def error_bar(profile: dict | None, spec: ExperimentSpec | None = None) -> str:
     """What is known of how far predictions made with `profile` for `spec` are off, in words: its measured
     hold-out error (median |predicted / observed − 1| per metric on cells it was not fitted to), or that none
-    was measured — nor is there one when the profile was fitted on another GPU or model than `spec`'s."""
+    was measured — nor is there one when the profile was fitted on another GPU or model than `spec`'s; a
+    profile fitted to a run of another spec says its error was measured on that spec's cells."""
     if profile is None:
         return ("uncalibrated: the spec's hardware constants, no measured error bar (epdbench calibrate fits them "
                 "to a run and measures one)")
@@ -137,9 +138,12 @@ def error_bar(profile: dict | None, spec: ExperimentSpec | None = None) -> str:
     if not held:
         return f"no hold-out check in the profile: its error on cells it was not fitted to is not known{unrecorded}"
     worse = _worse_than_spec(profile)
+    other = spec is not None and profile.get("spec") not in (None, spec.name)
     return (f"its predictions' measured error on cells it was not fitted to (median |predicted/observed − 1|): "
             f"{measured}{unrecorded}"
-            + (f"; on those cells the spec's own constants predicted better for {worse}" if worse else ""))
+            + (f"; on those cells the spec's own constants predicted better for {worse}" if worse else "")
+            + (f"; those were cells of a run of spec {profile['spec']}, and this spec ({spec.name}) runs others: "
+               "for them no error was measured" if other else ""))
 
 
 def _worse_than_spec(profile: dict) -> str:

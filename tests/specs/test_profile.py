@@ -142,3 +142,16 @@ def test_a_profile_whose_fit_predicted_held_out_cells_worse_than_the_spec_says_s
     with pytest.raises(SpecError, match="holdout_verdict"):
         from epdbench.specs.profile import parse_profile
         parse_profile(a_profile(holdout_verdict={"ttft_p50_ms": "great"}))
+
+
+def test_a_profile_fitted_to_a_run_of_another_spec_says_its_error_was_measured_on_that_specs_cells():
+    from epdbench.specs.profile import error_bar
+
+    smoke, pd_text = load_spec("smoke"), load_spec("pd-text")
+    fitted = a_profile(gpu=smoke.hardware.gpu, model=smoke.model.name)        # fitted to a run of smoke
+    assert "runs others" not in error_bar(fitted, smoke) and "runs others" not in error_bar(fitted)
+    same_node = pd_text.model_copy(update={"model": smoke.model, "hardware": smoke.hardware})
+    text = error_bar(fitted, same_node)
+    assert text.startswith(error_bar(fitted, smoke))
+    assert text.endswith("; those were cells of a run of spec smoke, and this spec (pd-text) runs others: for them no "
+                         "error was measured")
