@@ -14,7 +14,8 @@ import yaml
 from pydantic import Field, TypeAdapter, ValidationError, field_validator
 
 from epdbench.specs.base import Strict
-from epdbench.specs.models import ExperimentSpec, HardwareSpec, SpecError, describe_validation_error, parse_spec
+from epdbench.specs.models import (ExperimentSpec, HardwareSpec, SpecError, describe_validation_error, parse_spec,
+                                   spec_changes)
 
 HOLDOUT_VERDICTS = ("better", "worse", "no clear difference", "too few cells")   # analysis.holdout
 
@@ -45,6 +46,11 @@ class CalibrationProfile(Strict):
                                         "fractions of that GPU's datasheet figures. Absent in profiles written "
                                         "before it was recorded.")
     model: str | None = Field(None, title="Model", description="The model of the fitted run (its spec's model.name).")
+    source_target: Literal["sim", "kubernetes"] | None = Field(
+        None, title="Source target",
+        description="Where the fitted run ran, from the spec.yaml of its results folder: sim (the simulator's own "
+                    "emulated figures, not hardware) or kubernetes; absent when the source was a table without its "
+                    "run's folder.")
     created: date = Field(title="Date", description="When the profile was fitted.")
     hardware: dict[str, float] = Field(title="Fitted constants",
                                        description="Hardware fields the fit set; applying the profile replaces "
@@ -107,6 +113,15 @@ def load_profile(path: str | Path) -> dict:
     return parse_profile(data, str(path))
 
 
+def calibration_changes(stored: ExperimentSpec, spec: ExperimentSpec) -> list[str]:
+    """What `spec` changes of `stored` (the spec.yaml a run kept) in what the virtual-time core reproduces of the
+    run (specs.models.spec_changes): the free constants are where the fit starts, and the name and target are
+    not modelled, so none of them counts."""
+    hardware = stored.hardware.model_copy(update={n: getattr(spec.hardware, n) for n in FREE_CONSTANTS})
+    return spec_changes(stored.model_copy(update={"hardware": hardware, "target": spec.target, "name": spec.name}),
+                        spec)
+
+
 def fitted_elsewhere(spec: ExperimentSpec, profile: dict) -> list[str]:
     """Where the run a profile was fitted to differs from `spec` in what its constants depend on — the GPU (the
     efficiencies are fractions of its datasheet figures) and the model (its kernels) — in words; empty when
@@ -125,6 +140,12 @@ def error_bar(profile: dict | None, spec: ExperimentSpec | None = None) -> str:
     if profile is None:
         return ("uncalibrated: the spec's hardware constants, no measured error bar (epdbench calibrate fits them "
                 "to a run and measures one)")
+    if profile.get("source_target") == "sim":
+        return "fitted to a simulator run (emulated figures, not hardware): " + _error_bar(profile, spec)
+    return _error_bar(profile, spec)
+
+
+def _error_bar(profile: dict, spec: ExperimentSpec | None) -> str:
     held = {k: v for k, v in (profile.get("holdout_error") or {}).items() if v is not None}
     measured = ", ".join(f"{k} {v:.1%}" for k, v in held.items())
     moved = fitted_elsewhere(spec, profile) if spec is not None else []
@@ -164,6 +185,6 @@ def apply_profile(spec: ExperimentSpec, profile: dict) -> ExperimentSpec:
 def profile_to_yaml(profile: dict | CalibrationProfile) -> str:
     """The profile as YAML (validated first), with a header saying what it is."""
     data = profile.model_dump(mode="json") if isinstance(profile, CalibrationProfile) else parse_profile(profile)
-    header = ("# epdbench calibration profile: simulator constants fitted to a hardware run.\n"
+    header = ("# epdbench calibration profile: simulator constants fitted to a run.\n"
               "# Use with: epdbench compare --profile THIS | epdbench whatif --profile THIS\n")
     return header + yaml.safe_dump(data, sort_keys=False)

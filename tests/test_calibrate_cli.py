@@ -131,6 +131,33 @@ def test_bad_flags_are_one_line_and_exit_2(run, tmp_path, capsys):
     assert "at least" in one_line_error(capsys, [*args, "--out", str(tmp_path / "p.yaml"), "--evaluations", "1"])
 
 
+def test_the_runs_own_spec_yaml_is_the_spec_and_a_simulator_run_is_named_as_one(run, tmp_path, capsys):
+    """The run's folder keeps its resolved spec.yaml: calibrate uses it without --spec, refuses a --spec that
+    differs in what the virtual core reproduces, and a run the simulator made says so in the profile."""
+    spec_path, summary = run                         # the fixture's folder: spec.yaml beside summary.csv
+    out = tmp_path / "p.yaml"
+    assert main(["calibrate", "--from", str(summary), "--out", str(out), "--evaluations", "20"]) == 0
+    printed = capsys.readouterr().out
+    assert "(spec calib-tiny)" in printed
+    assert "note: the run was made by the simulator (target sim in its spec.yaml)" in printed
+    profile = load_profile(out)
+    assert profile["source_target"] == "sim"
+    from epdbench.specs.profile import error_bar
+    assert error_bar(profile).startswith("fitted to a simulator run (emulated figures, not hardware): its predictions'")
+
+    other = tmp_path / "other.yaml"                  # the same spec but for the seed and the free constants
+    other.write_text(yaml.safe_dump({**tiny_spec_data(), "seed": 4, "name": "renamed",
+                                     "hardware": {**tiny_spec_data()["hardware"], "tcp_gb_s": 9.0}}))
+    err = one_line_error(capsys, ["calibrate", "--spec", str(other), "--from", str(summary), "--out", str(out)])
+    assert err == (f"error: --spec {other} is not the spec the run used (seed: 3 → 4, against {spec_path}); leave "
+                   "--spec out to fit the run's own\n")
+
+    table = tmp_path / "published.csv"               # a table without its run's folder needs --spec
+    table.write_bytes(summary.read_bytes())
+    err = one_line_error(capsys, ["calibrate", "--from", str(table), "--out", str(out)])
+    assert err == f"error: --spec: give the spec the run used (no spec.yaml beside {table})\n"
+
+
 @pytest.fixture
 def profile_file(tmp_path, run) -> str:
     path = tmp_path / "profile.yaml"

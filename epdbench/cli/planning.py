@@ -12,14 +12,14 @@ def cmd_calibrate(args) -> int:
     from datetime import date
 
     from epdbench.analysis import fit, holdout
-    from epdbench.specs.models import load_spec, spec_fingerprint
+    from epdbench.specs.models import spec_fingerprint
     from epdbench.specs.profile import CalibrationProfile, profile_to_yaml
     from epdbench.tasks.vrun import simulate_summary
 
     metrics, out = _calibrate_flags(args)
     signal.signal(signal.SIGTERM, signal.default_int_handler)     # SIGTERM stops it as Ctrl-C does
     INTERRUPTED_RUN["note"] = f"no profile written to {out}"
-    run_spec = load_spec(args.spec)
+    run_spec, target = _calibration_spec(args)
     table = _read_run(args.source)
     try:
         usable = fit.usable_rows(table)
@@ -31,6 +31,9 @@ def cmd_calibrate(args) -> int:
     print(f"Calibrating the virtual-time simulator to {args.source}: {len(observed)} cells of "
           f"{', '.join(c.name for c in spec.configurations)} (spec {run_spec.name}){skipped}; "
           f"metrics {', '.join(observed.columns)}", flush=True)
+    if target == "sim":
+        print("note: the run was made by the simulator (target sim in its spec.yaml): this fits the simulator to its "
+              "own emulated figures, not to hardware, and the profile says so wherever it is used", flush=True)
     cache: dict = {}      # simulator runs shared by the two fits (both start from the spec's constants)
     full = _calibrate_fit("fit on every cell", spec, observed, simulate_summary, args.evaluations, cache)
     cells = fit.matched(observed, full.start_predicted)
@@ -63,7 +66,7 @@ def cmd_calibrate(args) -> int:
                   "better than fitted ones do; the profile records it and its error bar says so wherever it is used")
     profile = CalibrationProfile(
         spec=run_spec.name, spec_fingerprint=spec_fingerprint(run_spec), source=str(args.source),
-        gpu=run_spec.hardware.gpu, model=run_spec.model.name,
+        gpu=run_spec.hardware.gpu, model=run_spec.model.name, source_target=target,
         created=date.today(), hardware=full.values, left_as_in_spec=sorted(full.left),
         evaluations=full.evaluations, fit_error=fit_error, holdout_seed=args.holdout_seed if holdout_error else None,
         holdout_error=holdout_error, holdout_spec_error=holdout_spec_error,
@@ -77,6 +80,36 @@ def cmd_calibrate(args) -> int:
         raise CliError(f"--out {args.out}: cannot write it ({e.strerror})") from None
     print(f"wrote {out}: use it with epdbench compare --profile {out} or epdbench whatif --profile {out}")
     return 0
+
+
+def _calibration_spec(args):
+    """(the spec the run used, where it ran: "sim", "kubernetes" or None if unknown). The run's folder (the one
+    holding --from) keeps its resolved spec.yaml: without --spec that is the spec; with --spec, the two must
+    agree in all the virtual-time core reproduces (not the free constants, where the fit starts, nor the target).
+    A table without its run's folder needs --spec."""
+    from pathlib import Path
+
+    from epdbench.specs.models import SpecError, load_spec
+    from epdbench.specs.profile import calibration_changes
+
+    kept = Path(args.source).parent / "spec.yaml"
+    stored = None
+    if kept.is_file():
+        try:
+            stored = load_spec(str(kept))
+        except SpecError as e:
+            if args.spec is None:
+                raise CliError(f"--from {args.source}: cannot read the run's spec.yaml ({e}); give --spec") from None
+            print(f"note: cannot read {kept} ({e}): --spec {args.spec} is not checked against it", flush=True)
+    if args.spec is None:
+        if stored is None:
+            raise CliError(f"--spec: give the spec the run used (no spec.yaml beside {args.source})")
+        return stored, stored.target.kind
+    spec = load_spec(args.spec)
+    if stored is not None and (changes := calibration_changes(stored, spec)):
+        raise CliError(f"--spec {args.spec} is not the spec the run used ({'; '.join(changes)}, against {kept}); "
+                       "leave --spec out to fit the run's own")
+    return spec, stored.target.kind if stored is not None else None
 
 
 def _calibrate_flags(args):

@@ -155,3 +155,16 @@ def test_a_profile_fitted_to_a_run_of_another_spec_says_its_error_was_measured_o
     assert text.startswith(error_bar(fitted, smoke))
     assert text.endswith("; those were cells of a run of spec smoke, and this spec (pd-text) runs others: for them no "
                          "error was measured")
+
+
+def test_what_a_spec_changes_of_a_runs_spec_yaml_for_calibration_leaves_out_the_free_constants_name_and_target():
+    from epdbench.specs.profile import calibration_changes
+
+    run = load_spec("smoke")
+    same = run.model_copy(update={"name": "copy", "hardware": run.hardware.model_copy(update={"tcp_gb_s": 9.0}),
+                                  "target": run.target.model_copy(update={"kind": "kubernetes"})})
+    assert calibration_changes(run, same) == []
+    other = same.model_copy(update={"seed": run.seed + 1,
+                                    "hardware": run.hardware.model_copy(update={"gpus_per_node": 4})})
+    assert sorted(calibration_changes(run, other)) == [f"hardware.gpus_per_node: {run.hardware.gpus_per_node} → 4",
+                                                       f"seed: {run.seed} → {run.seed + 1}"]
