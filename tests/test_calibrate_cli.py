@@ -152,6 +152,12 @@ def test_the_runs_own_spec_yaml_is_the_spec_and_a_simulator_run_is_named_as_one(
     assert err == (f"error: --spec {other} is not the spec the run used (seed: 3 → 4, against {spec_path}); leave "
                    "--spec out to fit the run's own\n")
 
+    assert main(["calibrate", "--from", str(summary.parent), "--out", str(out), "--evaluations", "20"]) == 0
+    assert f"Calibrating the virtual-time simulator to {summary}: " in capsys.readouterr().out   # the folder
+    err = one_line_error(capsys, ["calibrate", "--from", str(tmp_path), "--out", str(out)])
+    assert err == (f"error: --from {tmp_path}: a folder without summary.csv or records.parquet; give a run's "
+                   "results folder or one of those files\n")
+
     table = tmp_path / "published.csv"               # a table without its run's folder needs --spec
     table.write_bytes(summary.read_bytes())
     err = one_line_error(capsys, ["calibrate", "--from", str(table), "--out", str(out)])

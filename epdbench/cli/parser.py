@@ -51,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     cal = sub.add_parser("calibrate", help="fit the simulator's free constants to a hardware run")
     cal.add_argument("--spec", default=None, help="spec YAML path or preset name the run used (default: the "
                                                    "spec.yaml of the run's folder, beside --from)")
-    cal.add_argument("--from", dest="source", required=True, help="summary.csv or records.parquet of the run")
+    cal.add_argument("--from", dest="source", required=True,
+                     help="the run's results folder, or its summary.csv or records.parquet, or a published table")
     cal.add_argument("--out", required=True, help="where to write the profile (YAML)")
     cal.add_argument("--evaluations", type=int, default=100,
                      help="simulator runs each fit may use (default: 100; the hold-out check fits again)")

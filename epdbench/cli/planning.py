@@ -17,6 +17,7 @@ def cmd_calibrate(args) -> int:
     from epdbench.tasks.vrun import simulate_summary
 
     metrics, out = _calibrate_flags(args)
+    args.source = _run_file(args.source)
     signal.signal(signal.SIGTERM, signal.default_int_handler)     # SIGTERM stops it as Ctrl-C does
     INTERRUPTED_RUN["note"] = f"no profile written to {out}"
     run_spec, target = _calibration_spec(args)
@@ -129,6 +130,20 @@ def _calibrate_flags(args):
     if not out.parent.is_dir():
         raise CliError(f"--out {args.out}: folder {out.parent} does not exist")
     return metrics, out
+
+
+def _run_file(source: str) -> str:
+    """--from as a file: a run's results folder stands for its summary.csv (else its records.parquet)."""
+    from pathlib import Path
+
+    folder = Path(source)
+    if not folder.is_dir():
+        return source
+    for name in ("summary.csv", "records.parquet"):
+        if (folder / name).is_file():
+            return str(folder / name)
+    raise CliError(f"--from {source}: a folder without summary.csv or records.parquet; give a run's results folder "
+                   "or one of those files")
 
 
 def _read_run(source: str):
