@@ -1,15 +1,16 @@
 """Does calibrating help on cells it was not fitted to? The hold-out check of `epdbench calibrate` (pure).
 
-A fit always lowers the error on the cells it is fitted to; what a profile is for is predicting others. So on
-the held-out cells, the constants fitted to the other half are set against the spec's own constants, cell by
-cell and metric by metric: which of the two predictions lies closer to the observed figure (|log ratio|), the
-two counted alike within ALIKE (1 %, the smallest move analysis.fit counts as an effect). A two-sided sign test
-over the cells where they differ says whether one is closer beyond chance (ALPHA): `better` (the fit predicts
-the held-out cells better than the spec's constants), `worse` (it was fitted to the noise or to a trade of
-constants that does not carry over: the spec's constants predict this run better), otherwise `no clear
-difference` (alike on most cells, or closer on some and farther on others), and `too few cells` when fewer than
-6 cells are compared: even all of them on one side could be chance. Medians alone cannot say this: 6 % against
-2 % over a dozen cells may be two or three cells, and 0.1 % against 0.0 % on every cell is no difference.
+A fit always lowers the error on the cells it is fitted to; what a profile is for is predicting others. So on the
+held-out cells, the constants fitted to the other half are set against the spec's own constants, cell by cell and
+metric by metric: which of the two predictions lies closer to the observed figure (|log ratio|), the two counted
+alike within ALIKE (1 %, the smallest move analysis.fit counts as an effect). A two-sided sign test over the
+cells where they differ says whether one is closer beyond chance (ALPHA for the check's metrics together: Holm's
+correction, as several metrics are tested at once): `better` (the fit predicts the held-out cells better than the
+spec's constants), `worse` (it was fitted to the noise or to a trade of constants that does not carry over: the
+spec's constants predict this run better), otherwise `no clear difference` (alike on most cells, or closer on
+some and farther on others), and `too few cells` when fewer than 6 cells are compared: even all of them on one
+side could be chance. Medians alone cannot say this: 6 % against 2 % over a dozen cells may be two or three
+cells, and 0.1 % against 0.0 % on every cell is no difference.
 """
 from __future__ import annotations
 
@@ -63,17 +64,26 @@ def compare_on_held_out(observed: pd.DataFrame, spec_predicted: pd.DataFrame,
         both = a.notna() & b.notna()
         a, b = a[both], b[both]
         closer, farther = int((b < a - ALIKE).sum()), int((b > a + ALIKE).sum())
-        p = sign_test(closer, farther)
         if closer + farther < fewest_cells():
             verdict = "no clear difference" if int(both.sum()) >= fewest_cells() else "too few cells"
-        elif p < ALPHA:
-            verdict = "better" if closer > farther else "worse"
         else:
-            verdict = "no clear difference"
+            verdict = "better" if closer > farther else "worse"      # if beyond chance: holm() decides
         out[m] = {"spec_error": _median_rel(spec_p[m], observed[m], both),
                   "fitted_error": _median_rel(fit_p[m], observed[m], both),
-                  "closer": closer, "farther": farther, "p": p, "verdict": verdict}
+                  "closer": closer, "farther": farther, "p": sign_test(closer, farther), "verdict": verdict}
+    for m in holm({m: c["p"] for m, c in out.items() if c["verdict"] in ("better", "worse")}, ALPHA):
+        out[m]["verdict"] = "no clear difference"
     return out
+
+
+def holm(p_values: dict[str, float], alpha: float) -> list[str]:
+    """The tests Holm's step-down procedure does not reject at family-wise level `alpha`: the smallest p is held
+    to alpha/m, the next to alpha/(m−1), and so on, until one is not below its bound (it and all after it)."""
+    ranked = sorted(p_values, key=lambda k: (p_values[k], k))
+    for i, name in enumerate(ranked):
+        if p_values[name] >= alpha / (len(ranked) - i):
+            return ranked[i:]
+    return []
 
 
 def _median_rel(predicted: pd.Series, observed: pd.Series, rows: pd.Series) -> float | None:

@@ -66,7 +66,7 @@ def main() -> int:
     for m in observed.columns:
         print(f"{m:<14}" + "".join(f"{'—' if c[m] is None else f'{c[m]:.1%}':>22}" for c in columns.values()))
     checks = holdout.compare_on_held_out(observed[held], result.start_predicted, result.predicted)
-    print(f"\n{holdout.summary_line(checks)} (sign test, p < {holdout.ALPHA})")
+    print(f"\n{holdout.summary_line(checks)} (sign test; the metrics together at p < {holdout.ALPHA}, Holm)")
     return 0
 
 

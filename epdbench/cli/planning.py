@@ -61,7 +61,8 @@ def cmd_calibrate(args) -> int:
         checks = holdout.compare_on_held_out(cells[held], full.start_predicted, half.predicted)
     _print_errors(errors)
     if checks:
-        print(f"\nhold-out check: {holdout.summary_line(checks)} (sign test over the cells, p < {holdout.ALPHA})")
+        print(f"\nhold-out check: {holdout.summary_line(checks)} (sign test over the cells; the metrics "
+              f"together at p < {holdout.ALPHA}, Holm's correction)")
         if worse := [m for m, c in checks.items() if c["verdict"] == "worse"]:
             print(f"warning: for {', '.join(worse)} the spec's own constants predict cells the fit did not see "
                   "better than fitted ones do; the profile records it and its error bar says so wherever it is used")

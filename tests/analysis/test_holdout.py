@@ -74,3 +74,24 @@ def test_the_summary_line_names_each_metric_under_its_verdict_with_the_cells_tha
     line = summary_line(compare_on_held_out(observed, spec, fitted))
     assert line == ("the fitted constants against the spec's on the held-out cells: better for ttft_p50_ms (8 of 8 "
                     "cells); WORSE for tpot_p50_ms (8 of 8 cells)")
+
+
+def test_holms_correction_holds_the_metrics_of_one_check_to_five_percent_together():
+    from epdbench.analysis.holdout import holm
+
+    assert holm({"a": 0.001, "b": 0.02, "c": 0.04}, 0.05) == []              # 0.001 < .05/3, .02 < .05/2, .04 < .05
+    assert holm({"a": 0.001, "b": 0.03, "c": 0.04}, 0.05) == ["b", "c"]      # 0.03 ≥ .05/2: it and all after it
+    assert holm({"a": 0.02}, 0.05) == [] and holm({}, 0.05) == []
+
+    observed = cells([100.0] * 9)
+    spec = cells([120.0] * 9)
+    eight_of_nine = cells([101.0] * 8 + [150.0])                              # p = 0.039 alone
+    assert compare_on_held_out(observed, spec, eight_of_nine)["ttft_p50_ms"]["verdict"] == "better"
+    both = compare_on_held_out(cells([100.0] * 9, tpot_p50_ms=[10.0] * 9), cells([120.0] * 9, tpot_p50_ms=[12.0] * 9),
+                               cells([101.0] * 8 + [150.0], tpot_p50_ms=[10.1] * 8 + [15.0]))
+    assert {m: c["verdict"] for m, c in both.items()} == {"ttft_p50_ms": "no clear difference",   # 0.039 ≥ 0.05 / 2
+                                                          "tpot_p50_ms": "no clear difference"}
+    assert both["ttft_p50_ms"]["p"] == pytest.approx(2 * 10 / 512)
+    strong = compare_on_held_out(cells([100.0] * 9, tpot_p50_ms=[10.0] * 9), cells([120.0] * 9, tpot_p50_ms=[12.0] * 9),
+                                 cells([101.0] * 8 + [150.0], tpot_p50_ms=[10.1] * 9))
+    assert {c["verdict"] for c in strong.values()} == {"better"}     # 0.004 < 0.05 / 2, then 0.039 < 0.05 / 1
