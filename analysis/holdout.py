@@ -101,8 +101,8 @@ def summary_line(checks: dict[str, dict]) -> str:
     """The check in one sentence: which metrics the fit predicts better, worse, or no differently on held-out
     cells than the spec's constants, with the counts of cells."""
     def part(verdict: str) -> str:
-        names = [f"{m} ({c['closer'] if verdict == 'better' else c['farther']} of {c['closer'] + c['farther']} cells)"
-                 if verdict in ("better", "worse") else m
+        names = [f"{m} ({c['closer'] if verdict == 'better' else c['farther']} of {c['closer'] + c['farther']} "
+                 "cells that differ)" if verdict in ("better", "worse") else m
                  for m, c in checks.items() if c["verdict"] == verdict]
         return ", ".join(names)
     said = []

@@ -73,7 +73,7 @@ def test_the_summary_line_names_each_metric_under_its_verdict_with_the_cells_tha
     fitted = cells([101.0] * 8, tpot_p50_ms=[10.5] * 8)
     line = summary_line(compare_on_held_out(observed, spec, fitted))
     assert line == ("the fitted constants against the spec's on the held-out cells: better for ttft_p50_ms (8 of 8 "
-                    "cells); WORSE for tpot_p50_ms (8 of 8 cells)")
+                    "cells that differ); WORSE for tpot_p50_ms (8 of 8 cells that differ)")
 
 
 def test_holms_correction_holds_the_metrics_of_one_check_to_five_percent_together():
