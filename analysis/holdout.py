@@ -19,7 +19,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from epdbench.analysis.fit import MIN_EFFECT
+from epdbench.analysis.fit import MIN_EFFECT, relative_errors
 from epdbench.specs.profile import HOLDOUT_VERDICTS as VERDICTS
 
 ALPHA = 0.05
@@ -59,17 +59,19 @@ def compare_on_held_out(observed: pd.DataFrame, spec_predicted: pd.DataFrame,
     out: dict[str, dict] = {}
     spec_p = spec_predicted.reindex(index=observed.index, columns=observed.columns)
     fit_p = fitted_predicted.reindex(index=observed.index, columns=observed.columns)
+    least = fewest_cells()
     for m in observed.columns:
         a, b = _abs_log_ratio(spec_p[m], observed[m]), _abs_log_ratio(fit_p[m], observed[m])
         both = a.notna() & b.notna()
         a, b = a[both], b[both]
         closer, farther = int((b < a - ALIKE).sum()), int((b > a + ALIKE).sum())
-        if closer + farther < fewest_cells():
-            verdict = "no clear difference" if int(both.sum()) >= fewest_cells() else "too few cells"
+        if closer + farther < least:
+            verdict = "no clear difference" if int(both.sum()) >= least else "too few cells"
         else:
             verdict = "better" if closer > farther else "worse"      # if beyond chance: holm() decides
-        out[m] = {"spec_error": _median_rel(spec_p[m], observed[m], both),
-                  "fitted_error": _median_rel(fit_p[m], observed[m], both),
+        compared = observed.loc[both, [m]]
+        out[m] = {"spec_error": relative_errors(compared, spec_p)[m],
+                  "fitted_error": relative_errors(compared, fit_p)[m],
                   "closer": closer, "farther": farther, "p": sign_test(closer, farther), "verdict": verdict}
     for m in holm({m: c["p"] for m, c in out.items() if c["verdict"] in ("better", "worse")}, ALPHA):
         out[m]["verdict"] = "no clear difference"
@@ -84,13 +86,6 @@ def holm(p_values: dict[str, float], alpha: float) -> list[str]:
         if p_values[name] >= alpha / (len(ranked) - i):
             return ranked[i:]
     return []
-
-
-def _median_rel(predicted: pd.Series, observed: pd.Series, rows: pd.Series) -> float | None:
-    """Median |predicted / observed − 1| over `rows` (analysis.fit.relative_errors' measure); None if none."""
-    if not rows.any():
-        return None
-    return float(np.median(np.abs(predicted[rows].to_numpy(dtype=float) / observed[rows].to_numpy(dtype=float) - 1)))
 
 
 _WORDS = {"better": "better for", "worse": "WORSE for", "no clear difference": "no clear difference for",
