@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from epdbench.analysis import table_check
 from epdbench.analysis.dfo import BudgetExhausted, least_squares_dfo
 from epdbench.specs.models import ExperimentSpec
 from epdbench.specs.profile import FREE_CONSTANTS
@@ -91,9 +92,12 @@ def _cells(frame: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
     return pd.concat([keys, values], axis=1).groupby(MATCH_KEYS, sort=True)[metrics].mean()
 
 
-def observed_cells(summary: pd.DataFrame, metrics: list[str] | None = None) -> pd.DataFrame:
+def observed_cells(summary: pd.DataFrame, metrics: list[str] | None = None,
+                   notes: list[str] | None = None) -> pd.DataFrame:
     """The observed table as cells × metrics (index MATCH_KEYS). `metrics` None: every FIT_METRICS column the
-    table has. FitInputError when the key columns, the metric columns or any usable figure are missing."""
+    table has. FitInputError when the key columns, the metric columns or any usable figure are missing, or a
+    key or figure cannot be read (analysis.table_check: the row is named, never quietly left out); figures that
+    are not positive are left out, and `notes` (if given) gets a line saying so."""
     missing = [k for k in MATCH_KEYS if k not in summary.columns]
     if missing:
         raise FitInputError(f"no key column(s) {', '.join(missing)}: a summary needs {', '.join(MATCH_KEYS)}")
@@ -106,6 +110,10 @@ def observed_cells(summary: pd.DataFrame, metrics: list[str] | None = None) -> p
         if absent:
             raise FitInputError(f"no metric column(s) {', '.join(absent)}; the table has "
                                 f"{', '.join(m for m in FIT_METRICS if m in summary.columns) or 'none of them'}")
+    if problem := table_check.unreadable(summary, MATCH_KEYS, metrics):
+        raise FitInputError(problem)
+    if notes is not None and (note := table_check.non_positive(summary, metrics)):
+        notes.append(note)
     cells = _cells(summary, metrics).dropna(how="all")
     if cells.empty:
         raise FitInputError(f"no cell with a positive figure in {', '.join(metrics)} and complete keys")
@@ -120,13 +128,14 @@ def predicted_cells(summary: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
     return _cells(summary, metrics)
 
 
-def usable_rows(summary: pd.DataFrame) -> pd.DataFrame:
-    """The rows of an observed summary that may be fitted: cells flagged `contaminated` (bent by host load)
-    are left out."""
-    if "contaminated" not in summary.columns:
-        return summary
-    flag = summary["contaminated"].map(lambda v: str(v).strip().lower() in ("true", "1", "1.0"))
-    return summary[~flag]
+def usable_rows(summary: pd.DataFrame, notes: list[str] | None = None) -> pd.DataFrame:
+    """The rows of an observed summary that may be fitted: cells flagged `contaminated` (bent by host load) and
+    cells with failed requests are left out (analysis.table_check.usable); `notes` (if given) gets a line per
+    kind left out."""
+    rows, said = table_check.usable(summary)
+    if notes is not None:
+        notes.extend(said)
+    return rows
 
 
 def _log_ratios(observed: pd.DataFrame, predicted: pd.DataFrame) -> np.ndarray:

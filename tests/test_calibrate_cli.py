@@ -80,6 +80,22 @@ def test_a_published_table_with_some_metric_columns_is_fitted_on_those(run, tmp_
     assert "metrics ttft_p50_ms, tpot_p50_ms, output_tok_s" in printed
 
 
+def test_rows_and_figures_left_out_are_said(run, tmp_path, capsys):
+    table = pd.read_csv(run[1])
+    table.loc[0, "requests_failed"] = 1        # a cell with a failed request: its figures are the others'
+    table.loc[1, "contaminated"] = True
+    table.loc[2, "req_s"] = 0.0
+    table.to_csv(tmp_path / "summary.csv", index=False)
+    code = main(["calibrate", "--spec", str(run[0]), "--from", str(tmp_path / "summary.csv"),
+                 "--out", str(tmp_path / "p.yaml"), "--evaluations", "20"])
+    printed, err = capsys.readouterr()
+    assert code == 0, printed + err
+    assert f"{len(table) - 2} cells of" in printed
+    assert "  1 row flagged contaminated left out (bent by host load)\n" in printed
+    assert "  1 row with failed requests left out (their figures count only the requests that succeeded" in printed
+    assert "  1 figure not positive left out (req_s 1): a log ratio needs a positive figure\n" in printed
+
+
 def test_a_records_file_is_summarised_as_the_run_summarises_it(tmp_path):
     spec = parse_spec(tiny_spec_data())
     records = simulate_records(spec)
@@ -105,6 +121,11 @@ def one_line_error(capsys, argv: list[str]) -> str:
     ("config,suite,workload,concurrency,stream,ttft_p50_ms\naggregated,fixed,512/32,3,main,3\n",
      "no observed cell is one the spec runs"),
     ("", "cannot read it"),
+    ("config,suite,workload,concurrency,stream,ttft_p50_ms\naggregated,fixed,512/32,1,main,950\n"
+     'aggregated,fixed,512/32,4,main,"1,234"\n',
+     "row 2 (config aggregated, suite fixed, workload 512/32, concurrency 4, stream main): ttft_p50_ms '1,234' is "
+     "not a plain number"),
+    ("config,suite,workload,concurrency,stream,ttft_p50_ms\naggregated,fixed,512/32,,main,950\n", "row 1 "),
 ])
 def test_bad_input_is_one_line_and_exit_2(run, tmp_path, capsys, content, message):
     source = tmp_path / "summary.csv"

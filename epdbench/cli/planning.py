@@ -22,16 +22,18 @@ def cmd_calibrate(args) -> int:
     INTERRUPTED_RUN["note"] = f"no profile written to {out}"
     run_spec, target = _calibration_spec(args)
     table = _read_run(args.source)
+    notes: list[str] = []
     try:
-        usable = fit.usable_rows(table)
-        observed = fit.observed_cells(usable, metrics)
+        usable = fit.usable_rows(table, notes)
+        observed = fit.observed_cells(usable, metrics, notes)
         spec = fit.spec_for_cells(run_spec, observed)
     except fit.FitInputError as e:
         raise CliError(f"--from {args.source}: {e}") from None
-    skipped = f"; {len(table) - len(usable)} contaminated rows left out" if len(usable) < len(table) else ""
     print(f"Calibrating the virtual-time simulator to {args.source}: {len(observed)} cells of "
-          f"{', '.join(c.name for c in spec.configurations)} (spec {run_spec.name}){skipped}; "
+          f"{', '.join(c.name for c in spec.configurations)} (spec {run_spec.name}); "
           f"metrics {', '.join(observed.columns)}", flush=True)
+    for note in notes:
+        print(f"  {note}", flush=True)
     if target == "sim":
         print("note: the run was made by the simulator (target sim in its spec.yaml): this fits the simulator to its "
               "own emulated figures, not to hardware, and the profile says so wherever it is used", flush=True)
