@@ -112,8 +112,9 @@ def observed_cells(summary: pd.DataFrame, metrics: list[str] | None = None,
                                 f"{', '.join(m for m in FIT_METRICS if m in summary.columns) or 'none of them'}")
     if problem := table_check.unreadable(summary, MATCH_KEYS, metrics):
         raise FitInputError(problem)
-    if notes is not None and (note := table_check.non_positive(summary, metrics)):
-        notes.append(note)
+    if notes is not None:
+        notes.extend(n for n in (table_check.non_positive(summary, metrics),
+                                 table_check.repeated(summary, MATCH_KEYS)) if n)
     cells = _cells(summary, metrics).dropna(how="all")
     if cells.empty:
         raise FitInputError(f"no cell with a positive figure in {', '.join(metrics)} and complete keys")

@@ -9,6 +9,9 @@ and nothing said so. Rows and figures it may read but should not fit are left ou
 - a cell with failed requests: its figures count only the requests that succeeded (a timed-out request
   leaves the tail out, a failed one lowers req/s), and the simulator serves every request;
 - a figure that is not positive: a log ratio needs one, and no latency or rate of a served cell is zero.
+
+Rows that repeat a cell (and trial, when the table has a `trial` column) are averaged as trials are, and said:
+two tables pasted together, or one row written twice, would otherwise pass unseen.
 """
 from __future__ import annotations
 
@@ -111,3 +114,18 @@ def non_positive(frame: pd.DataFrame, metrics: list[str]) -> str | None:
     total = sum(counts.values())
     return (f"{total} figure{'s' if total > 1 else ''} not positive left out "
             f"({', '.join(f'{m} {n}' for m, n in counts.items())}): a log ratio needs a positive figure")
+
+
+def repeated(frame: pd.DataFrame, keys: list[str]) -> str | None:
+    """A note on rows that repeat a cell another row has (the same trial, or either without a `trial` column):
+    a run's trials differ in `trial`, so these are not trials. None when there are none."""
+    by = keys + (["trial"] if "trial" in frame.columns else [])
+    names = frame[by].map(_shown)
+    dup = names.duplicated(keep="first").to_numpy()
+    if not dup.any():
+        return None
+    n_cells = len(names[names.duplicated(keep=False).to_numpy()].drop_duplicates())
+    first = _row_text(frame.iloc[int(dup.argmax())], frame.index[int(dup.argmax())], keys)
+    what = "cell and trial" if "trial" in frame.columns else "cell"
+    return (f"{_rows(dup.sum())} repeat{'s' if dup.sum() == 1 else ''} the {what} of another row ({n_cells} "
+            f"cell{'s' if n_cells != 1 else ''}; the first: {first}): averaged with it as trials are")

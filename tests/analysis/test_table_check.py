@@ -72,3 +72,18 @@ def test_figures_that_are_not_positive_are_left_out_and_counted():
     assert notes == ["3 figures not positive left out (ttft_p50_ms 2, req_s 1): a log ratio needs a positive figure"]
     assert cells["ttft_p50_ms"].isna().tolist() == [True, False]    # w1 had no positive figure: no cell
     assert table_check.non_positive(table(ttft_p50_ms=[1.0]), ["ttft_p50_ms"]) is None
+
+
+def test_rows_that_repeat_a_cell_are_said_and_trials_are_not():
+    frame = table(ttft_p50_ms=[1.0, 2.0, 3.0, 5.0])
+    frame.loc[1, "workload"] = "w0"
+    frame.loc[3, ["workload", "concurrency"]] = ["w0", 4.0]
+    assert table_check.repeated(frame, KEYS) == (
+        "2 rows repeat the cell of another row (1 cell; the first: row 2 (config pd-tcp, suite fixed, workload w0, "
+        "concurrency 4, stream main)): averaged with it as trials are")
+    notes: list[str] = []
+    assert fit.observed_cells(frame, None, notes)["ttft_p50_ms"].tolist() == [8.0 / 3, 3.0]
+    assert notes == [table_check.repeated(frame, KEYS)]
+    assert table_check.repeated(frame.assign(trial=[0, 1, 0, 2]), KEYS) is None           # trials of one cell
+    assert table_check.repeated(frame.assign(trial=[0, 1, 0, 1]), KEYS).startswith(
+        "1 row repeats the cell and trial of another row (1 cell; the first: row 4 ")
