@@ -48,13 +48,17 @@ def _role_label(role: str) -> str:
 
 
 def variants(spec: ExperimentSpec, replicas: list[int], tps: list[int] | None = None,
-             transports: list[str] | None = None, max_gpus: int | None = None) -> list[Variant]:
+             transports: list[str] | None = None, max_gpus: int | None = None,
+             over: list[int] | None = None) -> list[Variant]:
     """Every spec configuration with each role's replicas from `replicas` and TP from `tps` (default: the TP
-    values the spec's configurations use), on at most `max_gpus` GPUs (default: one node); for PD and EPD
+    values the spec's configurations use; a TP vLLM cannot shard the model over is never tried,
+    specs.node.ModelSpec.tp_problem), on at most `max_gpus` GPUs (default: one node); for PD and EPD
     also with each KV transport of `transports` the spec does not already have as a configuration of the same
-    topology. The spec's own configurations are always included."""
+    topology. The spec's own configurations are always included. `over` (if given) gets the GPU count of
+    every combination left out for needing more than `max_gpus`."""
     max_gpus = max_gpus or spec.hardware.gpus_per_node
-    tps = sorted(set(tps or {r.tp for c in spec.configurations for r in c.roles}))
+    tps = sorted(t for t in set(tps or {r.tp for c in spec.configurations for r in c.roles})
+                 if spec.model.tp_problem(t) is None)
     have = {(c.topology, c.kv_transport) for c in spec.configurations}
     out: list[Variant] = []
     seen: set[tuple] = set()
@@ -73,7 +77,12 @@ def variants(spec: ExperimentSpec, replicas: list[int], tps: list[int] | None = 
                                               and r.role in ("prefill", "decode") else r.rdma_interfaces})
                          for r, (n, tp) in zip(base.roles, shape)]
                 key = (family, tuple((r.role, r.replicas, r.tp) for r in roles))
-                if key in seen or sum(r.replicas * r.tp for r in roles) > max_gpus:
+                if key in seen:
+                    continue
+                if (gpus := sum(r.replicas * r.tp for r in roles)) > max_gpus:
+                    if over is not None:
+                        over.append(gpus)
+                    seen.add(key)
                     continue
                 seen.add(key)
                 name = f"{family}-" + "-".join(f"{_role_label(r.role)}{r.replicas}x{r.tp}" for r in roles)

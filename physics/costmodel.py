@@ -244,10 +244,12 @@ class CostModel:
 
     def kv_capacity_tokens(self, gpu_memory_utilization: float) -> int:
         """KV cache of one engine in tokens: the memory vLLM may use on its TP GPUs (HBM × gpu_memory_utilization
-        × TP) less the weights, over the KV bytes of one token. (vLLM's profiling run also subtracts the peak
-        activations and CUDA graphs, which this leaves out.)"""
+        × TP) less the weights, over the KV bytes of one token — times the copies of each KV head when TP exceeds
+        their number (QKVParallelLinear then replicates them: every GPU holds one). (vLLM's profiling run also
+        subtracts the peak activations and CUDA graphs, which this leaves out.)"""
         total = self.hw.hbm_gb * 1e9 * gpu_memory_utilization * self.tp
-        return max(0, int((total - self.model.weight_bytes) / self.model.kv_bytes_per_token))
+        copies = max(1, self.tp // self.model.n_kv_heads)
+        return max(0, int((total - self.model.weight_bytes) / (self.model.kv_bytes_per_token * copies)))
 
     def embedding_bytes(self, image_tokens_total: int) -> int:
         if self.model.vision is None:

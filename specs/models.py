@@ -82,6 +82,11 @@ class ExperimentSpec(Strict):
                 raise ValueError(f"field 'configurations.{i}' ({c.name}) needs {c.gpus} GPUs but "
                                  f"'hardware.gpus_per_node' is {self.hardware.gpus_per_node}: "
                                  "lower replicas or tp, or use a bigger node")
+            for j, r in enumerate(c.roles):
+                if why := self.model.tp_problem(r.tp):
+                    valid = ", ".join(map(str, self.model.valid_tps(self.hardware.gpus_per_node)))
+                    raise ValueError(f"field 'configurations.{i}.roles.{j}.tp' ({c.name}, {r.role}): TP {r.tp} "
+                                     f"cannot serve {self.model.name}: {why}; use TP {valid}")
         for i, s in enumerate(self.suites):
             if sends_images(s) and self.model.vision is None:
                 raise ValueError(f"field 'suites.{i}' ({s.name}) sends images but 'model.vision' is not set: "

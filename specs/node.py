@@ -74,6 +74,24 @@ class ModelSpec(Strict):
     def kv_bytes_per_token(self) -> int:
         return 2 * self.n_layers * self.n_kv_heads * self.head_dim * self.dtype_bytes
 
+    def tp_problem(self, tp: int) -> str | None:
+        """Why vLLM refuses to shard this model over `tp` GPUs, or None. vLLM's ModelConfig
+        (verify_with_parallel_config) needs TP to divide num_attention_heads ("Total number of attention heads
+        (28) must be divisible by tensor parallel size (3)"); QKVParallelLinear (model_executor/layers/linear.py)
+        splits the KV heads over TP, so TP divides them, or from TP = their number on replicates them, so their
+        number divides TP. (The vision tower's heads are split likewise; for Qwen2.5-VL its 16 heads admit
+        every TP the language model does.)"""
+        if self.n_heads % tp:
+            return f"vLLM needs it to divide the model's {self.n_heads} attention heads"
+        if (self.n_kv_heads % tp) if tp < self.n_kv_heads else (tp % self.n_kv_heads):
+            return (f"vLLM splits the model's {self.n_kv_heads} KV heads over TP (or replicates them), so one of "
+                    "the two must divide the other")
+        return None
+
+    def valid_tps(self, most: int) -> list[int]:
+        """The TP sizes up to `most` that vLLM accepts for this model."""
+        return [tp for tp in range(1, most + 1) if self.tp_problem(tp) is None]
+
     @property
     def weight_bytes(self) -> float:
         return self.params_b * 1e9 * self.dtype_bytes

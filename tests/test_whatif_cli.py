@@ -70,11 +70,27 @@ def test_whatif_prints_the_capacity_table_and_writes_tables_and_plots(tiny_spec_
     (["--replicas", "0,1"], "--replicas 0,1: give comma-separated whole numbers of at least 1"),
     (["--transports", "tcp,ib"], "--transports tcp,ib: choose from tcp, rdma"),
     (["--max-gpus", "0"], "--max-gpus: at least 1"),
+    (["--workers", "0"], "--workers: at least 1"),
+    # vLLM refuses TP 3 for a model of 28 attention heads: no capacity is planned for a deployment that cannot start
+    (["--tp", "1,3"], "--tp 1,3: TP 3 cannot serve Qwen/Qwen2.5-VL-7B-Instruct: vLLM needs it to divide the model's "
+                      "28 attention heads; use TP 1, 2, 4"),
+    (["--replicas", "1,9"], "--replicas 9: no variant with it fits on 8 GPUs (the node); drop it or raise --max-gpus"),
+    (["--tp", "4", "--max-gpus", "3"], "--tp 4: no variant with it fits on 3 GPUs (--max-gpus)"),
 ])
 def test_bad_flags_are_one_line(tiny_spec_path, tmp_path, capsys, args, message):
     assert main(["whatif", "--spec", str(small_spec(tiny_spec_path, tmp_path)), *args]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+def test_combinations_over_the_gpus_are_counted_in_a_line(tiny_spec_path, tmp_path, capsys):
+    assert main(["whatif", "--spec", str(small_spec(tiny_spec_path, tmp_path)), "--replicas", "1,2", "--max-gpus",
+                 "3", "--configs", "pd-tcp", "--window", "2", "--refine", "1", "--workers", "1",
+                 "--out", str(tmp_path / "out")]) == 0
+    text = capsys.readouterr().out
+    assert "3 variants of 1 configurations" in text          # prefill and decode 1+1, 1+2, 2+1 on TP1 GPUs
+    assert ("  1 other combination of the replica counts and TP sizes left out: it needs 4 GPUs, over the 3 a "
+            "variant may use\n") in text
 
 
 def test_a_spec_without_an_slo_suite_has_nothing_to_plan(tiny_spec_path, tmp_path, capsys):

@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--spec", default="pd-text", help="spec YAML path or preset name (default: pd-text)")
     w.add_argument("--profile", default=None, help="a calibration profile (epdbench calibrate) to apply")
     w.add_argument("--configs", default=None, help="comma-separated configuration names (default: all)")
-    w.add_argument("--replicas", default="1,2,3,4", help="replica counts tried for every role (default: 1,2,3,4)")
+    w.add_argument("--replicas", default=None, help="replica counts tried for every role (default: 1,2,3,4)")
     w.add_argument("--tp", default=None, help="TP sizes tried for every role (default: those the spec uses)")
     w.add_argument("--transports", default=None,
                    help="KV transports tried for PD and EPD, e.g. tcp,rdma (default: each configuration's own)")

@@ -217,6 +217,9 @@ def _print_errors(errors: dict[str, dict]) -> None:
         print(f"{m:<{width}}  " + "  ".join(f"{'—' if v is None else f'{v:.1%}':>22}" for v in cells))
 
 
+DEFAULT_REPLICAS = [1, 2, 3, 4]     # whatif --replicas
+
+
 def _ints(flag: str, text: str | None) -> list[int] | None:
     if text is None:
         return None
@@ -266,9 +269,24 @@ def cmd_whatif(args) -> int:
         raise CliError("--refine: between 0 and 8")
     if args.max_gpus is not None and args.max_gpus < 1:
         raise CliError("--max-gpus: at least 1")
-    found = variants(spec, _ints("--replicas", args.replicas), _ints("--tp", args.tp), transports, args.max_gpus)
+    if args.workers is not None and args.workers < 1:
+        raise CliError("--workers: at least 1")
+    replicas, tps = _ints("--replicas", args.replicas) or DEFAULT_REPLICAS, _ints("--tp", args.tp)
+    gpus = args.max_gpus or spec.hardware.gpus_per_node
+    for tp in tps or []:
+        if why := spec.model.tp_problem(tp):
+            raise CliError(f"--tp {args.tp}: TP {tp} cannot serve {spec.model.name}: {why}; use TP "
+                           f"{', '.join(map(str, spec.model.valid_tps(gpus)))}")
+    over: list[int] = []
+    found = variants(spec, replicas, tps, transports, args.max_gpus, over)
     if not found:
         raise CliError("no variant fits: raise --max-gpus or lower --replicas/--tp")
+    asked = _ints("--replicas", args.replicas) or []     # a value given that no variant can use is a mistake
+    for flag, values, used in (("--replicas", asked, {r.replicas for v in found for r in v.config.roles}),
+                               ("--tp", tps or [], {r.tp for v in found for r in v.config.roles})):
+        if unused := [x for x in values if x not in used]:
+            raise CliError(f"{flag} {', '.join(map(str, unused))}: no variant with it fits on {gpus} GPUs "
+                           f"({'--max-gpus' if args.max_gpus else 'the node'}); drop it or raise --max-gpus")
     out = Path(args.out or f"results/whatif-{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     if out.exists() and any(out.iterdir()):
         raise CliError(f"--out {out}: directory exists and is not empty; choose a new one")
@@ -279,7 +297,7 @@ def cmd_whatif(args) -> int:
     write_provenance(out, spec, {
         "what": "modelled by the virtual-time simulator, not measured", "spec": spec.name,
         "spec_fingerprint": spec_fingerprint(spec), "modelled_gpu": spec.hardware.gpu,
-        "options": {"replicas": args.replicas, "tp": args.tp, "transports": args.transports,
+        "options": {"replicas": ",".join(map(str, replicas)), "tp": args.tp, "transports": args.transports,
                     "max_gpus": args.max_gpus, "configs": args.configs, "refine": args.refine,
                     "window_s": args.window},
         "variants": [v.config.name for v in found], "profile": args.profile, "profile_contents": profile,
@@ -289,6 +307,11 @@ def cmd_whatif(args) -> int:
           f"{len(found)} variants of {len(spec.configurations)} configurations, suites "
           + "; ".join(f"{s.name} ({', '.join(x.workload for x in s.shapes)}; {slo_text(s.slo)})" for s in suites)
           + origin, flush=True)
+    if over:
+        need = f"{min(over)}–{max(over)}" if min(over) < max(over) else f"{min(over)}"
+        print(f"  {len(over)} other combination{'s' if len(over) > 1 else ''} of the replica counts and TP sizes "
+              f"left out: {'they need' if len(over) > 1 else 'it needs'} {need} GPUs, over the {gpus} a variant "
+              "may use", flush=True)
     t0 = time.perf_counter()
     done: list[dict] = []
     signal.signal(signal.SIGTERM, signal.default_int_handler)     # SIGTERM stops it as Ctrl-C does

@@ -178,6 +178,9 @@ def test_kv_capacity_is_gpu_memory_left_after_the_weights(cm, smoke):
     # TP 2: twice the memory, the same weights
     assert CostModel(smoke.model, smoke.hardware, tp=2).kv_capacity_tokens(0.9) == 2_246_093
     assert cm.kv_capacity_tokens(0.19) == 0            # the weights do not even fit
+    # TP 8 over 4 KV heads: each head is held twice, so a token takes twice the bytes: 8 × 72 − 15.2 GB over 114688 B
+    assert CostModel(smoke.model, smoke.hardware, tp=8).kv_capacity_tokens(0.9) == int(
+        (8 * 80e9 * 0.9 - smoke.model.weight_bytes) / 114_688)
 
 
 def test_encoder_cache_is_the_token_budget_raised_to_the_largest_item(smoke):

@@ -126,6 +126,32 @@ def test_configuration_needing_more_gpus_than_the_node_is_rejected():
     assert "aggregated" in msg and "6 GPUs" in msg and "4" in msg
 
 
+def test_a_tp_vllm_cannot_shard_the_model_over_is_rejected_naming_the_role_and_the_valid_ones():
+    base = parse_spec(with_(lambda d: None))
+    heads = base.model.n_heads
+    tp = next(t for t in range(2, heads + 1) if heads % t)
+    msg = _error(with_(lambda d: d["configurations"][0]["roles"][0].update(tp=tp)))
+    assert f"field 'configurations.0.roles.0.tp' (aggregated, server): TP {tp} cannot serve" in msg
+    assert f"divide the model's {heads} attention heads; use TP " in msg
+
+
+@pytest.mark.parametrize("heads, kv_heads, valid", [
+    (64, 8, [1, 2, 4, 8, 16, 32, 64]),      # Qwen3-32B
+    (28, 4, [1, 2, 4, 28]),                 # Qwen2.5-VL-7B: 7 and 14 divide the heads, not the KV heads' 4
+    (32, 2, [1, 2, 4, 8, 16, 32]),          # TP above the KV heads replicates them
+])
+def test_tp_sizes_follow_vllms_head_rules(heads, kv_heads, valid):
+    model = load_spec("smoke").model.model_copy(update={"n_heads": heads, "n_kv_heads": kv_heads})
+    assert model.valid_tps(64) == valid
+
+
+def test_a_tp_problem_names_the_rule_it_breaks():
+    model = load_spec("smoke").model                        # Qwen2.5-VL-7B: 28 heads, 4 KV heads
+    assert model.tp_problem(3) == "vLLM needs it to divide the model's 28 attention heads"
+    assert model.tp_problem(7).startswith("vLLM splits the model's 4 KV heads over TP (or replicates them)")
+    assert model.tp_problem(2) is model.tp_problem(4) is None
+
+
 def test_multimodal_suite_on_text_only_model_is_rejected():
     def mutate(d):
         d["model"].pop("vision")
