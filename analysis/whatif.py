@@ -56,6 +56,9 @@ def variants(spec: ExperimentSpec, replicas: list[int], tps: list[int] | None = 
     also with each KV transport of `transports` the spec does not already have as a configuration of the same
     topology. The spec's own configurations are always included. `over` (if given) gets the GPU count of
     every combination left out for needing more than `max_gpus`."""
+    if max_gpus is not None and max_gpus > spec.hardware.gpus_per_node:
+        raise ValueError(f"max_gpus {max_gpus} is over the node's {spec.hardware.gpus_per_node}: the simulator "
+                         "models one node")
     max_gpus = max_gpus or spec.hardware.gpus_per_node
     tps = sorted(t for t in set(tps or {r.tp for c in spec.configurations for r in c.roles})
                  if spec.model.tp_problem(t) is None)

@@ -69,13 +69,16 @@ def test_whatif_prints_the_capacity_table_and_writes_tables_and_plots(tiny_spec_
 @pytest.mark.parametrize("args, message", [
     (["--replicas", "0,1"], "--replicas 0,1: give comma-separated whole numbers of at least 1"),
     (["--transports", "tcp,ib"], "--transports tcp,ib: choose from tcp, rdma"),
-    (["--max-gpus", "0"], "--max-gpus: at least 1"),
+    (["--max-gpus", "0"], "--max-gpus 0: between 1 and the node's 8 GPUs"),
+    # a TP group over two nodes would all-reduce over the network, not the NVLink the model charges
+    (["--max-gpus", "16"], "--max-gpus 16: between 1 and the node's 8 GPUs (hardware.gpus_per_node): the simulator "
+                           "models one node"),
     (["--workers", "0"], "--workers: at least 1"),
     # vLLM refuses TP 3 for a model of 28 attention heads: no capacity is planned for a deployment that cannot start
     (["--tp", "1,3"], "--tp 1,3: TP 3 cannot serve Qwen/Qwen2.5-VL-7B-Instruct: vLLM needs it to divide the model's "
                       "28 attention heads; use TP 1, 2, 4"),
-    (["--replicas", "1,9"], "--replicas 9: no variant with it fits on 8 GPUs (the node); drop it or raise --max-gpus"),
-    (["--tp", "4", "--max-gpus", "3"], "--tp 4: no variant with it fits on 3 GPUs (--max-gpus)"),
+    (["--replicas", "1,9"], "--replicas 9: no variant with it fits on 8 GPUs (the node, hardware.gpus_per_node; drop it)"),
+    (["--tp", "4", "--max-gpus", "3"], "--tp 4: no variant with it fits on 3 GPUs (--max-gpus; drop it or raise --max-gpus)"),
 ])
 def test_bad_flags_are_one_line(tiny_spec_path, tmp_path, capsys, args, message):
     assert main(["whatif", "--spec", str(small_spec(tiny_spec_path, tmp_path)), *args]) == 2

@@ -267,8 +267,10 @@ def cmd_whatif(args) -> int:
         raise CliError("--window: between 1 and 3600 seconds")
     if args.refine < 0 or args.refine > 8:
         raise CliError("--refine: between 0 and 8")
-    if args.max_gpus is not None and args.max_gpus < 1:
-        raise CliError("--max-gpus: at least 1")
+    if args.max_gpus is not None and not 1 <= args.max_gpus <= spec.hardware.gpus_per_node:
+        raise CliError(f"--max-gpus {args.max_gpus}: between 1 and the node's {spec.hardware.gpus_per_node} GPUs "
+                       "(hardware.gpus_per_node): the simulator models one node — a TP group's all-reduce over "
+                       "its NVLink, KV moved over its pod network — not a cluster of them")
     if args.workers is not None and args.workers < 1:
         raise CliError("--workers: at least 1")
     replicas, tps = _ints("--replicas", args.replicas) or DEFAULT_REPLICAS, _ints("--tp", args.tp)
@@ -285,8 +287,9 @@ def cmd_whatif(args) -> int:
     for flag, values, used in (("--replicas", asked, {r.replicas for v in found for r in v.config.roles}),
                                ("--tp", tps or [], {r.tp for v in found for r in v.config.roles})):
         if unused := [x for x in values if x not in used]:
-            raise CliError(f"{flag} {', '.join(map(str, unused))}: no variant with it fits on {gpus} GPUs "
-                           f"({'--max-gpus' if args.max_gpus else 'the node'}); drop it or raise --max-gpus")
+            where = ("--max-gpus; drop it or raise --max-gpus" if gpus < spec.hardware.gpus_per_node
+                     else "the node, hardware.gpus_per_node; drop it")
+            raise CliError(f"{flag} {', '.join(map(str, unused))}: no variant with it fits on {gpus} GPUs ({where})")
     out = Path(args.out or f"results/whatif-{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     if out.exists() and any(out.iterdir()):
         raise CliError(f"--out {out}: directory exists and is not empty; choose a new one")
