@@ -77,8 +77,10 @@ def test_whatif_prints_the_capacity_table_and_writes_tables_and_plots(tiny_spec_
     # vLLM refuses TP 3 for a model of 28 attention heads: no capacity is planned for a deployment that cannot start
     (["--tp", "1,3"], "--tp 1,3: TP 3 cannot serve Qwen/Qwen2.5-VL-7B-Instruct: vLLM needs it to divide the model's "
                       "28 attention heads; use TP 1, 2, 4"),
-    (["--replicas", "1,9"], "--replicas 9: no variant with it fits on 8 GPUs (the node, hardware.gpus_per_node; drop it)"),
-    (["--tp", "4", "--max-gpus", "3"], "--tp 4: no variant with it fits on 3 GPUs (--max-gpus; drop it or raise --max-gpus)"),
+    (["--replicas", "1,9"],
+     "--replicas 9: no variant with it fits on 8 GPUs (the node, hardware.gpus_per_node; drop it)"),
+    (["--tp", "4", "--max-gpus", "3"],
+     "--tp 4: no variant with it fits on 3 GPUs (--max-gpus; drop it or raise --max-gpus)"),
 ])
 def test_bad_flags_are_one_line(tiny_spec_path, tmp_path, capsys, args, message):
     assert main(["whatif", "--spec", str(small_spec(tiny_spec_path, tmp_path)), *args]) == 2
