@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from epdbench.analysis.goodput import surely
+from epdbench.physics.costmodel import CostModel
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, RateSuite
 
 MAX_DOUBLINGS = 4        # past the highest swept rate: at most 16× it (below the lowest: 1/16 of it)
@@ -47,21 +48,30 @@ def _role_label(role: str) -> str:
     return {"server": "s", "prefill": "p", "decode": "d", "encode": "e"}[role]
 
 
+def tp_problem(spec: ExperimentSpec, tp: int) -> str | None:
+    """Why vLLM would not serve the spec's model on an engine of `tp` GPUs, or None: a TP its heads do not
+    allow (specs.node.ModelSpec.tp_problem), or an engine that refuses to start, its KV cache unable to hold one
+    max_model_len sequence (physics.costmodel.CostModel.start_problem)."""
+    if why := spec.model.tp_problem(tp):
+        return why
+    return CostModel(spec.model, spec.hardware, tp=tp).start_problem(spec.engine)
+
+
 def variants(spec: ExperimentSpec, replicas: list[int], tps: list[int] | None = None,
              transports: list[str] | None = None, max_gpus: int | None = None,
              over: list[int] | None = None) -> list[Variant]:
     """Every spec configuration with each role's replicas from `replicas` and TP from `tps` (default: the TP
-    values the spec's configurations use; a TP vLLM cannot shard the model over is never tried,
-    specs.node.ModelSpec.tp_problem), on at most `max_gpus` GPUs (default: one node); for PD and EPD
-    also with each KV transport of `transports` the spec does not already have as a configuration of the same
-    topology. The spec's own configurations are always included. `over` (if given) gets the GPU count of
-    every combination left out for needing more than `max_gpus`."""
+    values the spec's configurations use; a TP vLLM would not serve the model on is never tried, tp_problem),
+    on at most `max_gpus` GPUs (default: one node); for PD and EPD also with each KV transport of `transports`
+    the spec does not already have as a configuration of the same topology. The spec's own configurations are
+    included when they fit. `over` (if given) gets the GPU count of every combination left out for needing more than
+    `max_gpus`."""
     if max_gpus is not None and max_gpus > spec.hardware.gpus_per_node:
         raise ValueError(f"max_gpus {max_gpus} is over the node's {spec.hardware.gpus_per_node}: the simulator "
                          "models one node")
     max_gpus = max_gpus or spec.hardware.gpus_per_node
     tps = sorted(t for t in set(tps or {r.tp for c in spec.configurations for r in c.roles})
-                 if spec.model.tp_problem(t) is None)
+                 if tp_problem(spec, t) is None)
     have = {(c.topology, c.kv_transport) for c in spec.configurations}
     out: list[Variant] = []
     seen: set[tuple] = set()
@@ -80,7 +90,7 @@ def variants(spec: ExperimentSpec, replicas: list[int], tps: list[int] | None = 
                                               and r.role in ("prefill", "decode") else r.rdma_interfaces})
                          for r, (n, tp) in zip(base.roles, shape)]
                 key = (family, tuple((r.role, r.replicas, r.tp) for r in roles))
-                if key in seen:
+                if key in seen or any(tp_problem(spec, r.tp) for r in roles):
                     continue
                 if (gpus := sum(r.replicas * r.tp for r in roles)) > max_gpus:
                     if over is not None:

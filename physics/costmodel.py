@@ -251,6 +251,25 @@ class CostModel:
         copies = max(1, self.tp // self.model.n_kv_heads)
         return max(0, int((total - self.model.weight_bytes) / (self.model.kv_bytes_per_token * copies)))
 
+    def start_problem(self, engine: EngineSpec) -> str | None:
+        """Why vLLM would refuse to start this engine, in its words (check_enough_kv_cache_memory,
+        vllm/v1/core/kv_cache_utils.py), or None: the memory left for the KV cache (kv_capacity_tokens, on each
+        GPU; vLLM checks it before any num_gpu_blocks_override) must be positive and hold one max_model_len
+        sequence. vLLM also subtracts the profiled activations, which kv_capacity_tokens leaves out, so an engine
+        this starts may still fail on a GPU; one it refuses, vLLM refuses too."""
+        tokens = self.kv_capacity_tokens(engine.gpu_memory_utilization)
+        if tokens <= 0:
+            return ("No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+                    "initializing the engine.")
+        if tokens >= engine.max_model_len:
+            return None
+        per_gpu = self.model.kv_bytes_per_token * max(1, self.tp // self.model.n_kv_heads) / self.tp / 2 ** 30
+        return (f"To serve at least one request with the models's max seq len ({engine.max_model_len}), "
+                f"({engine.max_model_len * per_gpu:.2f} GiB KV cache is needed, which is larger than the available "
+                f"KV cache memory ({tokens * per_gpu:.2f} GiB). Based on the available memory, the estimated maximum "
+                f"model length is {tokens // KV_BLOCK_TOKENS * KV_BLOCK_TOKENS}. Try increasing "
+                "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.")
+
     def embedding_bytes(self, image_tokens_total: int) -> int:
         if self.model.vision is None:
             return 0

@@ -88,6 +88,14 @@ def test_bad_flags_are_one_line(tiny_spec_path, tmp_path, capsys, args, message)
     assert message in err and len(err.splitlines()) == 1
 
 
+def test_a_tp_whose_engine_vllm_would_not_start_is_refused_in_vllms_words(capsys):
+    assert main(["whatif", "--spec", "pd-text", "--tp", "1,2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --tp 1,2: TP 1 cannot serve Qwen/Qwen3-32B: To serve at least one request with the "
+                          "models's max seq len (32768), (8.00 GiB KV cache is needed")
+    assert err.rstrip().endswith("when initializing the engine; use TP 2, 4, 8")
+
+
 def test_combinations_over_the_gpus_are_counted_in_a_line(tiny_spec_path, tmp_path, capsys):
     assert main(["whatif", "--spec", str(small_spec(tiny_spec_path, tmp_path)), "--replicas", "1,2", "--max-gpus",
                  "3", "--configs", "pd-tcp", "--window", "2", "--refine", "1", "--workers", "1",

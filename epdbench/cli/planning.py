@@ -237,7 +237,7 @@ def cmd_whatif(args) -> int:
     from pathlib import Path
 
     from epdbench.analysis.goodput import slo_text
-    from epdbench.analysis.whatif import slo_suites, table_lines, variants
+    from epdbench.analysis.whatif import slo_suites, table_lines, tp_problem, variants
     from epdbench.specs.models import load_spec, select_configurations
 
     from epdbench.specs.profile import error_bar, fitted_elsewhere
@@ -276,9 +276,10 @@ def cmd_whatif(args) -> int:
     replicas, tps = _ints("--replicas", args.replicas) or DEFAULT_REPLICAS, _ints("--tp", args.tp)
     gpus = args.max_gpus or spec.hardware.gpus_per_node
     for tp in tps or []:
-        if why := spec.model.tp_problem(tp):
-            raise CliError(f"--tp {args.tp}: TP {tp} cannot serve {spec.model.name}: {why}; use TP "
-                           f"{', '.join(map(str, spec.model.valid_tps(gpus)))}")
+        if why := tp_problem(spec, tp):
+            fit = [t for t in range(1, gpus + 1) if not tp_problem(spec, t)]
+            raise CliError(f"--tp {args.tp}: TP {tp} cannot serve {spec.model.name}: {why.rstrip('.')}; use TP "
+                           f"{', '.join(map(str, fit)) or 'none: no TP within the GPUs starts it'}")
     over: list[int] = []
     found = variants(spec, replicas, tps, transports, args.max_gpus, over)
     if not found:

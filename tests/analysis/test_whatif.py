@@ -4,7 +4,7 @@ import math
 import pytest
 
 from epdbench.analysis.whatif import (MAX_DOUBLINGS, Point, best_per_configuration, capacity_row, noise_range,
-                                      search_rate, table_lines, variants)
+                                      search_rate, table_lines, tp_problem, variants)
 from epdbench.specs.models import load_spec
 
 
@@ -34,7 +34,11 @@ def test_tp_and_gpu_budget_and_other_transports(pd_text):
     found = variants(spec, [1, 2], tps=[1, 2, 4], transports=["tcp", "rdma"], max_gpus=4)
     assert {v.family for v in found} == {"pd-tcp", "pd-rdma"}
     assert all(v.config.gpus <= 4 for v in found)
-    assert any(r.tp == 1 for v in found for r in v.config.roles)
+    assert any(r.tp == 4 for v in variants(spec, [1], tps=[2, 4]) for r in v.config.roles)
+    # Qwen3-32B on one H100 leaves 6 GB for a 32768-token sequence's 8 GB of KV: vLLM would not start it
+    assert not any(r.tp == 1 for v in found for r in v.config.roles) and tp_problem(spec, 1).startswith("To serve")
+    assert tp_problem(spec, 3) == "vLLM needs it to divide the model's 64 attention heads"
+    assert variants(spec, [1], tps=[3]) == [v for v in variants(spec, [1]) if v.family == "pd-tcp"][:1]
     rdma = [v for v in found if v.family == "pd-rdma"]
     assert rdma and all(v.config.kv_transport == "rdma" and all(r.rdma_interfaces >= 1 for r in v.config.roles)
                         for v in rdma)

@@ -183,6 +183,21 @@ def test_kv_capacity_is_gpu_memory_left_after_the_weights(cm, smoke):
         (8 * 80e9 * 0.9 - smoke.model.weight_bytes) / 114_688)
 
 
+def test_an_engine_starts_only_if_its_kv_cache_holds_one_max_model_len_sequence():
+    spec = load_spec("pd-text")                               # Qwen3-32B, max_model_len 32768, 0.9 of 80 GB
+    one = CostModel(spec.model, spec.hardware, tp=1)          # 72 − 65.5 GB of weights: 24414 tokens of 256 KiB
+    assert one.start_problem(spec.engine) == (
+        "To serve at least one request with the models's max seq len (32768), (8.00 GiB KV cache is needed, which "
+        "is larger than the available KV cache memory (5.96 GiB). Based on the available memory, the estimated "
+        "maximum model length is 24400. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
+        "initializing the engine.")
+    assert CostModel(spec.model, spec.hardware, tp=2).start_problem(spec.engine) is None
+    low = spec.engine.model_copy(update={"gpu_memory_utilization": 0.5})     # the weights alone do not fit
+    assert one.start_problem(low).startswith("No available memory for the cache blocks.")
+    # the check is on memory, as vLLM's: a num_gpu_blocks_override does not make it start
+    assert one.start_problem(spec.engine.model_copy(update={"num_gpu_blocks_override": 4096})) is not None
+
+
 def test_encoder_cache_is_the_token_budget_raised_to_the_largest_item(smoke):
     model, engine = smoke.model, smoke.engine
     assert max_mm_item_tokens(model, 16384) == 16384          # an image of 12845056 px = 16384 tokens of 28 px
