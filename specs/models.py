@@ -87,6 +87,10 @@ class ExperimentSpec(Strict):
                     valid = ", ".join(map(str, self.model.valid_tps(self.hardware.gpus_per_node)))
                     raise ValueError(f"field 'configurations.{i}.roles.{j}.tp' ({c.name}, {r.role}): TP {r.tp} "
                                      f"cannot serve {self.model.name}: {why}; use TP {valid}")
+        if self.engine.max_num_batched_tokens < self.engine.max_num_seqs:    # vLLM SchedulerConfig._verify_args
+            raise ValueError(f"field 'engine.max_num_batched_tokens' ({self.engine.max_num_batched_tokens}) must be "
+                             f"greater than or equal to 'engine.max_num_seqs' ({self.engine.max_num_seqs}), as vLLM "
+                             "requires: raise the one or lower the other")
         for i, s in enumerate(self.suites):
             if sends_images(s) and self.model.vision is None:
                 raise ValueError(f"field 'suites.{i}' ({s.name}) sends images but 'model.vision' is not set: "

@@ -152,6 +152,12 @@ def test_a_tp_problem_names_the_rule_it_breaks():
     assert model.tp_problem(2) is model.tp_problem(4) is None
 
 
+def test_a_token_budget_below_max_num_seqs_is_rejected_as_vllm_does():
+    msg = _error(with_(lambda d: d.setdefault("engine", {}).update(max_num_batched_tokens=64, max_num_seqs=128)))
+    assert ("field 'engine.max_num_batched_tokens' (64) must be greater than or equal to 'engine.max_num_seqs' "
+            "(128)") in msg
+
+
 def test_multimodal_suite_on_text_only_model_is_rejected():
     def mutate(d):
         d["model"].pop("vision")
