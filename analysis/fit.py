@@ -202,13 +202,18 @@ def spec_for_cells(spec: ExperimentSpec, observed: pd.DataFrame) -> ExperimentSp
     suites = set(observed.index.get_level_values("suite"))
     spec = spec.model_copy(update={"configurations": [c for c in spec.configurations if c.name in configs],
                                    "suites": [s for s in spec.suites if s.name in suites]})
-    planned = {(c.name, cell.suite, cell.workload, cell.concurrency, cell.stream)
-               for c in spec.configurations for cell in plan_cells(spec)}
-    if not any(key in planned for key in observed.index):
+    if len(unplanned(spec, observed)) == len(observed):
         example = ", ".join(str(k) for k in observed.index[:1])
         raise FitInputError(f"no observed cell is one the spec runs (e.g. {example} is not): check workload, "
                             "concurrency and stream against the spec")
     return spec
+
+
+def unplanned(spec: ExperimentSpec, observed: pd.DataFrame) -> list[tuple]:
+    """The observed cells (index keys) that no configuration of `spec` runs."""
+    planned = {(c.name, cell.suite, cell.workload, cell.concurrency, cell.stream)
+               for c in spec.configurations for cell in plan_cells(spec)}
+    return [key for key in observed.index if key not in planned]
 
 
 def sends_images(spec: ExperimentSpec) -> bool:

@@ -85,12 +85,16 @@ def test_rows_and_figures_left_out_are_said(run, tmp_path, capsys):
     table.loc[0, "requests_failed"] = 1        # a cell with a failed request: its figures are the others'
     table.loc[1, "contaminated"] = True
     table.loc[2, "req_s"] = 0.0
+    table = pd.concat([table, table.iloc[[3]].assign(workload="999/9")])    # a cell the spec does not run
     table.to_csv(tmp_path / "summary.csv", index=False)
     code = main(["calibrate", "--spec", str(run[0]), "--from", str(tmp_path / "summary.csv"),
                  "--out", str(tmp_path / "p.yaml"), "--evaluations", "20"])
     printed, err = capsys.readouterr()
     assert code == 0, printed + err
-    assert f"{len(table) - 2} cells of" in printed
+    assert f"{len(table) - 3} cells of" in printed
+    note = ("  1 observed cell is not one the spec runs, left out (the first: aggregated/fixed/999/9/4/main): check "
+            "workload, concurrency and stream against the spec\n")
+    assert note in printed and printed.index(note) < printed.index("fit on every cell")
     assert "  1 row flagged contaminated left out (bent by host load)\n" in printed
     assert "  1 row with failed requests left out (their figures count only the requests that succeeded" in printed
     assert "  1 figure not positive left out (req_s 1): a log ratio needs a positive figure\n" in printed

@@ -29,6 +29,11 @@ def cmd_calibrate(args) -> int:
         spec = fit.spec_for_cells(run_spec, observed)
     except fit.FitInputError as e:
         raise CliError(f"--from {args.source}: {e}") from None
+    if missing := fit.unplanned(spec, observed):      # said before the fit, not after minutes of it
+        notes.append(f"{len(missing)} observed cell{'s are' if len(missing) > 1 else ' is'} not one the spec runs, "
+                     f"left out (the first: {'/'.join(map(str, missing[0]))}): check workload, concurrency and "
+                     "stream against the spec")
+        observed = observed.drop(index=missing)
     print(f"Calibrating the virtual-time simulator to {args.source}: {len(observed)} cells of "
           f"{', '.join(c.name for c in spec.configurations)} (spec {run_spec.name}); "
           f"metrics {', '.join(observed.columns)}", flush=True)
@@ -41,7 +46,7 @@ def cmd_calibrate(args) -> int:
     full = _calibrate_fit("fit on every cell", spec, observed, simulate_summary, args.evaluations, cache)
     cells = fit.matched(observed, full.start_predicted)
     if len(cells) < len(observed):
-        print(f"  {len(observed) - len(cells)} observed cells are not cells the spec runs; left out")
+        print(f"  {len(observed) - len(cells)} observed cells got no figure from the simulator; left out")
     _print_constants(run_spec, full)
     if not full.values:
         raise CliError("none of the free constants moves the observed figures: nothing to fit")
