@@ -92,7 +92,7 @@ def test_rows_and_figures_left_out_are_said(run, tmp_path, capsys):
     printed, err = capsys.readouterr()
     assert code == 0, printed + err
     assert f"{len(table) - 3} cells of" in printed
-    note = ("  1 observed cell is not one the spec runs, left out (the first: aggregated/fixed/999/9/4/main): check "
+    note = ("  1 observed cell is not a cell the spec runs, left out (the first: aggregated/fixed/999/9/4/main): check "
             "workload, concurrency and stream against the spec\n")
     assert note in printed and printed.index(note) < printed.index("fit on every cell")
     assert "  1 row flagged contaminated left out (bent by host load)\n" in printed

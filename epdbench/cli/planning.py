@@ -30,9 +30,9 @@ def cmd_calibrate(args) -> int:
     except fit.FitInputError as e:
         raise CliError(f"--from {args.source}: {e}") from None
     if missing := fit.unplanned(spec, observed):      # said before the fit, not after minutes of it
-        notes.append(f"{len(missing)} observed cell{'s are' if len(missing) > 1 else ' is'} not one the spec runs, "
-                     f"left out (the first: {'/'.join(map(str, missing[0]))}): check workload, concurrency and "
-                     "stream against the spec")
+        which = "s are not cells" if len(missing) > 1 else " is not a cell"
+        notes.append(f"{len(missing)} observed cell{which} the spec runs, left out (the first: "
+                     f"{'/'.join(map(str, missing[0]))}): check workload, concurrency and stream against the spec")
         observed = observed.drop(index=missing)
     print(f"Calibrating the virtual-time simulator to {args.source}: {len(observed)} cells of "
           f"{', '.join(c.name for c in spec.configurations)} (spec {run_spec.name}); "
@@ -282,9 +282,9 @@ def cmd_whatif(args) -> int:
     gpus = args.max_gpus or spec.hardware.gpus_per_node
     for tp in tps or []:
         if why := tp_problem(spec, tp):
-            fit = [t for t in range(1, gpus + 1) if not tp_problem(spec, t)]
+            serving = [t for t in range(1, gpus + 1) if not tp_problem(spec, t)]
             raise CliError(f"--tp {args.tp}: TP {tp} cannot serve {spec.model.name}: {why.rstrip('.')}; use TP "
-                           f"{', '.join(map(str, fit)) or 'none: no TP within the GPUs starts it'}")
+                           f"{', '.join(map(str, serving)) or 'none: no TP within the GPUs starts it'}")
     over: list[int] = []
     found = variants(spec, replicas, tps, transports, args.max_gpus, over)
     if not found:
