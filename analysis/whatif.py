@@ -64,8 +64,8 @@ def variants(spec: ExperimentSpec, replicas: list[int], tps: list[int] | None = 
     values the spec's configurations use; a TP vLLM would not serve the model on is never tried, tp_problem),
     on at most `max_gpus` GPUs (default: one node); for PD and EPD also with each KV transport of `transports`
     the spec does not already have as a configuration of the same topology. The spec's own configurations are
-    included when they fit. `over` (if given) gets the GPU count of every combination left out for needing more than
-    `max_gpus`."""
+    included when they fit. `over` (if given) gets the GPU count of every combination left out for needing more
+    than `max_gpus`."""
     if max_gpus is not None and max_gpus > spec.hardware.gpus_per_node:
         raise ValueError(f"max_gpus {max_gpus} is over the node's {spec.hardware.gpus_per_node}: the simulator "
                          "models one node")

@@ -255,8 +255,11 @@ class CostModel:
         """Why vLLM would refuse to start this engine, in its words (check_enough_kv_cache_memory,
         vllm/v1/core/kv_cache_utils.py), or None: the memory left for the KV cache (kv_capacity_tokens, on each
         GPU; vLLM checks it before any num_gpu_blocks_override) must be positive and hold one max_model_len
-        sequence. vLLM also subtracts the profiled activations, which kv_capacity_tokens leaves out, so an engine
-        this starts may still fail on a GPU; one it refuses, vLLM refuses too."""
+        sequence. The estimate errs both ways, by a few GB each: vLLM also subtracts the profiled activations and
+        CUDA graphs (left out here), and takes the GPU's memory as torch reports it (an H100 "80 GB": 79.2 GiB,
+        85.0e9 B, where hardware.hbm_gb is 80e9 B). A case within a few GB of the limit may go either way; a
+        published vLLM log of a 32B model with Qwen3-32B's KV shape on one H100 at 32768 tokens reads 8.00 GiB
+        needed, 4.46 GiB available, where this says 5.96."""
         tokens = self.kv_capacity_tokens(engine.gpu_memory_utilization)
         if tokens <= 0:
             return ("No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
