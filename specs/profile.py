@@ -6,6 +6,8 @@ get), so it replaces hardware fields of a spec and nothing else. Pure: reading t
 """
 from __future__ import annotations
 
+import hashlib
+import json
 from datetime import date
 from pathlib import Path
 from typing import Annotated, Literal
@@ -70,6 +72,12 @@ class CalibrationProfile(Strict):
         default_factory=dict, title="Hold-out error with the spec's constants",
         description="Per metric: median relative error over the same held-out cells with the spec's own "
                     "constants, the baseline the fit must beat.")
+    cells_fitted: dict[str, str] = Field(
+        default_factory=dict, title="Cells fitted",
+        description="Per configuration and suite of the run the fit saw ('config|suite'): a fingerprint of what "
+                    "the virtual-time core reproduces of its cells (cell_fingerprints), so that a prediction for "
+                    "other cells — another seed, shape, deployment or node — says its error was not measured. "
+                    "Absent in profiles written before it was recorded.")
     holdout_verdict: dict[str, Literal[HOLDOUT_VERDICTS]] = Field(
         default_factory=dict, title="Hold-out verdict",
         description="Per metric: whether the fitted constants predict the held-out cells better or worse than the "
@@ -122,6 +130,33 @@ def calibration_changes(stored: ExperimentSpec, spec: ExperimentSpec) -> list[st
                         spec)
 
 
+def cell_fingerprints(spec: ExperimentSpec) -> dict[str, str]:
+    """Per configuration and suite of `spec` ('config|suite'): a fingerprint of what the virtual-time core
+    reproduces of its cells — the seed, model, engine, the node but for the free constants, the configuration's
+    deployment (not its name) and the suite. The same fingerprint: the same cells, whatever the spec's name,
+    target, trials or free constants."""
+    common = spec.model_dump(mode="json", include={"seed", "model", "engine", "hardware"})
+    for name in FREE_CONSTANTS:
+        common["hardware"].pop(name, None)
+    out = {}
+    for c in spec.configurations:
+        deployment = c.model_dump(mode="json", exclude={"name"})
+        for suite in spec.suites:
+            data = json.dumps({**common, "configuration": deployment, "suite": suite.model_dump(mode="json")},
+                              sort_keys=True)
+            out[f"{c.name}|{suite.name}"] = hashlib.sha256(data.encode()).hexdigest()[:16]
+    return out
+
+
+def unfitted_cells(profile: dict, spec: ExperimentSpec) -> list[str] | None:
+    """The 'config|suite' pairs of `spec` whose cells are none the profile was fitted to (another seed, shape,
+    deployment or node); None when the profile does not record its cells."""
+    fitted = set((profile.get("cells_fitted") or {}).values())
+    if not fitted:
+        return None
+    return [pair for pair, fp in cell_fingerprints(spec).items() if fp not in fitted]
+
+
 def fitted_elsewhere(spec: ExperimentSpec, profile: dict) -> list[str]:
     """Where the run a profile was fitted to differs from `spec` in what its constants depend on — the GPU (the
     efficiencies are fractions of its datasheet figures) and the model (its kernels) — in words; empty when
@@ -159,12 +194,27 @@ def _error_bar(profile: dict, spec: ExperimentSpec | None) -> str:
     if not held:
         return f"no hold-out check in the profile: its error on cells it was not fitted to is not known{unrecorded}"
     worse = _worse_than_spec(profile)
-    other = spec is not None and profile.get("spec") not in (None, spec.name)
+    unfitted = unfitted_cells(profile, spec) if spec is not None else None
+    if unfitted is None:        # a profile that does not record its cells: the spec's name is all there is
+        other = spec is not None and profile.get("spec") not in (None, spec.name)
+        elsewhere = (f"; those were cells of a run of spec {profile['spec']}, and this spec ({spec.name}) runs "
+                     "others: for them no error was measured" if other else "")
+    else:
+        shown = ", ".join(p.replace("|", " in ") for p in unfitted[:3])
+        more = f" and {len(unfitted) - 3} more" if len(unfitted) > 3 else ""
+        n = len(cell_fingerprints(spec))
+        if not unfitted:
+            elsewhere = ""
+        elif len(unfitted) == n:
+            elsewhere = ("; none of this spec's cells is among the run's (their seed, shapes, deployments or node "
+                         "differ): for them no error was measured")
+        else:
+            elsewhere = (f"; for {len(unfitted)} of this spec's {n} configuration-suite pairs ({shown}{more}) no "
+                         "error was measured: their seed, shapes, deployment or node differ from the run's")
     return (f"its predictions' measured error on cells it was not fitted to (median |predicted/observed − 1|): "
             f"{measured}{unrecorded}"
             + (f"; on those cells the spec's own constants predicted better for {worse}" if worse else "")
-            + (f"; those were cells of a run of spec {profile['spec']}, and this spec ({spec.name}) runs others: "
-               "for them no error was measured" if other else ""))
+            + elsewhere)
 
 
 def _worse_than_spec(profile: dict) -> str:

@@ -167,8 +167,15 @@ def test_the_runs_own_spec_yaml_is_the_spec_and_a_simulator_run_is_named_as_one(
     assert "note: the run was made by the simulator (target sim in its spec.yaml)" in printed
     profile = load_profile(out)
     assert profile["source_target"] == "sim"
-    from epdbench.specs.profile import error_bar
+    from epdbench.specs.profile import cell_fingerprints, error_bar
     assert error_bar(profile).startswith("fitted to a simulator run (emulated figures, not hardware): its predictions'")
+    # the profile records the cells it was fitted to: the run's spec has no others; another seed has none of them
+    run_spec = load_spec(str(spec_path))
+    assert profile["cells_fitted"] == cell_fingerprints(run_spec) and len(profile["cells_fitted"]) == 2
+    assert "no error was measured" not in error_bar(profile, run_spec)
+    assert error_bar(profile, run_spec.model_copy(update={"seed": 4})).endswith(
+        "; none of this spec's cells is among the run's (their seed, shapes, deployments or node differ): for them "
+        "no error was measured")
 
     other = tmp_path / "other.yaml"                  # the same spec but for the seed and the free constants
     other.write_text(yaml.safe_dump({**tiny_spec_data(), "seed": 4, "name": "renamed",

@@ -106,6 +106,26 @@ def test_combinations_over_the_gpus_are_counted_in_a_line(tiny_spec_path, tmp_pa
             "variant may use\n") in text
 
 
+def test_a_profiles_error_bar_says_which_variants_it_was_not_measured_on(tiny_spec_path, tmp_path, capsys):
+    """A profile fitted to the spec's own deployments: the other variants' capacities extrapolate from it."""
+    from tests.specs.test_profile import a_profile
+    from epdbench.specs.profile import cell_fingerprints, profile_to_yaml
+
+    path = small_spec(tiny_spec_path, tmp_path)
+    spec = load_spec(str(path))
+    profile = a_profile(gpu=spec.hardware.gpu, model=spec.model.name, cells_fitted=cell_fingerprints(spec))
+    (tmp_path / "p.yaml").write_text(profile_to_yaml(profile))
+    assert main(["whatif", "--spec", str(path), "--profile", str(tmp_path / "p.yaml"), "--configs", "aggregated",
+                 "--replicas", "1,2", "--window", "2", "--refine", "1", "--workers", "1",
+                 "--out", str(tmp_path / "out")]) == 0
+    own = spec.configuration("aggregated").role("server").replicas
+    text = capsys.readouterr().out
+    assert ("Model error: its predictions' measured error on cells it was not fitted to (median |predicted/observed "
+            "− 1|): ttft_p50_ms 4.0%; for 1 of this spec's 2 configuration-suite pairs (aggregated-s"
+            f"{3 - own}x1 in capacity) no error was measured: their seed, shapes, deployment or node differ from "
+            "the run's;") in text
+
+
 def test_a_spec_without_an_slo_suite_has_nothing_to_plan(tiny_spec_path, tmp_path, capsys):
     assert main(["whatif", "--spec", str(small_spec(tiny_spec_path, tmp_path, suites=False))]) == 2
     assert "no open-loop suite with an slo" in capsys.readouterr().err

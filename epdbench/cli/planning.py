@@ -13,7 +13,7 @@ def cmd_calibrate(args) -> int:
 
     from epdbench.analysis import fit, holdout
     from epdbench.specs.models import spec_fingerprint
-    from epdbench.specs.profile import CalibrationProfile, profile_to_yaml
+    from epdbench.specs.profile import CalibrationProfile, cell_fingerprints, profile_to_yaml
     from epdbench.tasks.vrun import simulate_summary
 
     metrics, out = _calibrate_flags(args)
@@ -73,12 +73,14 @@ def cmd_calibrate(args) -> int:
         if worse := [m for m, c in checks.items() if c["verdict"] == "worse"]:
             print(f"warning: for {', '.join(worse)} the spec's own constants predict cells the fit did not see "
                   "better than fitted ones do; the profile records it and its error bar says so wherever it is used")
+    pairs = set(zip(cells.index.get_level_values("config"), cells.index.get_level_values("suite")))
+    fitted_pairs = {k: v for k, v in cell_fingerprints(spec).items() if tuple(k.split("|")) in pairs}
     profile = CalibrationProfile(
         spec=run_spec.name, spec_fingerprint=spec_fingerprint(run_spec), source=str(args.source),
         gpu=run_spec.hardware.gpu, model=run_spec.model.name, source_target=target,
         created=date.today(), hardware=full.values, left_as_in_spec=sorted(full.left),
         evaluations=full.evaluations, fit_error=fit_error, holdout_seed=args.holdout_seed if holdout_error else None,
-        holdout_error=holdout_error, holdout_spec_error=holdout_spec_error,
+        holdout_error=holdout_error, holdout_spec_error=holdout_spec_error, cells_fitted=fitted_pairs,
         holdout_verdict={m: c["verdict"] for m, c in checks.items()})
     part = out.with_name(out.name + ".part")      # whole or not at all, even if stopped while writing
     try:
@@ -296,6 +298,8 @@ def cmd_whatif(args) -> int:
             where = ("--max-gpus; drop it or raise --max-gpus" if gpus < spec.hardware.gpus_per_node
                      else "the node, hardware.gpus_per_node; drop it")
             raise CliError(f"{flag} {', '.join(map(str, unused))}: no variant with it fits on {gpus} GPUs ({where})")
+    # what is predicted: each variant on the SLO suites (the error bar says whether a profile saw such cells)
+    planned = spec.model_copy(update={"configurations": [v.config for v in found], "suites": suites})
     out = Path(args.out or f"results/whatif-{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     if out.exists() and any(out.iterdir()):
         raise CliError(f"--out {out}: directory exists and is not empty; choose a new one")
@@ -310,7 +314,7 @@ def cmd_whatif(args) -> int:
                     "max_gpus": args.max_gpus, "configs": args.configs, "refine": args.refine,
                     "window_s": args.window},
         "variants": [v.config.name for v in found], "profile": args.profile, "profile_contents": profile,
-        "model_error": error_bar(profile, spec), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        "model_error": error_bar(profile, planned), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
 
     print(f"What-if on the virtual-time simulator (modelled hardware {spec.hardware.gpu}, not a measurement): "
           f"{len(found)} variants of {len(spec.configurations)} configurations, suites "
@@ -342,7 +346,7 @@ def cmd_whatif(args) -> int:
         print(f"\nCapacity within the SLO, suite {suite} {shape} — best variant per configuration, by goodput per GPU:")
         for line in table_lines(g.to_dict("records")):
             print("  " + line)
-    print(f"\nModel error: {error_bar(profile, spec)}; the noise ranges are the workload's sampling noise only.")
+    print(f"\nModel error: {error_bar(profile, planned)}; the noise ranges are the workload's sampling noise only.")
     print(f"\n{len(found)} variants in {time.perf_counter() - t0:.1f} s; tables and plots in {out}/ "
           "(variants.csv, capacity.csv, points.csv, *.png; what they are: whatif.json, spec.yaml)")
     return 0

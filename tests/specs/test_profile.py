@@ -157,6 +157,38 @@ def test_a_profile_fitted_to_a_run_of_another_spec_says_its_error_was_measured_o
                          "error was measured")
 
 
+def test_a_profile_that_records_its_cells_says_which_of_a_specs_cells_its_error_was_not_measured_on():
+    from epdbench.specs.profile import cell_fingerprints, error_bar
+
+    smoke = load_spec("smoke")
+    fitted = a_profile(gpu=smoke.hardware.gpu, model=smoke.model.name, cells_fitted=cell_fingerprints(smoke))
+    plain = error_bar(fitted, smoke)
+    assert "no error was measured" not in plain
+    # the same cells under another name, target, trial count or free constants: the same error bar
+    renamed = smoke.model_copy(update={"name": "copy", "trials": 3,
+                                       "hardware": smoke.hardware.model_copy(update={"tcp_gb_s": 9.0})})
+    assert error_bar(fitted, renamed) == plain
+    # the same name and another seed: no cell is the run's (before, the name alone said they were)
+    reseeded = smoke.model_copy(update={"seed": smoke.seed + 1})
+    assert error_bar(fitted, reseeded) == plain + (
+        "; none of this spec's cells is among the run's (their seed, shapes, deployments or node differ): for them "
+        "no error was measured")
+    # one suite's shape doubled: its pairs are named, the rest keep the measured error
+    suites = [s.model_copy(update={"shapes": [x.model_copy(update={"input_tokens": 2 * x.input_tokens})
+                                              for x in s.shapes]}) if s.name == "fixed" else s
+              for s in smoke.suites]
+    doubled = smoke.model_copy(update={"suites": suites})
+    n = len(cell_fingerprints(smoke))
+    assert error_bar(fitted, doubled) == plain + (
+        f"; for 4 of this spec's {n} configuration-suite pairs (aggregated in fixed, pd-tcp in fixed, pd-rdma in "
+        "fixed and 1 more) no error was measured: their seed, shapes, deployment or node differ from the run's")
+    # another deployment of a configuration (a whatif variant): its pairs, not the others
+    more = [c.model_copy(update={"roles": [r.model_copy(update={"replicas": 3}) for r in c.roles]})
+            if c.name == "aggregated" else c for c in smoke.configurations]
+    assert "(aggregated in fixed, aggregated in mm-context, aggregated in mixed)" in error_bar(
+        fitted, smoke.model_copy(update={"configurations": more}))
+
+
 def test_what_a_spec_changes_of_a_runs_spec_yaml_for_calibration_leaves_out_the_free_constants_name_and_target():
     from epdbench.specs.profile import calibration_changes
 
