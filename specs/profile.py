@@ -206,11 +206,11 @@ def _error_bar(profile: dict, spec: ExperimentSpec | None) -> str:
         if not unfitted:
             elsewhere = ""
         elif len(unfitted) == n:
-            elsewhere = ("; none of this spec's cells is among the run's (their seed, shapes, deployments or node "
+            elsewhere = ("; none of this spec's cells is among the run's (their seed, suites, deployments or node "
                          "differ): for them no error was measured")
         else:
             elsewhere = (f"; for {len(unfitted)} of this spec's {n} configuration-suite pairs ({shown}{more}) no "
-                         "error was measured: their seed, shapes, deployment or node differ from the run's")
+                         "error was measured: their seed, suite, deployment or node differ from the run's")
     return (f"its predictions' measured error on cells it was not fitted to (median |predicted/observed − 1|): "
             f"{measured}{unrecorded}"
             + (f"; on those cells the spec's own constants predicted better for {worse}" if worse else "")

@@ -174,7 +174,7 @@ def test_the_runs_own_spec_yaml_is_the_spec_and_a_simulator_run_is_named_as_one(
     assert profile["cells_fitted"] == cell_fingerprints(run_spec) and len(profile["cells_fitted"]) == 2
     assert "no error was measured" not in error_bar(profile, run_spec)
     assert error_bar(profile, run_spec.model_copy(update={"seed": 4})).endswith(
-        "; none of this spec's cells is among the run's (their seed, shapes, deployments or node differ): for them "
+        "; none of this spec's cells is among the run's (their seed, suites, deployments or node differ): for them "
         "no error was measured")
 
     other = tmp_path / "other.yaml"                  # the same spec but for the seed and the free constants

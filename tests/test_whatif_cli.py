@@ -122,7 +122,7 @@ def test_a_profiles_error_bar_says_which_variants_it_was_not_measured_on(tiny_sp
     text = capsys.readouterr().out
     assert ("Model error: its predictions' measured error on cells it was not fitted to (median |predicted/observed "
             "− 1|): ttft_p50_ms 4.0%; for 1 of this spec's 2 configuration-suite pairs (aggregated-s"
-            f"{3 - own}x1 in capacity) no error was measured: their seed, shapes, deployment or node differ from "
+            f"{3 - own}x1 in capacity) no error was measured: their seed, suite, deployment or node differ from "
             "the run's;") in text
 
 

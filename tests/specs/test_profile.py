@@ -171,7 +171,7 @@ def test_a_profile_that_records_its_cells_says_which_of_a_specs_cells_its_error_
     # the same name and another seed: no cell is the run's (before, the name alone said they were)
     reseeded = smoke.model_copy(update={"seed": smoke.seed + 1})
     assert error_bar(fitted, reseeded) == plain + (
-        "; none of this spec's cells is among the run's (their seed, shapes, deployments or node differ): for them "
+        "; none of this spec's cells is among the run's (their seed, suites, deployments or node differ): for them "
         "no error was measured")
     # one suite's shape doubled: its pairs are named, the rest keep the measured error
     suites = [s.model_copy(update={"shapes": [x.model_copy(update={"input_tokens": 2 * x.input_tokens})
@@ -181,7 +181,7 @@ def test_a_profile_that_records_its_cells_says_which_of_a_specs_cells_its_error_
     n = len(cell_fingerprints(smoke))
     assert error_bar(fitted, doubled) == plain + (
         f"; for 4 of this spec's {n} configuration-suite pairs (aggregated in fixed, pd-tcp in fixed, pd-rdma in "
-        "fixed and 1 more) no error was measured: their seed, shapes, deployment or node differ from the run's")
+        "fixed and 1 more) no error was measured: their seed, suite, deployment or node differ from the run's")
     # another deployment of a configuration (a whatif variant): its pairs, not the others
     more = [c.model_copy(update={"roles": [r.model_copy(update={"replicas": 3}) for r in c.roles]})
             if c.name == "aggregated" else c for c in smoke.configurations]
