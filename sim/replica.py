@@ -80,13 +80,17 @@ class Replica:
     def moves_kv(self) -> bool:
         return self.role in ("prefill", "decode")
 
-    def startup_lines(self) -> None:
-        hw = self.spec.hardware
+    def header_line(self) -> None:
+        """The first line of every replica's log: what it emulates (the mark that keeps it from being read as a
+        real server's)."""
         what = ("[epdbench sim: emulated GPU, genuine Mooncake KV transport]" if self.kv.genuine
                 else logfmt.EMULATED_MARK)
         self.api_log(f"epdbench simulator {what}: vLLM API server role={self.role} "
                      f"replica={self.replica} config={self.config.name} model={self.spec.model.name} "
-                     f"tp={self.role_spec.tp} hardware={hw.gpu}")
+                     f"tp={self.role_spec.tp} hardware={self.spec.hardware.gpu}")
+
+    def startup_lines(self) -> None:
+        self.header_line()
         if self.moves_kv:
             self.kv.startup_lines()
         if self.encoder.nixl:

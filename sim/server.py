@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     replica = Replica(spec, config, args.role, args.replica, args.host, args.port, args.bootstrap_port)
     if why := replica.engine.cost.start_problem(spec.engine):
         # as vLLM: the engine core fails its start-up check and the API server exits before it serves
-        replica.startup_lines()
+        replica.header_line()
         replica.engine_log("EngineCore failed to start.", level="ERROR", file="core.py")
         replica.engine_log(f"ValueError: {why}", level="ERROR", file="core.py")
         replica.api_log("RuntimeError: Engine core initialization failed. See root cause above.", level="ERROR")

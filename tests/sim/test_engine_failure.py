@@ -47,3 +47,5 @@ def test_an_engine_whose_kv_cache_cannot_hold_max_model_len_does_not_start(tiny_
                      r"\(0\.\d\d GiB\)\. Based on the available memory, the estimated maximum model length is "
                      r"\d+\.", out)
     assert "RuntimeError: Engine core initialization failed. See root cause above." in out
+    assert "epdbench simulator [emulated by epdbench sim" in out.splitlines()[0]      # never read as a real server's
+    assert "Starting vLLM API server" not in out                                  # it never served
