@@ -252,6 +252,22 @@ class FitResult:
     effects: dict[str, float] = field(default_factory=dict)  # largest |log change| of a figure per probe
 
 
+def pinned(values: dict[str, float]) -> dict[str, str]:
+    """The fitted constants the search left at a bound it could not pass, as "upper" or "lower": an efficiency at
+    either end (a run beyond the datasheet, or 20 times below it), any constant at its upper end. A latency at
+    its lower end (1 µs) is a latency too small to matter, not a bound hit. Such a fit is the best the bounds
+    allow, not a match: the units of the table, or a spec that is not the run's (GPU, model), are the usual
+    cause."""
+    out = {}
+    for name, v in values.items():
+        low, high = BOUNDS[name]
+        if abs(math.log(v / high)) <= XTOL:
+            out[name] = "upper"
+        elif abs(math.log(v / low)) <= XTOL and name.endswith("_efficiency"):
+            out[name] = "lower"
+    return out
+
+
 def snap(values: dict[str, float]) -> dict[str, float]:
     """Constants rounded to SNAP_DIGITS significant digits: the points the search evaluates, so that two runs of
     the same fit evaluate the same points and land on the same constants."""

@@ -100,6 +100,26 @@ def test_rows_and_figures_left_out_are_said(run, tmp_path, capsys):
     assert "  1 figure not positive left out (req_s 1): a log ratio needs a positive figure\n" in printed
 
 
+def test_a_fit_left_at_the_edge_of_its_range_says_so(run, tmp_path, capsys):
+    """Seconds written in the _ms columns: no efficiency up to the datasheet's reaches them."""
+    table = pd.read_csv(run[1])[fit.MATCH_KEYS + ["ttft_p50_ms", "tpot_p50_ms"]]
+    table[["ttft_p50_ms", "tpot_p50_ms"]] /= 1000
+    table.to_csv(tmp_path / "seconds.csv", index=False)
+    assert main(["calibrate", "--spec", str(run[0]), "--from", str(tmp_path / "seconds.csv"),
+                 "--out", str(tmp_path / "p.yaml"), "--evaluations", "40"]) == 0
+    printed = capsys.readouterr().out
+    assert ("warning: compute_efficiency (1, its upper bound), hbm_efficiency (1, its upper bound) ended at the edge "
+            "of the search range: the fit is the best the range allows, not a match — check the table's "
+            "units") in printed
+    assert "ended at the edge" not in main_output_of_a_good_fit(run, tmp_path, capsys)
+
+
+def main_output_of_a_good_fit(run, tmp_path, capsys) -> str:
+    assert main(["calibrate", "--spec", str(run[0]), "--from", str(run[1]), "--out", str(tmp_path / "good.yaml"),
+                 "--evaluations", "40"]) == 0
+    return capsys.readouterr().out
+
+
 def test_a_records_file_is_summarised_as_the_run_summarises_it(tmp_path):
     spec = parse_spec(tiny_spec_data())
     records = simulate_records(spec)

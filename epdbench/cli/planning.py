@@ -212,6 +212,12 @@ def _print_constants(spec, result) -> None:
         print(f"{name:<{width}}  {getattr(spec.hardware, name):>10.4g}  {result.values[name]:>10.4g}")
     for name, why in result.left.items():
         print(f"{name:<{width}}  {getattr(spec.hardware, name):>10.4g}  {'as in spec':>10}  ({why})")
+    from epdbench.analysis.fit import BOUNDS, pinned
+    if ends := pinned(result.values):
+        which = ", ".join(f"{n} ({BOUNDS[n][end == 'upper']:g}, its {end} bound)" for n, end in ends.items())
+        print(f"warning: {which} ended at the edge of the search range: the fit is the best the range allows, not "
+              "a match — check the table's units (…_ms in milliseconds, …_tok_s and req_s per second) and that the "
+              "spec is the run's (GPU, model)", flush=True)
 
 
 def _print_errors(errors: dict[str, dict]) -> None:

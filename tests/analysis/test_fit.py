@@ -300,3 +300,11 @@ def test_the_fitted_constants_are_what_the_search_evaluated_rounded_to_six_digit
     assert any(all(run[n] == v for n, v in result.values.items()) for run in runs)
     # the spec's own constants, exactly (within the search's bounds: a zero latency starts at 1 µs)
     assert runs[0] == {n: float(np.clip(getattr(smoke.hardware, n), *fit.BOUNDS[n])) for n in HIDDEN}
+
+
+def test_constants_left_at_an_edge_of_the_search_range_are_named():
+    assert fit.pinned({"compute_efficiency": 1.0, "hbm_efficiency": 0.05, "rdma_efficiency": 0.7,
+                       "step_overhead_ms": 1e-3, "tcp_gb_s": 1e4 * (1 - 1e-4), "tcp_latency_ms": 0.5}) == {
+        "compute_efficiency": "upper", "hbm_efficiency": "lower", "tcp_gb_s": "upper"}
+    # a latency at 1 µs is one too small to matter, not a bound hit
+    assert fit.pinned({"step_overhead_ms": 1e-3, "request_hop_ms": 1e-3}) == {}
