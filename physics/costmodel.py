@@ -34,13 +34,29 @@ class PrefillChunk:
     tokens: int  # tokens computed in this step
 
 
+# The image processor's smallest image (Qwen2.5-VL preprocessor_config.json min_pixels: 3136 = 56²); the largest is
+# VisionSpec.max_pixels.
+MIN_IMAGE_PIXELS = 3136
+
+
 def image_tokens(model: ModelSpec, width_px: int, height_px: int) -> int:
-    """Tokens of one image after resizing to the nearest multiple of the token edge (Qwen2.5-VL)."""
+    """Tokens of one image as the Qwen2-VL image processor resizes it (transformers' `smart_resize`): each side
+    to the nearest multiple of the token edge, then, outside [min_pixels, max_pixels], both sides scaled by one
+    factor to fit (down: floored to the edge; up: ceiled) — an image over max_pixels is shrunk, not charged in
+    full."""
     if model.vision is None:
         return 0
     edge = model.vision.pixels_per_token
     w = max(edge, round(width_px / edge) * edge)
     h = max(edge, round(height_px / edge) * edge)
+    if w * h > model.vision.max_pixels:
+        beta = math.sqrt(width_px * height_px / model.vision.max_pixels)
+        w = max(edge, math.floor(width_px / beta / edge) * edge)
+        h = max(edge, math.floor(height_px / beta / edge) * edge)
+    elif w * h < MIN_IMAGE_PIXELS:
+        beta = math.sqrt(MIN_IMAGE_PIXELS / (width_px * height_px))
+        w = math.ceil(width_px * beta / edge) * edge
+        h = math.ceil(height_px * beta / edge) * edge
     return (w // edge) * (h // edge)
 
 

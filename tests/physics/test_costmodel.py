@@ -31,6 +31,16 @@ def test_image_tokens_match_qwen25_vl(smoke, px, tokens):
     assert image_tokens(smoke.model, px, px) == tokens
 
 
+@pytest.mark.parametrize("width, height, tokens", [
+    (4000, 4000, 16384),     # 16 MP, over max_pixels (12845056): scaled to 3584² (128 × 128 tokens), not 143²
+    (6000, 1000, 7704),      # within the range: each side to the nearest 28 px, 5992 × 1008
+    (28, 28, 4),             # under min_pixels (3136 = 56²): scaled up to 56², 2 × 2 tokens
+    (30, 100, 4),            # 28 × 112 px after rounding: 3136, at min_pixels
+])
+def test_image_tokens_follow_the_image_processors_smart_resize(smoke, width, height, tokens):
+    assert image_tokens(smoke.model, width, height) == tokens
+
+
 def test_image_tokens_of_text_only_model_is_zero(smoke):
     text_only = smoke.model.model_copy(update={"vision": None})
     assert image_tokens(text_only, 560, 560) == 0
