@@ -70,8 +70,9 @@ def variants(spec: ExperimentSpec, replicas: list[int], tps: list[int] | None = 
         raise ValueError(f"max_gpus {max_gpus} is over the node's {spec.hardware.gpus_per_node}: the simulator "
                          "models one node")
     max_gpus = max_gpus or spec.hardware.gpus_per_node
-    tps = sorted(t for t in set(tps or {r.tp for c in spec.configurations for r in c.roles})
-                 if tp_problem(spec, t) is None)
+    own = {r.tp for c in spec.configurations for r in c.roles}
+    refused = {t: tp_problem(spec, t) is not None for t in set(tps or []) | own}     # once per TP, not per shape
+    tps = sorted(t for t in set(tps or own) if not refused[t])
     have = {(c.topology, c.kv_transport) for c in spec.configurations}
     out: list[Variant] = []
     seen: set[tuple] = set()
@@ -90,7 +91,7 @@ def variants(spec: ExperimentSpec, replicas: list[int], tps: list[int] | None = 
                                               and r.role in ("prefill", "decode") else r.rdma_interfaces})
                          for r, (n, tp) in zip(base.roles, shape)]
                 key = (family, tuple((r.role, r.replicas, r.tp) for r in roles))
-                if key in seen or any(tp_problem(spec, r.tp) for r in roles):
+                if key in seen or any(refused[r.tp] for r in roles):
                     continue
                 if (gpus := sum(r.replicas * r.tp for r in roles)) > max_gpus:
                     if over is not None:

@@ -264,8 +264,13 @@ class CostModel:
         their number (QKVParallelLinear then replicates them: every GPU holds one). (vLLM's profiling run also
         subtracts the peak activations and CUDA graphs, which this leaves out.)"""
         total = self.hw.hbm_gb * 1e9 * gpu_memory_utilization * self.tp
-        copies = max(1, self.tp // self.model.n_kv_heads)
-        return max(0, int((total - self.model.weight_bytes) / (self.model.kv_bytes_per_token * copies)))
+        return max(0, int((total - self.model.weight_bytes) / self.kv_bytes_held_per_token))
+
+    @property
+    def kv_bytes_held_per_token(self) -> int:
+        """KV bytes one token takes on the engine's TP GPUs together: the model's, times the copies of each KV
+        head when TP exceeds their number (QKVParallelLinear replicates them)."""
+        return self.model.kv_bytes_per_token * max(1, self.tp // self.model.n_kv_heads)
 
     def start_problem(self, engine: EngineSpec) -> str | None:
         """Why vLLM would refuse to start this engine, in its words (check_enough_kv_cache_memory,
@@ -282,7 +287,7 @@ class CostModel:
                     "initializing the engine.")
         if tokens >= engine.max_model_len:
             return None
-        per_gpu = self.model.kv_bytes_per_token * max(1, self.tp // self.model.n_kv_heads) / self.tp / 2 ** 30
+        per_gpu = self.kv_bytes_held_per_token / self.tp / 2 ** 30     # GiB per token on each GPU
         return (f"To serve at least one request with the models's max seq len ({engine.max_model_len}), "
                 f"({engine.max_model_len * per_gpu:.2f} GiB KV cache is needed, which is larger than the available "
                 f"KV cache memory ({tokens * per_gpu:.2f} GiB). Based on the available memory, the estimated maximum "

@@ -202,7 +202,7 @@ def _error_bar(profile: dict, spec: ExperimentSpec | None) -> str:
     else:
         shown = ", ".join(p.replace("|", " in ") for p in unfitted[:3])
         more = f" and {len(unfitted) - 3} more" if len(unfitted) > 3 else ""
-        n = len(cell_fingerprints(spec))
+        n = len(spec.configurations) * len(spec.suites)          # the pairs unfitted_cells fingerprinted
         if not unfitted:
             elsewhere = ""
         elif len(unfitted) == n:

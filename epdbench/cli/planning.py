@@ -286,7 +286,8 @@ def cmd_whatif(args) -> int:
                        "its NVLink, KV moved over its pod network — not a cluster of them")
     if args.workers is not None and args.workers < 1:
         raise CliError("--workers: at least 1")
-    replicas, tps = _ints("--replicas", args.replicas) or DEFAULT_REPLICAS, _ints("--tp", args.tp)
+    asked, tps = _ints("--replicas", args.replicas), _ints("--tp", args.tp)
+    replicas = asked or DEFAULT_REPLICAS
     gpus = args.max_gpus or spec.hardware.gpus_per_node
     for tp in tps or []:
         if why := tp_problem(spec, tp):
@@ -297,8 +298,8 @@ def cmd_whatif(args) -> int:
     found = variants(spec, replicas, tps, transports, args.max_gpus, over)
     if not found:
         raise CliError("no variant fits: raise --max-gpus or lower --replicas/--tp")
-    asked = _ints("--replicas", args.replicas) or []     # a value given that no variant can use is a mistake
-    for flag, values, used in (("--replicas", asked, {r.replicas for v in found for r in v.config.roles}),
+    # a value given that no variant can use is a mistake (the default's 4 replicas may simply not fit)
+    for flag, values, used in (("--replicas", asked or [], {r.replicas for v in found for r in v.config.roles}),
                                ("--tp", tps or [], {r.tp for v in found for r in v.config.roles})):
         if unused := [x for x in values if x not in used]:
             where = ("--max-gpus; drop it or raise --max-gpus" if gpus < spec.hardware.gpus_per_node
@@ -306,6 +307,7 @@ def cmd_whatif(args) -> int:
             raise CliError(f"{flag} {', '.join(map(str, unused))}: no variant with it fits on {gpus} GPUs ({where})")
     # what is predicted: each variant on the SLO suites (the error bar says whether a profile saw such cells)
     planned = spec.model_copy(update={"configurations": [v.config for v in found], "suites": suites})
+    model_error = error_bar(profile, planned)
     out = Path(args.out or f"results/whatif-{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     if out.exists() and any(out.iterdir()):
         raise CliError(f"--out {out}: directory exists and is not empty; choose a new one")
@@ -320,7 +322,7 @@ def cmd_whatif(args) -> int:
                     "max_gpus": args.max_gpus, "configs": args.configs, "refine": args.refine,
                     "window_s": args.window},
         "variants": [v.config.name for v in found], "profile": args.profile, "profile_contents": profile,
-        "model_error": error_bar(profile, planned), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        "model_error": model_error, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
 
     print(f"What-if on the virtual-time simulator (modelled hardware {spec.hardware.gpu}, not a measurement): "
           f"{len(found)} variants of {len(spec.configurations)} configurations, suites "
@@ -352,7 +354,7 @@ def cmd_whatif(args) -> int:
         print(f"\nCapacity within the SLO, suite {suite} {shape} — best variant per configuration, by goodput per GPU:")
         for line in table_lines(g.to_dict("records")):
             print("  " + line)
-    print(f"\nModel error: {error_bar(profile, planned)}; the noise ranges are the workload's sampling noise only.")
+    print(f"\nModel error: {model_error}; the noise ranges are the workload's sampling noise only.")
     print(f"\n{len(found)} variants in {time.perf_counter() - t0:.1f} s; tables and plots in {out}/ "
           "(variants.csv, capacity.csv, points.csv, *.png; what they are: whatif.json, spec.yaml)")
     return 0
