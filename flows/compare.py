@@ -22,6 +22,7 @@ from epdbench.analysis.metrics import RECORD_COLUMNS, summarize
 from epdbench.analysis.regression import RegressionSettings
 from epdbench.analysis.trials import aggregate_trials
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, spec_to_yaml
+from epdbench.specs.profile import profile_to_yaml
 from epdbench.specs.workload import calibration_keys, plan_cells
 from epdbench.flows.outputs import prefect_summary_artifact, report_meta, verdict_view
 from epdbench.flows.incluster import LoadgenIncomplete, run_suite_in_cluster
@@ -31,7 +32,8 @@ from epdbench.tasks.publish import roles_text
 from epdbench.tasks.deployment import ProvisionError
 from epdbench.tasks.targets import target_module
 from epdbench.tasks.calibrate import calibrate
-from epdbench.tasks.results import drop_records, read_records, write_json, write_summary
+from epdbench.tasks.publish_state import PROFILE_FILE
+from epdbench.tasks.results import drop_records, read_records, write_json, write_summary, write_text_atomic
 from epdbench.tasks.resume import check_resumable, cells_done, missing_cells, noise_of, validate_state_files
 from epdbench.tasks.runstate import RunFolder, end_leftovers
 from epdbench.tasks.history import check_history, log_regression_check
@@ -223,9 +225,11 @@ def _try_mlflow(what: str, fn, *args):
 @flow(name="compare", flow_run_name="{spec.name}-{trigger}")
 def compare(spec: ExperimentSpec, out_dir: str | None = None, tracking_uri: str | None = None,
             trigger: str = "cli", run_name: str | None = None, resume: bool = False,
-            regression: RegressionSettings | None = None, progress_artifact: str | None = None) -> dict:
+            regression: RegressionSettings | None = None, progress_artifact: str | None = None,
+            profile: dict | None = None) -> dict:
     """Compare every configuration of the spec on matched workloads; returns the outcome (a calling flow's
-    progress artifact, `progress_artifact`, is updated too). With
+    progress artifact, `progress_artifact`, is updated too). `profile`: the calibration profile whose constants
+    the spec carries (kept in the run as profile.yaml, so its report and MLflow run say where they came from). With
     `resume`, cells already recorded in the results directory are skipped and configurations
     already finished are not run again. The results folder is held exclusively for the whole run
     (FolderLocked when another live process holds it); what a killed earlier run left running is ended
@@ -244,6 +248,8 @@ def compare(spec: ExperimentSpec, out_dir: str | None = None, tracking_uri: str 
             if ended:
                 say(f"Ended {len(ended)} process(es) an earlier run of {run} left running: "
                     + ", ".join(f"{e['what']} pid {e['pid']}" for e in ended))
+        if profile is not None and not (rdir / PROFILE_FILE).exists():
+            write_text_atomic(rdir / PROFILE_FILE, profile_to_yaml(profile))
         hold.register_descendants("prefect")
         return _compare(spec, run, rdir, tracking_uri, trigger, resume, regression, progress_artifact)
     finally:

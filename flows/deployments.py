@@ -24,7 +24,8 @@ from prefect.schedules import Cron
 
 from epdbench.flows.compare import compare
 from epdbench.flows.outputs import prefect_summary_artifact
-from epdbench.specs.request import RunRequest, resolve_request, run_name
+from epdbench.specs.profile import error_bar
+from epdbench.specs.request import RunRequest, request_profile, resolve_request, run_name
 from epdbench.tasks.services import GPU_NODE_SLOT
 
 
@@ -41,13 +42,15 @@ def _name_from_parameters() -> str:
 def _run(request: RunRequest, trigger: str) -> dict:
     """The comparison as a sub-flow; its live progress and its summary artifact also on this run, the one the
     UI and `prefect deployment run` show first."""
-    spec = resolve_request(request)
+    spec, profile = resolve_request(request), request_profile(request)
+    if profile is not None:
+        print(f"Simulator constants from profile {request.profile}; {error_bar(profile, spec)}")
     name = run_name(request, dt.date.today().isoformat()) if request.run_key else \
         f"{run_name(request, dt.datetime.now().strftime('%Y-%m-%d-%H%M%S'))}"
     progress = create_progress_artifact(0.0, key="epdbench-progress", description=f"{name}: cells done")
     with concurrency(GPU_NODE_SLOT, occupy=1):
         outcome = compare(spec, out_dir=str(results_dir() / name), trigger=trigger, run_name=name,
-                          resume=bool(request.run_key), progress_artifact=str(progress))
+                          resume=bool(request.run_key), progress_artifact=str(progress), profile=profile)
     summary_path = Path(outcome["results_dir"]) / "summary.csv"
     prefect_summary_artifact(outcome, pd.read_csv(summary_path) if summary_path.exists() else pd.DataFrame())
     return outcome

@@ -23,7 +23,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from epdbench.specs.models import EngineSpec, HardwareSpec, ModelSpec, VisionSpec
+from epdbench.specs.node import EngineSpec, HardwareSpec, ModelSpec, VisionSpec
 
 RGB_CHANNELS = 3   # Qwen2.5-VL vision_config.in_channels
 
@@ -197,7 +197,7 @@ class CostModel:
         flops += sum(self.attention_flops(c.start, c.tokens) for c in prefill)
         flops += self.decode_attention_flops(len(decode_contexts), sum(decode_contexts))
         bytes_read = m.weight_bytes if n_tokens else 0.0
-        bytes_read += m.kv_bytes_per_token * sum(decode_contexts)
+        bytes_read += self.kv_bytes_held_per_token * sum(decode_contexts)
         compute_s = flops / self.flops_per_s
         memory_s = bytes_read / self.bytes_per_s
         return (max(compute_s, memory_s) + self.allreduce_s(n_tokens)
@@ -214,14 +214,16 @@ class CostModel:
     def decode_law(self, n: int) -> tuple[float, float, float, float, float]:
         """A decode-only step of `n` sequences as a function of their context sum S: compute a + b·S (weights'
         FLOPs and one query's attention over each context, decode_attention_flops), memory c + d·S (the weights
-        and every context's KV read once), plus tail (TP all-reduces and the step overhead); kept per n."""
+        and every context's KV read once, replicated KV heads on every GPU that holds them), plus tail (TP
+        all-reduces and the step overhead); kept per n."""
         law = self._decode_laws.get(n)
         if law is None:
             m = self.model
             attention = 4.0 * m.n_layers * m.n_heads * m.head_dim
             law = ((2.0 * m.params_b * 1e9 * n + attention * 0.5 * n) / self.flops_per_s,
                    attention / self.flops_per_s, m.weight_bytes / self.bytes_per_s,
-                   m.kv_bytes_per_token / self.bytes_per_s, self.allreduce_s(n) + self.hw.step_overhead_ms / 1e3)
+                   self.kv_bytes_held_per_token / self.bytes_per_s,
+                   self.allreduce_s(n) + self.hw.step_overhead_ms / 1e3)
             self._decode_laws[n] = law
         return law
 
@@ -243,7 +245,9 @@ class CostModel:
         return max(flops / self.flops_per_s, weights / self.bytes_per_s)
 
     def kv_bytes(self, tokens: int) -> int:
-        return self.model.kv_bytes_per_token * tokens
+        """KV bytes of `tokens` tokens on this engine's TP group (kv_bytes_held_per_token): what a KV transfer into
+        this engine moves."""
+        return self.kv_bytes_held_per_token * tokens
 
     @property
     def kv_descriptors(self) -> int:
@@ -266,11 +270,10 @@ class CostModel:
         total = self.hw.hbm_gb * 1e9 * gpu_memory_utilization * self.tp
         return max(0, int((total - self.model.weight_bytes) / self.kv_bytes_held_per_token))
 
-    @property
+    @functools.cached_property
     def kv_bytes_held_per_token(self) -> int:
-        """KV bytes one token takes on the engine's TP GPUs together: the model's, times the copies of each KV
-        head when TP exceeds their number (QKVParallelLinear replicates them)."""
-        return self.model.kv_bytes_per_token * max(1, self.tp // self.model.n_kv_heads)
+        """KV bytes one token takes on the engine's TP GPUs together (ModelSpec.kv_bytes_per_token_at)."""
+        return self.model.kv_bytes_per_token_at(self.tp)
 
     def start_problem(self, engine: EngineSpec) -> str | None:
         """Why vLLM would refuse to start this engine, in its words (check_enough_kv_cache_memory,

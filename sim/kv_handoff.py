@@ -138,7 +138,9 @@ class KVHandoff:
             return web.json_response({"error": f"unknown transfer {xfer}"}, status=404)
         tokens, rid = held
         tokens = min(tokens, int(body.get("tokens", tokens)))   # the decode already holds its cached prefix
-        n_bytes, n_desc = r.cost.kv_bytes(tokens), kv_descriptors(r.cost, self.connector, tokens)
+        # the bytes fill the decode's shards (ModelSpec.kv_bytes_per_token_at: its TP decides them)
+        n_bytes = tokens * r.spec.model.kv_bytes_per_token_at(r.config.role("decode").tp)
+        n_desc = kv_descriptors(r.cost, self.connector, tokens)
         hw, n_if = r.spec.hardware, r.role_spec.rdma_interfaces
         seconds = transfer_seconds(hw, r.transport, n_bytes, n_if, n_desc, self.connector)   # alone on the link
         if self.nixl:

@@ -22,7 +22,7 @@ from epdbench.timer import precise_sleep
 from epdbench.sim.metrics import Counters, prometheus_text
 from epdbench.sim.prefix_cache import BLOCK_TOKENS, PrefixCache, block_hashes
 from epdbench.sim.tokenizer import chat_parts, image_end_positions, image_hash, prompt_ids
-from epdbench.sim.validate import BadRequest, check_body, empty_prompt, request_id_of
+from epdbench.sim.validate import BadRequest, check_body, empty_prompt, output_budget, request_id_of
 from epdbench.specs.commands import MAX_LOG_LEN
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
 
@@ -136,15 +136,13 @@ class Replica:
             prompt_tokens = len(ids)
         except (ValueError, TypeError, json.JSONDecodeError, OSError) as e:
             return self.refuse(BadRequest(400, "BadRequestError", f"bad request: {e}"))
+        max_tokens = output_budget(body, chat, prompt_tokens, self.spec.engine.max_model_len)
+        if isinstance(max_tokens, BadRequest):
+            return self.refuse(max_tokens)
         if prompt_tokens == 0:
             return self.refuse(empty_prompt())
         if images and self.spec.model.vision is None:
             return self.refuse(BadRequest(400, "BadRequestError", "model is not multimodal"))
-        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 16
-        if prompt_tokens + max_tokens > self.spec.engine.max_model_len:
-            msg = (f"This model's maximum context length is {self.spec.engine.max_model_len} tokens. However, "
-                   f"you requested {prompt_tokens + max_tokens} tokens.")
-            return self.refuse(BadRequest(400, "BadRequestError", msg))
         body_id = body.get("request_id") or uuid.uuid4().hex
         # as vLLM with --enable-log-requests and VLLM_REQUEST_BODY_LOG_LEVEL=INFO (request_logger.py)
         self.api_log(f"Request {body_id} JSON body: {json.dumps(body, separators=(',', ':'))[:MAX_LOG_LEN]}",

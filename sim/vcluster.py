@@ -28,6 +28,7 @@ from epdbench.sim.link import Link
 from epdbench.sim.metrics import Counters
 from epdbench.sim.prefix_cache import BLOCK_TOKENS, PrefixCache, block_hashes
 from epdbench.sim.tokenizer import chat_parts, image_end_positions, image_hash, prompt_ids
+from epdbench.sim.validate import BadRequest, empty_prompt, output_budget
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
 
 
@@ -43,7 +44,8 @@ class Prompt:
     images: list[bytes]
     hashes: list[str]
     image_ends: list[int]
-    max_tokens: int
+    max_tokens: int                 # what vLLM lets it generate (sim.validate.output_budget); 0 when refused
+    refusal: str | None = None      # why vLLM refuses it (the same)
     _blocks: list[int] | None = None
 
     def block_hashes(self) -> list[int]:
@@ -151,7 +153,8 @@ class VirtualCluster:
         self.replicas = {r.role: [VReplica(spec, config, r.role, i, clock) for i in range(r.replicas)]
                          for r in config.roles}
         self._next = {role: itertools.cycle(reps) for role, reps in self.replicas.items()}
-        self._model = spec.model.model_dump_json()     # what a parse depends on besides the body
+        # what a parse depends on besides the body: the model, and the context for what the request may generate
+        self._model = (spec.model.model_dump_json(), spec.engine.max_model_len)
 
     def start(self) -> None:
         for rep in self.all():
@@ -179,15 +182,13 @@ class VirtualCluster:
             if len(_PROMPTS) >= PROMPT_CACHE:
                 _PROMPTS.pop(next(iter(_PROMPTS)))
             _PROMPTS[key] = (payload, (api, self._model), prompt)
+        if check and prompt.refusal is not None:
+            raise Refused(prompt.refusal)
         if check and not prompt.ids:
-            raise Refused("The decoder prompt cannot be empty")
-        if check and len(prompt.ids) + prompt.max_tokens > self.spec.engine.max_model_len:
-            raise Refused(f"This model's maximum context length is {self.spec.engine.max_model_len} tokens. "
-                          f"However, you requested {len(prompt.ids) + prompt.max_tokens} tokens.")
+            raise Refused(empty_prompt().message)
         return prompt
 
     def _parse(self, api: str, payload: dict) -> Prompt:
-        max_tokens = payload.get("max_tokens") or 16
         if api == "chat":
             text, images = chat_parts(payload.get("messages") or [])
             enc = self.any_encoder()
@@ -198,7 +199,10 @@ class VirtualCluster:
             ends = image_end_positions(placed, overhead)
         else:
             ids, images, hashes, ends = prompt_ids(str(payload.get("prompt", "")), [], False, 0), [], [], []
-        return Prompt(ids, images, hashes, ends, max_tokens)
+        budget = output_budget(payload, api == "chat", len(ids), self.spec.engine.max_model_len)
+        if isinstance(budget, BadRequest):
+            return Prompt(ids, images, hashes, ends, 0, budget.message)
+        return Prompt(ids, images, hashes, ends, budget)
 
     async def hop(self) -> None:
         """One HTTP exchange of the request's path (a leg to a replica, or a KV or encoder-output pull's

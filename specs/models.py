@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
+from epdbench.physics.costmodel import image_tokens
 from epdbench.specs.base import KvTransport, RoleName, Strict, Topology
 from epdbench.specs.node import EngineSpec, HardwareSpec, ModelSpec, VisionSpec
 from epdbench.specs.suites import (CellCounts, FixedSuite, ImageCell, MixedSuite, MultimodalSuite, RateSuite, Shape,
@@ -95,9 +96,33 @@ class ExperimentSpec(Strict):
             if sends_images(s) and self.model.vision is None:
                 raise ValueError(f"field 'suites.{i}' ({s.name}) sends images but 'model.vision' is not set: "
                                  "use a multimodal model or drop the suite")
+            for workload, prompt, output in self._longest_requests(s):
+                if prompt + output > self.engine.max_model_len:
+                    left = self.engine.max_model_len - prompt
+                    cut = (f"cut their outputs to {left} tokens" if left > 0
+                           else "refuse prompts that long")
+                    raise ValueError(f"field 'suites.{i}' ({s.name}): workload {workload} asks for up to {prompt} "
+                                     f"prompt and {output} output tokens, more than 'engine.max_model_len' "
+                                     f"({self.engine.max_model_len}): vLLM would {cut}; raise max_model_len or "
+                                     "shorten the workload")
         if self.target.kind == "kubernetes":
             self._check_kubernetes()
         return self
+
+    def _longest_requests(self, suite: Suite) -> list[tuple[str, int, int]]:
+        """(workload, its longest prompt in tokens, its output tokens) for each workload of a suite: the prompt
+        as specs.workload.build_requests aims it (a chat request's text plus its image's tokens and the chat
+        template's)."""
+        def prompt(text: int, image_px: int | None) -> int:
+            if image_px is None:
+                return text
+            return text + self.model.chat_overhead_tokens + image_tokens(self.model, image_px, image_px)
+        if isinstance(suite, (FixedSuite, RateSuite)):
+            return [(s.workload, prompt(s.input_tokens, s.image_px), s.output_tokens) for s in suite.shapes]
+        if isinstance(suite, MultimodalSuite):
+            return [(c.workload, prompt(c.text_tokens, c.image_px), c.output_tokens) for c in suite.cells]
+        return [(st.workload, prompt(st.input_tokens if st.input_tokens is not None else st.input_tokens_max,
+                                     st.image_px), st.output_tokens) for st in suite.streams]
 
     def _check_kubernetes(self) -> None:
         for i, c in enumerate(self.configurations):

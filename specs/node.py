@@ -74,6 +74,15 @@ class ModelSpec(Strict):
     def kv_bytes_per_token(self) -> int:
         return 2 * self.n_layers * self.n_kv_heads * self.head_dim * self.dtype_bytes
 
+    def kv_bytes_per_token_at(self, tp: int) -> int:
+        """KV bytes one token takes on a TP group of `tp` GPUs together: kv_bytes_per_token, times the copies of
+        each KV head when TP exceeds their number (vLLM's QKVParallelLinear then replicates them: every GPU holds
+        one). What a decode engine reads per token and step, and what a KV transfer into an engine of this TP
+        moves: every rank receives its own shard once (vLLM mooncake_connector.py `_compute_sender_transfer_plan`:
+        at equal TP each prefill rank sends its whole shard to its peer, replicated heads included; across TP
+        sizes each receiving rank gets its heads from one sender)."""
+        return self.kv_bytes_per_token * max(1, tp // self.n_kv_heads)
+
     def tp_problem(self, tp: int) -> str | None:
         """Why vLLM refuses to shard this model over `tp` GPUs, or None. vLLM's ModelConfig
         (verify_with_parallel_config) needs TP to divide num_attention_heads ("Total number of attention heads

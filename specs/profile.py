@@ -108,12 +108,12 @@ def parse_profile(data: dict, source: str = "profile") -> dict:
         raise SpecError(describe_validation_error(e, source)) from None
 
 
-def load_profile(path: str | Path) -> dict:
+def load_profile(path: str | Path, option: str = "--profile") -> dict:
     """The profile in YAML file `path`; SpecError on a missing or bad file, an unknown key or an out-of-range
-    value."""
+    value (a missing file named as the `option` that gave it)."""
     p = Path(path)
     if not p.is_file():
-        raise SpecError(f"--profile {path}: no such file (write one with epdbench calibrate)")
+        raise SpecError(f"{option} {path}: no such file (write one with epdbench calibrate)")
     try:
         data = yaml.safe_load(p.read_text())
     except (yaml.YAMLError, UnicodeDecodeError) as e:

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from epdbench.specs.models import ExperimentSpec, SpecError, load_spec, parse_spec, select_configurations
+from epdbench.specs.profile import apply_profile, load_profile
 
 Preset = Literal["smoke", "pd-text", "epd-multimodal", "epd-reuse", "pd-nixl"]
 ConfigName = Literal["aggregated", "pd-tcp", "pd-rdma", "epd", "epd-rdma"]
@@ -37,10 +38,27 @@ class RunRequest(BaseModel):
     run_key: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$", title="Run key",
                                 description="Name of the results folder; re-running with the same key resumes "
                                             "it, skipping cells already recorded.")
+    profile: str | None = Field(None, min_length=1, title="Calibration profile",
+                                description="Path, on the machine that runs the flow, of a profile written by "
+                                            "epdbench calibrate: the simulator's constants come from it (sim "
+                                            "target only; the run keeps it as profile.yaml).")
+
+
+def request_profile(req: RunRequest) -> dict | None:
+    """The calibration profile a request names (None without one); SpecError (one line) when it cannot be read
+    or the target is not the simulator."""
+    if req.profile is None:
+        return None
+    if req.target != "sim":
+        raise SpecError(f"profile: a calibration profile sets the simulator's physics; it does not apply to "
+                        f"target {req.target}")
+    return load_profile(req.profile, "profile")
 
 
 def resolve_request(req: RunRequest) -> ExperimentSpec:
-    """The experiment spec a request stands for; SpecError (one line) when the combination is invalid."""
+    """The experiment spec a request stands for, with its profile's constants; SpecError (one line) when the
+    combination is invalid."""
+    profile = request_profile(req)
     spec = load_spec(req.preset)
     data = spec.model_dump(mode="json")
     if req.suites:
@@ -59,6 +77,8 @@ def resolve_request(req: RunRequest) -> ExperimentSpec:
     if req.namespace:
         data["target"]["kubernetes"]["namespace"] = req.namespace
     spec = parse_spec(data, f"preset {req.preset}")
+    if profile is not None:
+        spec = apply_profile(spec, profile)
     return select_configurations(spec, list(req.configurations) or None)
 
 

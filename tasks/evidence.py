@@ -119,10 +119,11 @@ def suite_evidence(dep: Deployment, config: ConfigurationSpec, before: dict, aft
 def kv_moved(spec: ExperimentSpec, config: ConfigurationSpec, deltas: dict[str, dict[str, float]],
              records: list[dict]) -> dict | None:
     """What the records say must have moved, beside what the counting side's counters say did: Mooncake's
-    sending (prefill) side, NIXL's reading (decode) side."""
+    sending (prefill) side, NIXL's reading (decode) side. The KV of a token fills each decode GPU's shard once,
+    its replicated KV heads included (ModelSpec.kv_bytes_per_token_at)."""
     if config.topology == "aggregated":
         return None
-    kv = kv_expectation(records, spec.model.kv_bytes_per_token)
+    kv = kv_expectation(records, spec.model.kv_bytes_per_token_at(config.role("decode").tp))
     if config.kv_connector == "nixl":
         got = deltas.get("decode") or {}
         kv.update({"transfers": got.get("nixl_transfers"), "bytes": got.get("nixl_bytes_transferred")})

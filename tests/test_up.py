@@ -10,8 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
+from epdbench.specs.models import load_spec
+from epdbench.specs.profile import profile_to_yaml
 from tests.processes import marked_processes
+from tests.specs.test_profile import a_profile
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]     # a Prefect and an MLflow server: over a minute
 ROOT = Path(__file__).parents[1]
@@ -103,8 +107,11 @@ def test_up_adhoc_run_from_the_prefect_api_and_down(tmp_path):
                 assert upcoming, "the nightly deployment shows no next run"
                 form = deployments["adhoc-comparison"].parameter_openapi_schema["definitions"]["RunRequest"]
                 assert form["properties"]["trials"]["anyOf"][0]["maximum"] == 20     # bounds reach the UI form
+            profile = tmp_path / "h100.yaml"        # a calibration profile named in the form: its constants run
+            profile.write_text(profile_to_yaml(a_profile()))
             run = run_deployment("adhoc-comparison/adhoc-comparison", timeout=0, parameters={
-                "request": {"preset": "smoke", "configurations": ["pd-tcp"], "suites": ["mm-context"]}})
+                "request": {"preset": "smoke", "configurations": ["pd-tcp"], "suites": ["mm-context"],
+                            "profile": str(profile)}})
             with get_client(sync_client=True) as client:
                 fr = wait_final(client, run.id, 300)
                 assert fr.state_name == "Completed", fr.state
@@ -123,11 +130,13 @@ def test_up_adhoc_run_from_the_prefect_api_and_down(tmp_path):
         folder = Path(report.data.split("Results: `", 1)[1].split("`", 1)[0])
         assert folder.parent == data / "results" and folder.name.startswith(fr.name)
         assert (folder / "summary.csv").exists()
+        assert load_spec(str(folder / "spec.yaml")).hardware.tcp_gb_s == 1.7            # the profile's constants
+        assert yaml.safe_load((folder / "profile.yaml").read_text())["hardware"] == a_profile()["hardware"]
         mlflow = MlflowClient(f"http://127.0.0.1:{mp}")
         exp = mlflow.get_experiment_by_name("epdbench")
         runs = mlflow.search_runs([exp.experiment_id], filter_string="tags.`epdbench.kind` = 'comparison'")
         assert len(runs) == 1 and runs[0].data.tags["epdbench.trigger"] == "adhoc"
-        assert "report.md" in {a.path for a in mlflow.list_artifacts(runs[0].info.run_id)}
+        assert {"report.md", "profile.yaml"} <= {a.path for a in mlflow.list_artifacts(runs[0].info.run_id)}
         if CHROMIUM:   # what a person sees: both deployments in the Prefect UI, the run in the MLflow UI
             dom = browse(f"http://127.0.0.1:{pp}/deployments", tmp_path, ARTIFACTS / "prefect-deployments.png")
             assert "nightly-comparison" in dom and "adhoc-comparison" in dom

@@ -34,7 +34,6 @@ def cmd_compare(args) -> int:
     quiet_defaults()
     from epdbench.flows import compare as compare_flow
     from epdbench.reports.terminal import print_summary
-    from epdbench.tasks.publish_state import PROFILE_FILE
     from epdbench.tasks.resume import StateError, validate_state_files
     from epdbench.tasks.runstate import FolderLocked, RunFolder
 
@@ -48,11 +47,6 @@ def cmd_compare(args) -> int:
         raise CliError(str(e)) from None
     compare_flow.RUN_FOLDER = hold
     INTERRUPTED_RUN["dir"] = out
-    if profile is not None and not (Path(out) / PROFILE_FILE).exists():
-        # the run keeps where its constants came from: its report and its MLflow run say so
-        from epdbench.specs.profile import profile_to_yaml
-        from epdbench.tasks.results import write_text_atomic
-        write_text_atomic(Path(out) / PROFILE_FILE, profile_to_yaml(profile))
     if args.resume:
         try:
             validate_state_files(Path(out))
@@ -70,7 +64,8 @@ def cmd_compare(args) -> int:
     signal.signal(signal.SIGTERM, on_signal)
 
     outcome = compare_flow.compare(spec, out_dir=out, tracking_uri=args.tracking_uri, trigger="cli",
-                                   run_name=run_name, resume=bool(args.resume), regression=settings)
+                                   run_name=run_name, resume=bool(args.resume), regression=settings,
+                                   profile=profile)
     if compare_flow.INTERRUPTED.is_set():   # the signal came, but something on the way swallowed its exception
         raise KeyboardInterrupt
     print_summary(outcome)

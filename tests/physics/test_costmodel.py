@@ -193,6 +193,19 @@ def test_kv_capacity_is_gpu_memory_left_after_the_weights(cm, smoke):
         (8 * 80e9 * 0.9 - smoke.model.weight_bytes) / 114_688)
 
 
+def test_replicated_kv_heads_are_read_and_moved_on_every_gpu_that_holds_them(smoke):
+    # Qwen2.5-VL-7B has 4 KV heads: up to TP 4 they are split, at TP 8 each is held on two GPUs
+    per_token = smoke.model.kv_bytes_per_token
+    assert [smoke.model.kv_bytes_per_token_at(tp) for tp in (1, 2, 4, 8)] == [per_token] * 3 + [2 * per_token]
+    tp4, tp8 = (CostModel(smoke.model, smoke.hardware, tp=tp) for tp in (4, 8))
+    assert tp8.kv_bytes(1000) == 2 * tp4.kv_bytes(1000) == 2 * 1000 * per_token    # what a transfer into it moves
+    # a decode step's KV read: 16000 more context tokens cost TP 8 what they cost TP 4 (twice the bytes over
+    # twice the bandwidth), where splitting heads would have halved it
+    extra = [cost.step_seconds([16100], []) - cost.step_seconds([100], []) for cost in (tp4, tp8)]
+    assert extra[1] == pytest.approx(extra[0], rel=1e-3)
+    assert extra[0] == pytest.approx(16000 * per_token / tp4.bytes_per_s, rel=1e-3)
+
+
 def test_an_engine_starts_only_if_its_kv_cache_holds_one_max_model_len_sequence():
     spec = load_spec("pd-text")                               # Qwen3-32B, max_model_len 32768, 0.9 of 80 GB
     one = CostModel(spec.model, spec.hardware, tp=1)          # 72 − 65.5 GB of weights: 24414 tokens of 256 KiB

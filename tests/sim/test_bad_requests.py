@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from epdbench.sim.validate import check_body, request_id_of
+from epdbench.sim.validate import BadRequest, check_body, output_budget, request_id_of
 from epdbench.tasks import sim_target
 
 MODEL = "Qwen/Qwen2.5-VL-7B-Instruct"
@@ -17,13 +17,11 @@ MODEL = "Qwen/Qwen2.5-VL-7B-Instruct"
 @pytest.mark.parametrize("body, chat, status, param, text", [
     ([1, 2], False, 400, None, "valid dictionary"),
     ({"model": "gpt-4", "prompt": "hi"}, False, 404, "model", "The model `gpt-4` does not exist"),
-    ({"prompt": "hi", "max_tokens": 0}, False, 400, "max_tokens", "max_tokens must be at least 1, got 0."),
-    ({"prompt": "hi", "max_tokens": -3}, False, 400, "max_tokens", "at least 1, got -3"),
     ({"prompt": "hi", "max_tokens": "8"}, False, 400, "max_tokens", "valid integer"),
     ({"prompt": "hi", "max_tokens": True}, False, 400, "max_tokens", "valid integer"),
-    ({"messages": [], "max_completion_tokens": 0}, True, 400, "max_completion_tokens", "at least 1"),
+    ({"messages": [], "max_completion_tokens": 2.5}, True, 400, "max_completion_tokens", "valid integer"),
     ({"prompt": "hi", "n": 2}, False, 400, "n", "n must be 1 on the simulator"),
-    ({"prompt": "hi", "n": 0}, False, 400, "n", "n must be at least 1"),
+    ({"prompt": "hi", "n": 0}, False, 400, None, "n must be at least 1, got 0."),
     ({"max_tokens": 4}, False, 400, "prompt", "prompt: Field required"),
     ({"messages": "hi"}, True, 400, "messages", "messages"),
 ])
@@ -33,6 +31,43 @@ def test_bad_bodies_get_vllms_status_type_and_parameter(body, chat, status, para
     err = problem.body()["error"]
     assert set(err) == {"message", "type", "param", "code"} and err["code"] == status
     assert err["type"] == ("NotFoundError" if status == 404 else "BadRequestError")
+
+
+@pytest.mark.parametrize("body, chat, prompt, message, param", [
+    # more output asked than the whole context: refused before the prompt is read
+    ({"max_tokens": 2049}, False, 10, "max_tokens=2049 cannot be greater than max_model_len=2048. Please request "
+     "fewer output tokens. (parameter=max_tokens, value=2049)", "max_tokens"),
+    ({"max_completion_tokens": 4096, "max_tokens": 8}, True, 10, "max_completion_tokens=4096 cannot be greater",
+     "max_completion_tokens"),
+    # a prompt longer than the context; the tokenizer stops counting one token past it
+    ({"max_tokens": 4}, False, 2049, "This model's maximum context length is 2048 tokens. However, your prompt "
+     "contains at least 2049 input tokens, which exceeds this limit even without any output tokens. Please reduce "
+     "the length of the input prompt. (parameter=input_tokens, value=2049)", "input_tokens"),
+    ({"max_tokens": 4}, False, 9000, "contains at least 2049 input tokens", "input_tokens"),
+    # fewer than one token: asked, or all the context has left (a prompt that fills it)
+    ({"max_tokens": 0}, False, 10, "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
+     "max_tokens"),
+    ({"max_tokens": -3}, False, 10, "max_tokens must be at least 1, got -3.", "max_tokens"),
+    ({"max_completion_tokens": 0}, True, 10, "max_tokens must be at least 1, got 0.", "max_tokens"),
+    ({"max_tokens": 4}, False, 2048, "max_tokens must be at least 1, got 0.", "max_tokens"),
+])
+def test_length_refusals_are_vllms_in_its_order(body, chat, prompt, message, param):
+    problem = output_budget(body, chat, prompt, 2048)
+    assert isinstance(problem, BadRequest) and message in problem.message and problem.param == param
+    assert problem.status == 400 and problem.type == "BadRequestError"
+
+
+@pytest.mark.parametrize("body, chat, prompt, tokens", [
+    ({}, False, 100, 16),                                  # completions: 16 when max_tokens is absent
+    ({"max_tokens": None}, False, 100, 1948),              # null: all the context has left
+    ({}, True, 100, 1948),                                 # chat: none asked is all that is left
+    ({"max_tokens": 64}, True, 100, 64),
+    ({"max_tokens": 64, "max_completion_tokens": 8}, True, 100, 8),    # chat's newer field first
+    ({"max_tokens": 2000}, False, 100, 1948),              # more than is left: served, cut (it stops early)
+    ({"max_tokens": 1}, False, 2047, 1),
+])
+def test_a_request_may_generate_what_it_asks_cut_to_what_the_context_has_left(body, chat, prompt, tokens):
+    assert output_budget(body, chat, prompt, 2048) == tokens
 
 
 def test_good_bodies_pass_and_the_header_names_the_request_first():
@@ -68,6 +103,12 @@ def test_the_openai_sdk_sees_vllms_errors_and_the_replica_keeps_serving(replica,
     with pytest.raises(openai.BadRequestError) as e:                 # vLLM: 400, never a request that hangs
         client.completions.create(model=model, prompt="", max_tokens=4)
     assert "prompt cannot be empty" in e.value.body["message"]
+    context = tiny_spec.engine.max_model_len                         # one token per word (sim.tokenizer)
+    cut = client.completions.create(model=model, prompt=" ".join(["w"] * (context - 4)), max_tokens=10)
+    assert cut.usage.completion_tokens == 4 and cut.choices[0].finish_reason == "length"   # served, cut short
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=model, prompt=" ".join(["w"] * (context + 9)), max_tokens=1)
+    assert e.value.body["param"] == "input_tokens" and f"at least {context + 1} input tokens" in e.value.body["message"]
     for raw in (b"[1, 2]", b'{"model": "%s", "prompt": "hi", "max_tokens": "x"}' % model.encode()):
         req = urllib.request.Request(replica + "/v1/completions", data=raw, headers={"Content-Type": "application/json"})
         with pytest.raises(urllib.error.HTTPError) as e:

@@ -158,6 +158,34 @@ def test_a_token_budget_below_max_num_seqs_is_rejected_as_vllm_does():
             "(128)") in msg
 
 
+def test_a_workload_longer_than_the_context_is_rejected_before_vllm_would_cut_its_outputs():
+    def engine(max_model_len):
+        return lambda d: d.setdefault("engine", {}).update(max_model_len=max_model_len)
+
+    def both(*mutations):
+        return lambda d: [m(d) for m in mutations]
+    def shape(prompt):
+        return lambda d: d["suites"][0]["shapes"][0].update(input_tokens=prompt)
+    assert parse_spec(with_(both(shape(60), engine(64)))).engine.max_model_len == 64   # 60 + 4 output: fits
+    assert ("field 'suites.0' (fixed): workload 61/4 asks for up to 61 prompt and 4 output tokens, more than "
+            "'engine.max_model_len' (64): vLLM would cut their outputs to 3 tokens") in _error(
+        with_(both(shape(61), engine(64))))
+
+    def long_stream(d):                                                  # a ranged stream: its longest prompt
+        d["suites"] = [{"kind": "mixed", "name": "mixed", "streams": [
+            {"name": "s", "input_tokens_min": 8, "input_tokens_max": 200, "output_tokens": 4, "n_requests": 2,
+             "concurrency": 1}]}]
+    msg = _error(with_(both(long_stream, engine(128))))
+    assert "up to 200 prompt and 4 output tokens" in msg and "vLLM would refuse prompts that long" in msg
+
+    def image(d):                                                        # a chat prompt counts its image's tokens
+        d["model"]["chat_overhead_tokens"] = 10
+        d["suites"] = [{"kind": "multimodal", "name": "mm", "concurrencies": [1],
+                        "cells": [{"name": "a", "image_px": 280, "text_tokens": 80, "output_tokens": 8}]}]
+    assert parse_spec(with_(both(image, engine(198)))).engine.max_model_len == 198   # 80 + 10 + 10² image tokens
+    assert "up to 190 prompt and 8 output tokens" in _error(with_(both(image, engine(197))))
+
+
 def test_multimodal_suite_on_text_only_model_is_rejected():
     def mutate(d):
         d["model"].pop("vision")

@@ -41,3 +41,17 @@ def test_epd_encoder_outputs_get_their_own_verdict_unless_the_cluster_uses_anoth
     other = ec_transport(dep, shared, shared.configuration("epd"))
     assert other["verdict"] == "not-read" and "ECExampleConnector" in other["reasons"][0]
     assert evidence_ok({**ok, "transport": {"verdict": "verified", "ec": other}}, "kubernetes")
+
+
+def test_kv_expected_to_move_counts_the_kv_heads_a_decode_tp_above_them_replicates():
+    from epdbench.analysis.transport import check_kv_volume
+    from epdbench.tasks.evidence import kv_moved
+    spec = load_spec("smoke")                            # Qwen2.5-VL-7B: 4 KV heads
+    tp1 = spec.configuration("pd-tcp")
+    tp8 = tp1.model_copy(update={"roles": [r.model_copy(update={"tp": 8}) for r in tp1.roles]})
+    records = [{"ok": True, "phase": "measured", "prompt_tokens": 1000, "cached_tokens": 0}] * 4
+    sent = 2 * 4 * 1000 * spec.model.kv_bytes_per_token  # every TP-8 rank sends its shard, each head twice
+    deltas = {"prefill": {"mooncake_transfers": 4, "mooncake_bytes_transferred": sent}}
+    assert kv_moved(spec, tp8, deltas, records)["expected_bytes_min"] == sent
+    assert check_kv_volume(kv_moved(spec, tp8, deltas, records)) == []
+    assert check_kv_volume(kv_moved(spec, tp1, deltas, records))    # at TP 1 those bytes are twice too many

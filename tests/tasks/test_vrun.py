@@ -63,6 +63,11 @@ def test_a_refused_request_and_a_timed_out_one_are_failures_on_record(tiny_spec)
     rec = simulate_records(too_long)
     assert (rec["status"] == 400).all() and not rec["ok"].any()
     assert rec["error"].str.startswith("HTTP 400: This model's maximum context length is 1024 tokens").all()
+    # the same requests again: a parse kept from the run before must not carry its refusal
+    tight = spec.model_copy(update={"engine": spec.engine.model_copy(update={"max_model_len": 4100})})
+    rec = simulate_records(tight)              # 4096-token prompts asking 32 tokens: vLLM serves the 4 that fit
+    assert rec["ok"].all() and (rec["prompt_tokens"] + rec["output_tokens"] == 4100).all()
+    assert (rec["output_tokens"] < rec["max_tokens"]).all()                 # the report counts them as early stops
     slow = spec.model_copy(update={"request_timeout_s": 0.05})      # a 4096-token prefill takes longer
     rec = simulate_records(slow)
     assert not rec["ok"].any() and rec["error"].str.startswith("timeout after").all()

@@ -1,0 +1,39 @@
+"""specs/request.py: what a Prefect UI form asks for becomes a spec, a calibration profile's constants included."""
+from __future__ import annotations
+
+import pytest
+
+from epdbench.specs.models import SpecError, load_spec
+from epdbench.specs.profile import profile_to_yaml
+from epdbench.specs.request import RunRequest, request_profile, resolve_request
+
+from tests.specs.test_profile import a_profile
+
+
+def test_a_request_without_a_profile_runs_the_presets_constants():
+    spec = resolve_request(RunRequest(preset="smoke", configurations=["pd-tcp"]))
+    assert spec.hardware == load_spec("smoke").hardware and [c.name for c in spec.configurations] == ["pd-tcp"]
+    assert request_profile(RunRequest()) is None
+
+
+def test_a_profile_named_in_the_form_sets_the_simulators_constants(tmp_path):
+    path = tmp_path / "h100.yaml"
+    path.write_text(profile_to_yaml(a_profile()))
+    req = RunRequest(preset="smoke", profile=str(path))
+    spec = resolve_request(req)
+    assert (spec.hardware.compute_efficiency, spec.hardware.tcp_gb_s) == (0.42, 1.7)
+    assert spec.hardware.hbm_efficiency == load_spec("smoke").hardware.hbm_efficiency     # the rest as in the preset
+    assert request_profile(req)["hardware"] == {"compute_efficiency": 0.42, "tcp_gb_s": 1.7}
+
+
+def test_a_profile_that_cannot_apply_is_one_line_before_anything_runs(tmp_path):
+    missing = r"^profile /nowhere/p.yaml: no such file \(write one with epdbench calibrate\)$"
+    with pytest.raises(SpecError, match=missing):
+        resolve_request(RunRequest(profile="/nowhere/p.yaml"))
+    path = tmp_path / "h100.yaml"
+    path.write_text(profile_to_yaml(a_profile()))
+    with pytest.raises(SpecError, match="sets the simulator's physics; it does not apply to target kubernetes"):
+        resolve_request(RunRequest(target="kubernetes", profile=str(path)))
+    path.write_text("hardware: {warp_factor: 9}\n")
+    with pytest.raises(SpecError, match="h100.yaml"):
+        resolve_request(RunRequest(profile=str(path)))
