@@ -68,7 +68,10 @@ def engine_args(spec: ExperimentSpec, config: ConfigurationSpec, role: RoleSpec)
             "--max-num-seqs", str(spec.engine.max_num_seqs),
             "--max-num-batched-tokens", str(spec.engine.max_num_batched_tokens),
             "--gpu-memory-utilization", str(spec.engine.gpu_memory_utilization),
-            "--enable-request-id-headers", "--enable-log-requests", "--max-log-len", str(MAX_LOG_LEN)]
+            "--enable-request-id-headers", "--enable-log-requests", "--max-log-len", str(MAX_LOG_LEN),
+            # usage.prompt_tokens_details.cached_tokens: the records' cached tokens, which the KV volume check
+            # and the prefix-cache figures need (vLLM 0.33 leaves them out without it)
+            "--enable-prompt-tokens-details"]
     if spec.engine.num_gpu_blocks_override is not None:
         args += ["--num-gpu-blocks-override", str(spec.engine.num_gpu_blocks_override)]
     if role.role == "encode":

@@ -146,6 +146,24 @@ def test_kv_expectation_counts_uncached_prompt_tokens():
     assert (kv["expected_bytes_min"], kv["expected_bytes_max"]) == (4 * 800 * 100, 4 * 800 * 100 + 1000 * 100)
 
 
+def test_responses_without_cached_tokens_bound_the_kv_from_above_only():
+    # vLLM without --enable-prompt-tokens-details: the decode side may have held a shared image prefix of 900 of
+    # each 1000-token prompt and pulled only the rest; held to the whole prompts, that was a mismatch
+    unreported = [{**r, "cached_tokens": None} if r.get("phase") == "measured" else r for r in records(4)]
+    unreported[1]["cached_tokens"] = float("nan")                 # as a parquet column with gaps reads it back
+    kv = kv_expectation(unreported, kv_bytes_per_token=100)
+    assert (kv["expected_bytes_min"], kv["expected_bytes_max"], kv["cached_unknown"]) == (0, 5 * 1000 * 100, 4)
+    pulled = {**kv, "transfers": 5, "bytes": 5 * 100 * 100}
+    assert check_kv_volume(pulled) == []
+    assert check_kv_volume({**pulled, "bytes": 700_000})         # more than the whole prompts' KV, still caught
+    pods = pods_of("rdma-ok-prefill", "rdma-ok-decode")
+    v = verify_transport("rdma", pods, kv=pulled)
+    assert v["verdict"] == "verified"
+    assert any("4 responses did not report their cached tokens" in r for r in v["reasons"])
+    known = kv_expectation(records(4, cached=900), kv_bytes_per_token=100)
+    assert known["cached_unknown"] == 0 and not check_kv_volume({**known, "transfers": 5, "bytes": 5 * 100 * 100})
+
+
 @pytest.mark.parametrize("transfers, moved, problems", [
     (5, 420_000, 0),
     (3, 420_000, 1),        # fewer transfers than measured requests

@@ -97,7 +97,7 @@ def test_lines_quoted_in_a_prompt_are_not_evidence():
 
 def test_kv_volume_and_failures_make_a_mismatch():
     pod = nixl_of_pod([ep(TCP), STATS.format(n=2)])
-    records = [{"ok": True, "prompt_tokens": 4096, "phase": "measured"}] * 2
+    records = [{"ok": True, "prompt_tokens": 4096, "cached_tokens": 0, "phase": "measured"}] * 2
     kv = kv_expectation(records, kv_bytes_per_token=57344) | {"transfers": 2, "bytes": 1e6}
     out = verify_nixl("tcp", {"decode-0": pod}, roles={"decode-0": "decode"}, kv=kv)
     assert out["verdict"] == "mismatch" and any("MB of KV moved" in r for r in out["reasons"])
