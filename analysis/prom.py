@@ -19,11 +19,13 @@ DELTA_COUNTERS = {
     "prefix_cache_hits": ("vllm:prefix_cache_hits_total", None),
     "mm_cache_queries": ("vllm:mm_cache_queries_total", None),
     "mm_cache_hits": ("vllm:mm_cache_hits_total", None),
-    "mooncake_bytes_transferred": ("vllm:mooncake_bytes_transferred_total", None),
+    # MooncakeConnector's bytes and times are histograms per transfer (vLLM 0.33 mooncake/stats.py), on the sending
+    # side; its failures counters.
+    "mooncake_bytes_transferred": ("vllm:mooncake_bytes_transferred_sum", None),
     "mooncake_failed_transfers": ("vllm:mooncake_num_failed_transfers_total", None),
     "mooncake_failed_recvs": ("vllm:mooncake_num_failed_recvs_total", None),
     "mooncake_transfers": ("vllm:mooncake_xfer_time_seconds_count", None),
-    # NixlConnector's are histograms (nixl/stats.py): bytes per transfer and transfer time, on the reading side.
+    # NixlConnector's are histograms too (nixl/stats.py): bytes per transfer and transfer time, on the reading side.
     "nixl_bytes_transferred": ("vllm:nixl_bytes_transferred_sum", None),
     "nixl_transfers": ("vllm:nixl_xfer_time_seconds_count", None),
     "nixl_failed_transfers": ("vllm:nixl_num_failed_transfers_total", None),

@@ -262,6 +262,20 @@ def volume_and_rate(base: dict, expected: str, pods: dict[str, dict], kv: dict |
     return bool(volume)
 
 
+def volume_gaps(kv: dict | None, connector: str) -> list[str]:
+    """On a run (`kv` given): why the KV volume could not be checked — the counting side's /metrics gave no
+    transfer count or no bytes (a scrape that failed, or connector stats off) — so KV is not verified."""
+    if kv is None:
+        return []
+    names = {"mooncake": ("vllm:mooncake_xfer_time_seconds_count", "vllm:mooncake_bytes_transferred_sum", "Prefill"),
+             "nixl": ("vllm:nixl_xfer_time_seconds_count", "vllm:nixl_bytes_transferred_sum", "Decode")}[connector]
+    absent = [name for key, name in zip(("transfers", "bytes"), names) if kv.get(key) is None]
+    if not absent:
+        return []
+    return [f"KV volume not checked: the {names[2]} pods' /metrics gave no {' and no '.join(absent)} over the run "
+            "(its scrape failed, or the connector's stats are off)"]
+
+
 def volume_line(kv: dict | None) -> list[str]:
     """The verified volume, when the sending or reading side's counters gave one."""
     if not kv or kv.get("bytes") is None:
@@ -345,6 +359,7 @@ def verify_transport(expected: str, pods: dict[str, dict], roles: dict[str, str]
     if not senders and not any(moved(p) for p in pods.values()):
         gaps.append("no KV pod shows KV moving: every throughput window is 0 MB/s or absent and no transfer "
                     "succeeded (enable MC_TE_METRIC=1 and KV transfer stats logging)")
+    gaps += volume_gaps(kv, "mooncake")
     reasons += gaps
     mismatch |= volume_and_rate(base, expected, pods, kv, tcp_mb_s, reasons)
     if mismatch:

@@ -21,7 +21,8 @@ import re
 from collections.abc import Iterable
 
 from epdbench.analysis.logformats import WORKER_PID, LogLine, parse_line
-from epdbench.analysis.transport import KV_METRICS, KV_METRICS_FILES, emulated, volume_and_rate, volume_line
+from epdbench.analysis.transport import (KV_METRICS, KV_METRICS_FILES, emulated, volume_and_rate, volume_gaps,
+                                        volume_line)
 
 EP_CFG = re.compile(r"(?:(\S+) )?(self|intra-node|inter-node) cfg#(\d+)((?: {1,2}\w+\([^)]*\)?)*)")
 EP_CFG_LEGACY = re.compile(r"ep_cfg\[(\d+)\]:((?:;? ?\w+\([^)]*\)?)*);?")
@@ -247,6 +248,8 @@ def verify_nixl(expected: str, pods: dict[str, dict], roles: dict[str, str] | No
                                        "completed`, logged at DEBUG)" if what == "ec" else
                                        "a successful NIXL transfer (vLLM's `KV Transfer metrics`, --disable-log-stats "
                                        "off)"))
+    if what == "kv":
+        gaps += volume_gaps(kv, "nixl")
     reasons += gaps
     mismatch |= volume_and_rate(base, expected, pods, kv, tcp_mb_s, reasons)
     verdict = "mismatch" if mismatch else "no-evidence" if (missing or gaps) else "verified"

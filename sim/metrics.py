@@ -102,12 +102,14 @@ def prometheus_text(replica: Replica) -> str:
             lines.append(f"vllm:{name}_sum{{{lbl}}} {total if mine else 0}")
         counter("nixl_num_failed_transfers", c.kv_failed_recvs if mine else 0)
     elif replica.moves_kv:
-        counter("mooncake_bytes_transferred", c.kv_bytes)
+        # MooncakeConnector's (vLLM 0.33 mooncake/stats.py): histograms per transfer, failures as counters
+        for name, total in (("mooncake_xfer_time_seconds", f"{c.kv_xfer_seconds:.6f}"),
+                            ("mooncake_bytes_transferred", c.kv_bytes)):
+            lines.append(f"# TYPE vllm:{name} histogram")
+            lines.append(f"vllm:{name}_count{{{lbl}}} {c.kv_transfers}")
+            lines.append(f"vllm:{name}_sum{{{lbl}}} {total}")
         counter("mooncake_num_failed_transfers", c.kv_failed_transfers)
         counter("mooncake_num_failed_recvs", c.kv_failed_recvs)
-        lines.append("# TYPE vllm:mooncake_xfer_time_seconds summary")
-        lines.append(f"vllm:mooncake_xfer_time_seconds_count{{{lbl}}} {c.kv_transfers}")
-        lines.append(f"vllm:mooncake_xfer_time_seconds_sum{{{lbl}}} {c.kv_xfer_seconds:.6f}")
     return "\n".join(lines) + "\n"
 
 

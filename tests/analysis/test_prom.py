@@ -44,3 +44,25 @@ def test_cache_by_role_keeps_roles_with_cache_activity():
     assert view["encode"]["mm_hit_rate"] == pytest.approx(0.95) and view["encode"]["prefix_hit_rate"] is None
     assert view["prefill"]["prefix_hit_rate"] == pytest.approx(155_648 / 180_760) and view["prefill"]["mm_queries"] == 0
     assert view["decode"]["kv_transfer_tokens"] == 25_072
+
+
+def test_kv_connector_histograms_are_read_as_vllm_0_33_exposes_them():
+    # vLLM 0.33's MooncakeConnector and NixlConnector stats (kv_connector/v1/{mooncake,nixl}/stats.py) are
+    # prometheus_client histograms per transfer; rendered here by the same client, so the text is the real one
+    prometheus_client = pytest.importorskip("prometheus_client")
+
+    def exposition(transfers: list[float]) -> str:
+        registry = prometheus_client.CollectorRegistry()
+        for connector in ("mooncake", "nixl"):
+            size = prometheus_client.Histogram(f"vllm:{connector}_bytes_transferred", "bytes per transfer",
+                                               ["model_name", "engine"], registry=registry,
+                                               buckets=tuple(2 ** (10 + i) for i in range(1, 25, 2)))
+            took = prometheus_client.Histogram(f"vllm:{connector}_xfer_time_seconds", "transfer time",
+                                               ["model_name", "engine"], registry=registry)
+            for n in transfers:
+                size.labels("m", "0").observe(n)
+                took.labels("m", "0").observe(0.01)
+        return prometheus_client.generate_latest(registry).decode()
+    d = counter_deltas(exposition([1e6]), exposition([1e6, 4e6, 5e6]))
+    assert (d["mooncake_transfers"], d["mooncake_bytes_transferred"]) == (2, 9e6)
+    assert (d["nixl_transfers"], d["nixl_bytes_transferred"]) == (2, 9e6)

@@ -164,6 +164,17 @@ def test_responses_without_cached_tokens_bound_the_kv_from_above_only():
     assert known["cached_unknown"] == 0 and not check_kv_volume({**known, "transfers": 5, "bytes": 5 * 100 * 100})
 
 
+def test_a_run_whose_kv_counters_are_missing_is_not_verified():
+    pods = pods_of("rdma-ok-prefill", "rdma-ok-decode")
+    good = {**kv_expectation(records(4), 100), "transfers": 6, "bytes": 450_000}
+    assert verify_transport("rdma", pods, kv=good)["verdict"] == "verified"
+    v = verify_transport("rdma", pods, kv={**good, "bytes": None})
+    assert v["verdict"] == "no-evidence"
+    assert ("KV volume not checked: the Prefill pods' /metrics gave no vllm:mooncake_bytes_transferred_sum over the "
+            "run") in " ".join(v["reasons"])
+    assert verify_transport("rdma", pods)["verdict"] == "verified"      # logs alone (verify-transport): no volume
+
+
 @pytest.mark.parametrize("transfers, moved, problems", [
     (5, 420_000, 0),
     (3, 420_000, 1),        # fewer transfers than measured requests

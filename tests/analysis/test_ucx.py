@@ -66,6 +66,15 @@ def test_verified_needs_every_lane_on_the_transport_and_reads_on_the_decode():
     idle = nixl_of_pod([ep(RDMA, pid=2)])
     out = verify_nixl("rdma", {"prefill-0": prefill, "decode-0": idle}, roles=roles)
     assert out["verdict"] == "no-evidence" and "decode-0: UCX set up rdma lanes but no KV transfer succeeded" in out["reasons"]
+    # on a run, the decode side's counters must give the volume
+    kv = kv_expectation([{"ok": True, "prompt_tokens": 4096, "cached_tokens": 0, "phase": "measured"}], 57344)
+    pods = {"prefill-0": prefill, "decode-0": decode}
+    counted = {**kv, "transfers": 1, "bytes": 4096 * 57344}
+    assert verify_nixl("rdma", pods, roles=roles, kv=counted)["verdict"] == "verified"
+    out = verify_nixl("rdma", pods, roles=roles, kv={**counted, "transfers": None, "bytes": None})
+    assert out["verdict"] == "no-evidence" and any(
+        r.startswith("KV volume not checked: the Decode pods' /metrics gave no vllm:nixl_xfer_time_seconds_count and "
+                     "no vllm:nixl_bytes_transferred_sum") for r in out["reasons"])
 
 
 def test_one_tcp_lane_of_one_worker_is_a_mismatch_naming_it():

@@ -91,7 +91,7 @@ def test_pd_tcp_through_vllm_router(deploy, tiny_spec):
     metrics = get(prefill.metrics_url)
     assert 'vllm:prompt_tokens_total{engine="0"' in metrics
     kv_bytes = next(float(line.split()[-1]) for line in metrics.splitlines()
-                    if line.startswith("vllm:mooncake_bytes_transferred_total"))
+                    if line.startswith("vllm:mooncake_bytes_transferred_sum"))
     probe_tokens = 3  # the readiness probe through the router ("epdbench readiness probe")
     assert kv_bytes == (3 * 4096 + probe_tokens) * tiny_spec.model.kv_bytes_per_token
     # Emulation lag: one observation per token the decode streamed (3 × 32; the probe does not stream), none on
@@ -195,7 +195,7 @@ def test_decode_pulls_only_the_kv_it_does_not_hold(deploy, tiny_spec):
     def kv_bytes():
         metrics = get(prefill.metrics_url)
         return next(float(l.split()[-1]) for l in metrics.splitlines()
-                    if l.startswith("vllm:mooncake_bytes_transferred_total"))
+                    if l.startswith("vllm:mooncake_bytes_transferred_sum"))
 
     start = kv_bytes()
     post(dep.endpoint + "/v1/completions", {"model": tiny_spec.model.name, "prompt": prompt, "max_tokens": 2})
