@@ -56,6 +56,8 @@ class Sequence:
     admitted: int | None = None    # when it got KV blocks (vLLM's running order); None while it holds none
     recompute_tokens: int = 0      # generated tokens a preemption dropped from the KV: prefilled again
     preemptions: int = 0
+    reported_cached: int | None = None   # the cached tokens its usage reports, when not its own (a PD decode
+                                         # reports its prefill's: sim.responses.usage)
 
     @property
     def context(self) -> int:

@@ -63,9 +63,11 @@ class KVHandoff:
         if not self.genuine:
             r.mc_log(f"Transfer Engine RPC using P2P handshake, listening on {r.host}:{r.port + 10000}")
 
-    def hold(self, kvp: dict, rid: str, prompt_tokens: int) -> dict:
+    def hold(self, kvp: dict, rid: str, prompt_tokens: int, cached: int = 0) -> dict:
         """Prefill side, after a prefill-only request: keep its KV for the decode; return the
-        kv_transfer_params that tell the decode where to pull it from."""
+        kv_transfer_params that tell the decode where to pull it from, with the prefill's prefix-cache hit
+        (`cached`), which the decode reports as its usage's cached tokens (vLLM 0.33 v1/core/sched/scheduler.py:
+        remote_prefill_cached_tokens)."""
         r = self.replica
         xfer = kvp.get("transfer_id") or rid
         self.transfers[xfer] = (prompt_tokens, rid)
@@ -73,7 +75,7 @@ class KVHandoff:
             "do_remote_prefill": True, "do_remote_decode": False, "transfer_id": xfer,
             "remote_engine_id": r.engine_id,
             "remote_bootstrap_addr": f"{r.host}:{r.bootstrap_port}",
-            "remote_host": r.host, "remote_port": r.bootstrap_port,
+            "remote_host": r.host, "remote_port": r.bootstrap_port, "remote_prefill_cached_tokens": cached,
         }
 
     async def pull_kv(self, rid: str, kvp: dict, tokens: int) -> bool:

@@ -176,6 +176,8 @@ class Replica:
                 seq.image_tokens = await self.encoder.image_work(rid, body, [images[i] for i in todo],
                                                                  [hashes[i] for i in todo])
             if self.role == "decode" and kvp.get("do_remote_prefill"):
+                if isinstance(kvp.get("remote_prefill_cached_tokens"), int):
+                    seq.reported_cached = kvp["remote_prefill_cached_tokens"]
                 ok = await self.kv.pull_kv(rid, kvp, prompt_tokens - cached)
                 if ok:
                     seq.computed = prompt_tokens - 1  # last prompt token is recomputed locally

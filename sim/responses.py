@@ -28,10 +28,14 @@ def text_of(n: int) -> str:
 
 
 def usage(seq: Sequence, generated: int | None = None) -> dict:
+    """vLLM's usage (with --enable-prompt-tokens-details): a decode whose prompt came by KV transfer reports its
+    prefill's prefix-cache hit (kv_transfer_params' remote_prefill_cached_tokens, vLLM 0.33
+    v1/engine/output_processor.py), not its own near-whole hit from the transfer."""
     n = seq.generated if generated is None else generated
+    cached = seq.cached if seq.reported_cached is None else seq.reported_cached
     return {"prompt_tokens": seq.prompt_tokens, "completion_tokens": n,
             "total_tokens": seq.prompt_tokens + n,
-            "prompt_tokens_details": {"cached_tokens": seq.cached}}
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def model_of(replica: Replica, body: dict) -> str:
@@ -72,7 +76,7 @@ async def respond_prefill_only(replica: Replica, body: dict, rid: str, seq: Sequ
     replica.counters.finish(reason, seq.generated)
     out = response_json(replica, body, rid, seq, chat, reason)
     if kvp and kvp.get("do_remote_decode"):
-        out["kv_transfer_params"] = replica.kv.hold(kvp, rid, seq.prompt_tokens)
+        out["kv_transfer_params"] = replica.kv.hold(kvp, rid, seq.prompt_tokens, seq.cached)
     if replica.role == "encode":
         out["ec_transfer_params"] = replica.encoder.transfer_params()
     return web.json_response(out)

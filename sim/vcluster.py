@@ -222,7 +222,8 @@ class VirtualCluster:
 
     async def generate(self, rid: str, prompt: Prompt, stamps: list[float]) -> tuple[int, int]:
         """Serve one request, appending to `stamps` the stamp (loop seconds) of each token the client receives;
-        returns (prompt tokens, cached tokens) as the serving replica's usage reports them."""
+        returns (prompt tokens, cached tokens) as the serving replica's usage reports them (a PD decode: its
+        prefill's)."""
         if "server" in self.replicas:
             return await self._leg(next(self._next["server"]), rid, prompt, stamps)
         encoder = None
@@ -232,8 +233,9 @@ class VirtualCluster:
             await encoder.encoder.preprocess(prompt.images, prompt.hashes)
             await encoder.encoder.encode_images(rid, prompt.images, prompt.hashes)
         prefill = next(self._next["prefill"])
-        await self._leg(prefill, rid, prompt, None, encoder=encoder)
-        return await self._leg(next(self._next["decode"]), rid, prompt, stamps, kv_from=prefill)
+        _, prefill_cached = await self._leg(prefill, rid, prompt, None, encoder=encoder)
+        n_prompt, _ = await self._leg(next(self._next["decode"]), rid, prompt, stamps, kv_from=prefill)
+        return n_prompt, prefill_cached     # the decode reports its prefill's hit, as vLLM 0.33 (sim.responses.usage)
 
     async def _leg(self, rep: VReplica, rid: str, prompt: Prompt, stamps: list[float] | None,
                    encoder: VReplica | None = None,

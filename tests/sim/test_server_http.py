@@ -198,10 +198,15 @@ def test_decode_pulls_only_the_kv_it_does_not_hold(deploy, tiny_spec):
                     if l.startswith("vllm:mooncake_bytes_transferred_sum"))
 
     start = kv_bytes()
-    post(dep.endpoint + "/v1/completions", {"model": tiny_spec.model.name, "prompt": prompt, "max_tokens": 2})
+    one = post(dep.endpoint + "/v1/completions", {"model": tiny_spec.model.name, "prompt": prompt, "max_tokens": 2})
     first = kv_bytes() - start
-    post(dep.endpoint + "/v1/completions", {"model": tiny_spec.model.name, "prompt": prompt, "max_tokens": 2})
+    two = post(dep.endpoint + "/v1/completions", {"model": tiny_spec.model.name, "prompt": prompt, "max_tokens": 2})
     second = kv_bytes() - start - first
     per_token = tiny_spec.model.kv_bytes_per_token
     assert first == 1024 * per_token
     assert second == (1024 - 1008) * per_token       # decode's prefix cache held 63 full blocks of 16
+    # the decode reports its prefill's prefix-cache hit (vLLM 0.33: remote_prefill_cached_tokens), not its own
+    assert [r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in (one, two)] == [0, 1008]
+    held = post(prefill.url + "/v1/completions", {"prompt": prompt, "max_tokens": 1,
+                                                  "kv_transfer_params": {"do_remote_decode": True}})
+    assert held["kv_transfer_params"]["remote_prefill_cached_tokens"] == 1008
