@@ -38,3 +38,20 @@ def nixl_py_line(level: str, file: str, line: int, msg: str, now: dt.datetime | 
     """NIXL's Python logger (nixl/logging.py): `%(asctime)s NIXL %(levelname)-7s %(filename)s:%(lineno)d`."""
     now = now or dt.datetime.now()
     return f"{now:%Y-%m-%d %H:%M:%S} NIXL {level:<7} {file}:{line} {msg} {EMULATED_MARK}"
+
+
+def sampling_params(body: dict, max_tokens: int, kv_transfer_params: dict | None = None) -> str:
+    """SamplingParams as vLLM 0.33 logs it in its `Received request` line (sampling_params.py __repr__): the
+    request's sampling fields, its max_tokens as the server set them, and its kv_transfer_params in extra_args."""
+    def num(name: str, default: float) -> float:
+        value = body.get(name)
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+    extra = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params else None
+    return (f"SamplingParams(n=1, presence_penalty={num('presence_penalty', 0.0)}, "
+            f"frequency_penalty={num('frequency_penalty', 0.0)}, repetition_penalty=1.0, "
+            f"temperature={num('temperature', 1.0)}, watermarking=None, top_p={num('top_p', 1.0)}, top_k=0, "
+            f"min_p=0.0, seed={body.get('seed')}, stop=[], stop_token_ids=[], bad_words=[], "
+            f"thinking_token_budget=None, include_stop_str_in_output=False, "
+            f"ignore_eos={body.get('ignore_eos') is True}, max_tokens={max_tokens}, min_tokens=0, logprobs=None, "
+            f"prompt_logprobs=None, skip_special_tokens=True, "
+            f"spaces_between_special_tokens=True, structured_outputs=None, extra_args={extra})")

@@ -146,15 +146,15 @@ class Replica:
         body_id = body.get("request_id") or uuid.uuid4().hex
         # as vLLM with --enable-log-requests and VLLM_REQUEST_BODY_LOG_LEVEL=INFO (request_logger.py)
         self.api_log(f"Request {body_id} JSON body: {json.dumps(body, separators=(',', ':'))[:MAX_LOG_LEN]}",
-                     file="request_logger.py", line=85)
+                     file="request_logger.py", line=86)
         client_id = request_id_of(request.headers.get("X-Request-Id"), body) or body_id
         prefix = "chatcmpl" if chat else "cmpl"
         rid = f"{prefix}-{client_id}"
         kvp = body.get("kv_transfer_params") or {}
-        self.api_log(f"Received request {rid}: role={self.role} prompt_tokens={prompt_tokens} "
-                     f"max_tokens={max_tokens} images={len(images)} "
-                     f"kv_transfer_params={json.dumps(kvp, sort_keys=True) if kvp else None}",
-                     file="logger.py", line=49)
+        # vLLM 0.33 (serve/utils/request_logger.py log_inputs): a completion's id with its choice index
+        self.api_log(f"Received request {rid if chat else rid + '-0'}: params: "
+                     f"{logfmt.sampling_params(body, max_tokens, kvp)}, lora_request: None.",
+                     file="request_logger.py", line=67)
 
         seq = Sequence(request_id=rid, prompt_tokens=prompt_tokens, max_tokens=max_tokens)
         hashes = [image_hash(b) for b in images]

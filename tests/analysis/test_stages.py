@@ -22,6 +22,17 @@ def test_stage_counts_of_access_and_request_lines():
     assert (c["completions"], c["errors"], c["renders"], c["request_ids"]) == (2, 1, 1, {"r1", "r2"})
 
 
+def test_vllm_0_33_request_lines_name_the_request():
+    # serve/utils/request_logger.py: log_inputs (a completion's id carries its choice index) and log_request_body
+    lines = ["(APIServer pid=7) INFO 12-04 05:00:00 [request_logger.py:67] Received request cmpl-epd-r1-0: params: "
+             "SamplingParams(n=1, presence_penalty=0.0, ignore_eos=True, max_tokens=64, extra_args={'kv_transfer_"
+             "params': {'do_remote_prefill': True}}), lora_request: None.",
+             "(APIServer pid=7) INFO 12-04 05:00:00 [request_logger.py:67] Received request chatcmpl-epd-r2: params: "
+             "SamplingParams(n=1, max_tokens=8), lora_request: None.",
+             '(APIServer pid=7) INFO 12-04 05:00:00 [request_logger.py:86] Request epd-r3 JSON body: {"prompt":"x"}']
+    assert stage_counts(lines)["request_ids"] >= {"epd-r1", "epd-r2", "epd-r3"}
+
+
 def test_request_ids_and_access_text_inside_other_lines_do_not_count():
     quoted = ("(APIServer pid=1) INFO 07-13 16:33:58 [logger.py:49] Received request cmpl-r9: prompt: "
               "'Received request cmpl-r7: INFO:     1.2.3.4:5 - \"POST /v1/completions HTTP/1.1\" 200 OK'")
