@@ -42,7 +42,8 @@ def _name_from_parameters() -> str:
 def _run(request: RunRequest, trigger: str) -> dict:
     """The comparison as a sub-flow; its live progress and its summary artifact also on this run, the one the
     UI and `prefect deployment run` show first."""
-    spec, profile = resolve_request(request), request_profile(request)
+    profile = request_profile(request)
+    spec = resolve_request(request, profile)
     if profile is not None:
         print(f"Simulator constants from profile {request.profile}; {error_bar(profile, spec)}")
     name = run_name(request, dt.date.today().isoformat()) if request.run_key else \

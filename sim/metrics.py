@@ -71,6 +71,11 @@ def prometheus_text(replica: Replica) -> str:
         lines.append(f"# TYPE vllm:{name} counter")
         lines.append(f"vllm:{name}_total{{{lbl}{extra}}} {value}")
 
+    def histogram(name, count, total):      # a KV connector's per-transfer histogram: its count and sum
+        lines.append(f"# TYPE vllm:{name} histogram")
+        lines.append(f"vllm:{name}_count{{{lbl}}} {count}")
+        lines.append(f"vllm:{name}_sum{{{lbl}}} {total}")
+
     for reason, n in sorted(c.request_success.items()) or [("length", 0)]:
         counter("request_success", n, f',finished_reason="{reason}"')
     counter("prompt_tokens", c.prompt_tokens)
@@ -96,18 +101,13 @@ def prometheus_text(replica: Replica) -> str:
     if replica.moves_kv and replica.kv.nixl:
         # NixlConnector's (nixl/stats.py): histograms of the decode's READs, failures as counters
         mine = replica.role == "decode"
-        for name, total in (("nixl_xfer_time_seconds", c.kv_xfer_seconds), ("nixl_bytes_transferred", c.kv_bytes)):
-            lines.append(f"# TYPE vllm:{name} histogram")
-            lines.append(f"vllm:{name}_count{{{lbl}}} {c.kv_transfers if mine else 0}")
-            lines.append(f"vllm:{name}_sum{{{lbl}}} {total if mine else 0}")
+        histogram("nixl_xfer_time_seconds", c.kv_transfers if mine else 0, c.kv_xfer_seconds if mine else 0)
+        histogram("nixl_bytes_transferred", c.kv_transfers if mine else 0, c.kv_bytes if mine else 0)
         counter("nixl_num_failed_transfers", c.kv_failed_recvs if mine else 0)
     elif replica.moves_kv:
         # MooncakeConnector's (vLLM 0.33 mooncake/stats.py): histograms per transfer, failures as counters
-        for name, total in (("mooncake_xfer_time_seconds", f"{c.kv_xfer_seconds:.6f}"),
-                            ("mooncake_bytes_transferred", c.kv_bytes)):
-            lines.append(f"# TYPE vllm:{name} histogram")
-            lines.append(f"vllm:{name}_count{{{lbl}}} {c.kv_transfers}")
-            lines.append(f"vllm:{name}_sum{{{lbl}}} {total}")
+        histogram("mooncake_xfer_time_seconds", c.kv_transfers, f"{c.kv_xfer_seconds:.6f}")
+        histogram("mooncake_bytes_transferred", c.kv_transfers, c.kv_bytes)
         counter("mooncake_num_failed_transfers", c.kv_failed_transfers)
         counter("mooncake_num_failed_recvs", c.kv_failed_recvs)
     return "\n".join(lines) + "\n"

@@ -55,10 +55,10 @@ def request_profile(req: RunRequest) -> dict | None:
     return load_profile(req.profile, "profile")
 
 
-def resolve_request(req: RunRequest) -> ExperimentSpec:
-    """The experiment spec a request stands for, with its profile's constants; SpecError (one line) when the
-    combination is invalid."""
-    profile = request_profile(req)
+def resolve_request(req: RunRequest, profile: dict | None = None) -> ExperimentSpec:
+    """The experiment spec a request stands for, with its profile's constants (`profile`: request_profile(req)
+    when the caller has it already); SpecError (one line) when the combination is invalid."""
+    profile = profile if profile is not None else request_profile(req)
     spec = load_spec(req.preset)
     data = spec.model_dump(mode="json")
     if req.suites:
