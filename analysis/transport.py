@@ -377,3 +377,22 @@ def verify_transport(expected: str, pods: dict[str, dict], roles: dict[str, str]
         reasons += volume_line(kv)
     verdict = emulated(verdict, pods, reasons, f"the {expected} transport")
     return {**base, "verdict": verdict, "reasons": reasons}
+
+
+def verify_virtual(expected: str, kv: dict | None, what: str = "kv") -> dict:
+    """The verdict of a configuration run in virtual time (`compare --clock virtual`): no process ran and no
+    transport line exists, so nothing is verified; the cost model's own transfers (`kv`: kv_expectation plus the
+    sending replicas' `transfers` and `bytes`) are still held to the records' volume, and a gap is a mismatch
+    of the model itself. `what`: kv, or ec (the encoder outputs, whose transfers are not counted)."""
+    base = {"expected": expected, "what": what, "pods": {}, "throughput_mb_s_min": None, "throughput_mb_s_max": None,
+            "failed_transfers": 0, "failed_recvs": 0, "ready_acks": 0, "kv_check": kv, "suspicious": False,
+            "clock": "virtual"}
+    if expected == "none":
+        return {**base, "verdict": "not-applicable", "reasons": ["aggregated serving moves no KV between pods"]}
+    reasons = [f"virtual clock: no process ran and no transport line exists; the cost model moved the "
+               f"{'encoder outputs' if what == 'ec' else 'KV'} as {expected} transfers"]
+    problems = check_kv_volume(kv) if kv else []
+    if kv and not problems:
+        reasons.append(f"{kv['transfers']:.0f} modelled KV transfers of {kv['bytes'] / 1e6:.1f} MB for "
+                       f"{kv['measured_requests']} measured requests, as the prompts' KV")
+    return {**base, "verdict": "mismatch" if problems else "emulated", "reasons": reasons + problems}

@@ -27,6 +27,7 @@ from epdbench.specs.workload import calibration_keys, plan_cells
 from epdbench.flows.outputs import prefect_summary_artifact, report_meta, verdict_view
 from epdbench.flows.incluster import LoadgenIncomplete, run_suite_in_cluster
 from epdbench.flows.suite import CellTimeout, DeploymentDied, run_suite, say
+from epdbench.flows.virtual import VIRTUAL_ROUTER, run_virtually, virtual_calibration
 from epdbench.tasks import evidence, publish
 from epdbench.tasks.publish import roles_text
 from epdbench.tasks.deployment import ProvisionError
@@ -96,6 +97,8 @@ def run_configuration(spec: ExperimentSpec, config: ConfigurationSpec, run: str,
     log_dir = ev_dir  # raw process logs are evidence
     outcome = ConfigOutcome(config.name, ok=False)
     say(f"[{config.name}] starting {roles_text(config)} ({config.gpus} GPUs, KV {config.kv_transport})")
+    if spec.virtual:
+        return _run_virtually(spec, config, run, rdir, ev_dir, outcome, skip, progress)
     dep = None
     target = target_module(spec.target.kind)
     try:
@@ -133,17 +136,7 @@ def run_configuration(spec: ExperimentSpec, config: ConfigurationSpec, run: str,
         rows = [r for item in outcome.cells for r in item["rows"]]
         outcome.transport, outcome.stages = evidence.collect(dep, spec, config, first, snap, rows, suites, ev_dir,
                                                              emulated)
-        bad = [i for i in outcome.cells if i["status"] != "ok"]
-        if bad:
-            outcome.error = (f"degraded: {len(bad)} of {len(outcome.cells)} cells above the failed-request "
-                             f"threshold ({bad[0]['cell'].suite} {bad[0]['cell'].workload} "
-                             f"c={bad[0]['cell'].concurrency}: {bad[0]['reason']})")
-            outcome.status = "degraded"
-        else:
-            outcome.ok = True
-        ec = outcome.transport.get("ec")
-        say(f"[{config.name}] transport {outcome.transport['verdict']}"
-            + (f", encoder outputs {ec['verdict']}" if ec else "") + f", stages {outcome.stages['verdict']}")
+        _close_configuration(outcome)
     except ProvisionError as e:
         outcome.error = f"provisioning failed: {e}"
     except CellTimeout as e:
@@ -162,13 +155,66 @@ def run_configuration(spec: ExperimentSpec, config: ConfigurationSpec, run: str,
     finally:
         if dep is not None:
             target.stop(dep)
+    _end_configuration(outcome, ev_dir)
+    return outcome
+
+
+def _run_virtually(spec: ExperimentSpec, config: ConfigurationSpec, run: str, rdir: Path, ev_dir: Path,
+                   outcome: ConfigOutcome, skip: frozenset, progress: "Progress | None") -> ConfigOutcome:
+    """run_configuration in virtual time (flows.virtual): no processes to start or stop."""
+    outcome.router = VIRTUAL_ROUTER
+    say(f"[{config.name}] serving in virtual time (no processes, no HTTP)")
+    try:
+        calibration = virtual_prompts(spec, str(rdir / "calibration.json"))
+        outcome.cells, observed = run_virtually(spec, config, run, str(rdir), calibration, skip, progress,
+                                                INTERRUPTED.is_set)
+        served = observed.pop("served")
+        outcome.transport, outcome.stages = evidence.collect_virtual(
+            spec, config, [r for rows in served.values() for r in rows], served, observed, ev_dir)
+        _close_configuration(outcome)
+    except Exception as e:  # noqa: BLE001 - a failed configuration must not stop the others
+        if INTERRUPTED.is_set():
+            raise KeyboardInterrupt from e
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        outcome.error = f"{type(e).__name__}: {e}"
+        traceback.print_exc(file=sys.stderr)
+    _end_configuration(outcome, ev_dir)
+    return outcome
+
+
+def _close_configuration(outcome: ConfigOutcome) -> None:
+    """After its evidence: ok, or degraded when a cell's requests failed above the threshold; the verdicts line."""
+    bad = [i for i in outcome.cells if i["status"] != "ok"]
+    if bad:
+        outcome.error = (f"degraded: {len(bad)} of {len(outcome.cells)} cells above the failed-request "
+                         f"threshold ({bad[0]['cell'].suite} {bad[0]['cell'].workload} "
+                         f"c={bad[0]['cell'].concurrency}: {bad[0]['reason']})")
+        outcome.status = "degraded"
+    else:
+        outcome.ok = True
+    ec = outcome.transport.get("ec")
+    say(f"[{outcome.config}] transport {outcome.transport['verdict']}"
+        + (f", encoder outputs {ec['verdict']}" if ec else "") + f", stages {outcome.stages['verdict']}")
+
+
+def _end_configuration(outcome: ConfigOutcome, ev_dir: Path) -> None:
     if outcome.ok:
         outcome.status = "ok"
     if outcome.error:
-        say(f"[{config.name}] {outcome.status.upper()}: {outcome.error}")
+        say(f"[{outcome.config}] {outcome.status.upper()}: {outcome.error}")
     write_json(ev_dir / "outcome.json", {"ok": outcome.ok, "status": outcome.status, "error": outcome.error,
                                          "router": outcome.router})
-    return outcome
+
+
+@task(name="calibrate-prompts-virtually", cache_policy=NO_CACHE)
+def virtual_prompts(spec: ExperimentSpec, path: str) -> dict:
+    """calibrate_prompts in virtual time: against the simulator's tokenizer in this process."""
+    if Path(path).exists():
+        return json.loads(Path(path).read_text())
+    fits = virtual_calibration(spec)
+    write_json(Path(path), fits)
+    return fits
 
 
 def job_timeout_s(spec: ExperimentSpec, suite: str, deadline: float | None) -> float:
@@ -182,7 +228,8 @@ def job_timeout_s(spec: ExperimentSpec, suite: str, deadline: float | None) -> f
 
 def run_name_for(spec: ExperimentSpec, now: dt.datetime | None = None) -> str:
     now = now or dt.datetime.now()
-    return f"{spec.name}-{spec.target.kind}-{now:%Y%m%d-%H%M%S}"
+    where = "sim-virtual" if spec.virtual else spec.target.kind
+    return f"{spec.name}-{where}-{now:%Y%m%d-%H%M%S}"
 
 
 class Progress:
@@ -272,7 +319,8 @@ def _compare(spec: ExperimentSpec, run: str, rdir: Path, tracking_uri: str | Non
     publish.save_state(rdir, state)
     cells = plan_cells(spec)
     say(f"Run {run}: {len(spec.configurations)} configurations × {len(cells)} cells × "
-        f"{spec.trials} trial(s) → {rdir}" + (" (resuming)" if resume else ""))
+        f"{spec.trials} trial(s) → {rdir}" + (" (resuming)" if resume else "")
+        + (" — in virtual time: every figure is the cost model's, no process runs" if spec.virtual else ""))
     progress = Progress(len(spec.configurations) * len(cells) * spec.trials, progress_artifact)
     outcomes: dict[str, ConfigOutcome] = {}
     for config in spec.configurations:

@@ -86,10 +86,12 @@ def worker_view(t: dict) -> list[str]:
 
 
 def report_meta(spec: ExperimentSpec, run: str, outcomes: dict[str, ConfigOutcome]) -> dict:
-    target = "simulator (emulated hardware)" if spec.target.kind == "sim" else "Kubernetes"
+    target = ("simulator in virtual time (emulated hardware)" if spec.virtual else
+              "simulator (emulated hardware)" if spec.target.kind == "sim" else "Kubernetes")
     return {
         "title": f"epdbench: {spec.name} on {target}",
         "run": run, "spec": spec.name, "target": spec.target.kind, "model": spec.model.name,
+        "clock": "virtual" if spec.virtual else "real",
         "hardware": f"{spec.hardware.gpu} figures", "seed": spec.seed, "trials": spec.trials,
         "time_scale": spec.time_scale,
         "client": ("loopback" if spec.target.kind == "sim" else "in-cluster"

@@ -164,6 +164,10 @@ def early_stop_line(stops: EarlyStops | None) -> str | None:
 
 
 def target_line(meta: dict) -> str:
+    if meta.get("clock") == "virtual":
+        return ("Simulator run in virtual time: every figure is the cost model's on a virtual clock (no process, no "
+                "HTTP, no host noise), verdicts are emulated; it shows the shape of the trade-offs, never a "
+                "hardware measurement.")
     if meta["target"] == "sim":
         return ("Simulator run: timings come from the cost model of the hardware figures, transport verdicts are "
                 "emulated; it shows the shape of the trade-offs, never a hardware measurement.")

@@ -76,6 +76,7 @@ class VReplica:
         self.engine.prefix_cache = self.prefix_cache
         self.encoder = Encoder(self)
         self.api = ApiServer(self)
+        self.seen: set[str] | None = None     # request ids admitted, when the caller keeps stage evidence
 
     def kv_capacity_tokens(self) -> int:
         """As sim.replica.Replica: its engine's KV blocks, in tokens."""
@@ -87,6 +88,8 @@ class VReplica:
     def admit(self, rid: str, prompt: Prompt, max_tokens: int) -> tuple[Sequence, int]:
         """A sequence after the prefix-cache lookup, and its cached tokens (sim.replica.Replica.prefix_lookup)."""
         seq = Sequence(request_id=rid, prompt_tokens=len(prompt.ids), max_tokens=max_tokens)
+        if self.seen is not None:
+            self.seen.add(rid)
         if self.prefix_cache is None:
             return seq, 0
         seq.block_hashes = prompt.block_hashes()
@@ -229,6 +232,8 @@ class VirtualCluster:
         encoder = None
         if "encode" in self.replicas and prompt.images:
             encoder = next(self._next["encode"])
+            if encoder.seen is not None:
+                encoder.seen.add(rid)
             await self.reach(encoder, prompt)
             await encoder.encoder.preprocess(prompt.images, prompt.hashes)
             await encoder.encoder.encode_images(rid, prompt.images, prompt.hashes)
@@ -255,9 +260,12 @@ class VirtualCluster:
         if kv_from is not None:               # PD decode: pull the prompt's KV not cached here, then decode
             moved = len(prompt.ids) - cached
             await self.hop()                                            # the pull's handshake
-            await _link(kv_from, self.config.kv_transport, rep.cost.kv_bytes(moved),
+            n_bytes = rep.cost.kv_bytes(moved)
+            await _link(kv_from, self.config.kv_transport, n_bytes,
                         kv_descriptors(rep.cost, self.config.kv_connector, moved), peer=rep,
                         connector=self.config.kv_connector)
+            kv_from.counters.kv_bytes += n_bytes                       # the sending side counts, as Mooncake's
+            kv_from.counters.kv_transfers += 1
             seq.computed, seq.image_tokens = len(prompt.ids) - 1, []
         rep.counters.admit(len(prompt.ids), seq.computed, cached)
         sink = seq.out = _Sink(stamps)

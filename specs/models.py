@@ -107,7 +107,23 @@ class ExperimentSpec(Strict):
                                      "shorten the workload")
         if self.target.kind == "kubernetes":
             self._check_kubernetes()
+        if self.virtual:
+            self._check_virtual()
         return self
+
+    def _check_virtual(self) -> None:
+        sim = self.target.sim
+        if sim.kv_engine != "emulated":
+            raise ValueError("field 'target.sim.kv_engine' (mooncake) moves real bytes between processes; the "
+                             "virtual clock runs none: use clock real, or kv_engine emulated")
+        if sim.faults.kill_replica or sim.faults.skip_prefill_fraction:
+            raise ValueError("field 'target.sim.faults' injects faults into simulator processes; the virtual "
+                             "clock runs none: use clock real, or drop the faults")
+
+    @property
+    def virtual(self) -> bool:
+        """Run on the simulator in virtual time (target.sim.clock virtual): no processes, no HTTP."""
+        return self.target.kind == "sim" and self.target.sim.clock == "virtual"
 
     def _longest_requests(self, suite: Suite) -> list[tuple[str, int, int]]:
         """(workload, its longest prompt in tokens, its output tokens) for each workload of a suite: the prompt
@@ -134,7 +150,7 @@ class ExperimentSpec(Strict):
     @property
     def time_scale(self) -> float:
         """How many times slower than real time the target runs: a dilated simulator's factor, else 1."""
-        return self.target.sim.time_scale if self.target.kind == "sim" else 1.0
+        return self.target.sim.time_scale if self.target.kind == "sim" and not self.virtual else 1.0
 
     def configuration(self, name: str) -> ConfigurationSpec:
         for c in self.configurations:
@@ -160,6 +176,8 @@ def resolve_spec_path(name_or_path: str) -> Path:
     p = Path(name_or_path)
     if p.is_file():          # a folder named like a preset (e.g. ./smoke) does not shadow it
         return p
+    if p.is_dir() and not (PRESET_DIR / f"{name_or_path}.yaml").exists():
+        raise SpecError(f"spec '{name_or_path}' is a directory: give a spec YAML file or a preset name")
     preset = PRESET_DIR / f"{name_or_path}.yaml"
     if preset.exists():
         return preset
@@ -212,6 +230,8 @@ def spec_fingerprint(spec: ExperimentSpec) -> str:
     """What makes two runs comparable: the resolved spec less where results are logged and its prose
     (tracking, description). Regression history matches on it, not only on the spec's name."""
     data = spec.model_dump(mode="json", exclude=NOT_COMPARED)
+    if data["target"]["sim"]["clock"] == "real":   # the default: fingerprints of runs before the clock stay equal
+        del data["target"]["sim"]["clock"]
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -37,6 +37,12 @@ class SimTargetSpec(Strict):
         "emulated", title="KV transfer engine",
         description="emulated: KV handoff timed by the cost model; mooncake: real byte buffers also move "
                     "through the real Mooncake transfer engine (needs the mooncake extra and libibverbs1).")
+    clock: Literal["real", "virtual"] = Field(
+        "real", title="Clock",
+        description="real: simulator processes serve HTTP on loopback in real time; virtual: the same engines, "
+                    "cost model and caches step on a virtual-time loop in this process (no processes, no HTTP, no "
+                    "host noise), every preset in seconds; its figures are the model's alone and labelled "
+                    "virtual.")
     time_scale: float = Field(1.0, ge=1, le=100, title="Time dilation",
                               description="Modelled durations are stretched by this factor on the simulator and "
                                           "every measured duration is divided by it before any metric is "

@@ -9,7 +9,7 @@ from typing import Iterator
 
 from epdbench.analysis.prom import counter_deltas, hit_rate
 from epdbench.analysis.stages import merge_counts, stage_counts, verify_stages
-from epdbench.analysis.transport import kv_expectation, transport_of_pod, verify_transport
+from epdbench.analysis.transport import kv_expectation, transport_of_pod, verify_transport, verify_virtual
 from epdbench.analysis.ucx import nixl_of_pod, verify_nixl
 from epdbench.physics.costmodel import link_bytes_per_s
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
@@ -182,6 +182,56 @@ def collect(dep: Deployment, spec: ExperimentSpec, config: ConfigurationSpec, fi
     stages["metrics_delta"] = deltas
     stages["suites"] = suites
     if any(s["verdict"] == "mismatch" for s in suites.values()) and stages["verdict"] != "mismatch":
+        stages["verdict"] = "mismatch"
+        stages["reasons"].append("a suite failed stage verification")
+    write_json(out_dir / "transport.json", transport)
+    write_json(out_dir / "stages.json", stages)
+    return transport, stages
+
+
+def virtual_observation(cluster) -> dict:
+    """What a virtual deployment (sim.vcluster.VirtualCluster, its replicas' `seen` kept) saw: the request ids
+    admitted per role, the KV its prefill replicas sent (transfers, bytes), and its decode replicas' legs and the
+    prompt tokens they computed themselves (analysis.stages.local_prefills reads them)."""
+    seen: dict[str, set[str]] = {}
+    kv = {"transfers": 0, "bytes": 0}
+    decode = {"prompt_tokens_local_compute": 0.0, "requests_finished": 0.0}
+    for rep in cluster.all():
+        seen.setdefault(rep.role, set()).update(rep.seen or ())
+        if rep.role == "prefill":
+            kv["transfers"] += rep.counters.kv_transfers
+            kv["bytes"] += rep.counters.kv_bytes
+        if rep.role == "decode":
+            decode["prompt_tokens_local_compute"] += rep.counters.prompt_by_source["local_compute"]
+            decode["requests_finished"] += len(rep.seen or ())
+    return {"request_ids": seen, "kv": kv, "decode": decode if "decode" in seen else None}
+
+
+def collect_virtual(spec: ExperimentSpec, config: ConfigurationSpec, records: list[dict],
+                    suites: dict[str, list[dict]], observed: dict, out_dir: Path) -> tuple[dict, dict]:
+    """transport.json (EPD: with `ec`, also ec_transport.json) and stages.json of a configuration run in virtual
+    time (analysis.transport.verify_virtual, analysis.stages.verify_stages on the request ids each role's
+    replicas admitted, per suite and over the run); returns the transport and stages verdict dicts."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    counts = {role: {"request_ids": ids} for role, ids in observed.get("request_ids", {}).items()}
+    kv = None
+    if config.topology != "aggregated":
+        kv = {**kv_expectation(records, spec.model.kv_bytes_per_token_at(config.role("decode").tp)),
+              **observed.get("kv", {})}
+    transport = verify_virtual(config.kv_transport, kv)
+    if config.topology == "epd":
+        transport["ec"] = verify_virtual(config.ec_expected, None, what="ec")
+        write_json(out_dir / "ec_transport.json", transport["ec"])
+    deltas = {"decode": observed["decode"]} if observed.get("decode") else {}
+    stages = verify_stages(expected_roles(config, records), counts, True, deltas)
+    stages["reasons"].append("virtual clock: request ids as the modelled replicas admitted them; no logs or "
+                             "/metrics exist")
+    stages["metrics_delta"] = {}
+    stages["suites"] = {}
+    for name, rows in suites.items():
+        s = verify_stages(expected_roles(config, rows), counts, True, deltas)
+        stages["suites"][name] = {**s, "metrics_delta": {}}
+    if any(s["verdict"] == "mismatch" for s in stages["suites"].values()) and stages["verdict"] != "mismatch":
         stages["verdict"] = "mismatch"
         stages["reasons"].append("a suite failed stage verification")
     write_json(out_dir / "transport.json", transport)

@@ -43,6 +43,9 @@ def search_all(client, exp_id: str, filter_string: str, order_by: list[str] | No
             return runs
 
 
+LATEST_SEARCH = 200    # newest comparisons searched for one on the asked clock
+
+
 def comparison_runs(client, exp_id: str, spec: str, target: str, last_n: int,
                     before_ms: int | None = None, fingerprint: str | None = None,
                     verified_only: bool = False) -> list:
@@ -60,10 +63,13 @@ def comparison_runs(client, exp_id: str, spec: str, target: str, last_n: int,
     return search_all(client, exp_id, where, ["attributes.start_time DESC"], last_n)
 
 
-def latest_fingerprint(client, exp_id: str, spec: str, target: str) -> str | None:
-    """The resolved-spec fingerprint of the newest comparison of `spec` on `target` whose evidence held."""
-    newest = comparison_runs(client, exp_id, spec, target, 1, verified_only=True)
-    return newest[0].data.tags.get("epdbench.spec_fingerprint") if newest else None
+def latest_fingerprint(client, exp_id: str, spec: str, target: str, clock: str = "real") -> str | None:
+    """The resolved-spec fingerprint of the newest comparison of `spec` on `target` on that simulator clock (runs
+    from before the clock tag are real-clock runs) whose evidence held."""
+    for run in comparison_runs(client, exp_id, spec, target, LATEST_SEARCH, verified_only=True):
+        if run.data.tags.get("epdbench.clock", "real") == clock:
+            return run.data.tags.get("epdbench.spec_fingerprint")
+    return None
 
 
 def started_iso(ms: int) -> str:

@@ -101,7 +101,8 @@ def start_comparison(tracker: Tracker, spec: ExperimentSpec, run: str, rdir: Pat
               and r.data.tags.get("epdbench.kind") == "comparison" and not r.data.tags.get(KEY_TAG))
         return r if ok else None
 
-    tags = {"epdbench.target": spec.target.kind, "epdbench.spec": spec.name, "epdbench.trigger": trigger,
+    tags = {"epdbench.target": spec.target.kind, "epdbench.clock": "virtual" if spec.virtual else "real",
+            "epdbench.spec": spec.name, "epdbench.trigger": trigger,
             "epdbench.spec_fingerprint": spec_fingerprint(spec), "epdbench.results_dir": str(Path(rdir).resolve())}
     if flow_run_id:
         tags["epdbench.prefect_flow_run_id"] = flow_run_id

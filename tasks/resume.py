@@ -80,7 +80,8 @@ _PLANNED: dict[str, dict[tuple[str, int], list[str]]] = {}   # one plan per (spe
 
 def expected_hashes(spec: ExperimentSpec, calibration: dict | None) -> dict[tuple[str, int], list[str]]:
     """(cell id, trial) → prompt hashes of its measured requests, in index order, as the plan makes them
-    (computed once per spec and calibration: multimodal plans encode their images, seconds of work)."""
+    (computed once per spec and calibration: multimodal plans encode their images, seconds of work); in virtual
+    time with the stand-in images the virtual core serves (specs.workload.build_requests)."""
     key = spec.model_dump_json() + json.dumps(calibration, sort_keys=True)
     if key in _PLANNED:
         return _PLANNED[key]
@@ -88,7 +89,8 @@ def expected_hashes(spec: ExperimentSpec, calibration: dict | None) -> dict[tupl
     out = {}
     for cell in plan_cells(spec):
         for trial in range(spec.trials):
-            out[(cell.cell_id, trial)] = [r.prompt_hash for r in build_requests(spec, cell, trial, calibration=cal)
+            out[(cell.cell_id, trial)] = [r.prompt_hash for r in build_requests(spec, cell, trial, calibration=cal,
+                                                                         stand_in_images=spec.virtual)
                                           if r.phase == "measured"]
     _PLANNED[key] = out
     return out

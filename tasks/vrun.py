@@ -16,7 +16,7 @@ import pandas as pd
 
 from epdbench.analysis.metrics import summarize
 from epdbench.sim.vcluster import Refused, VirtualCluster
-from epdbench.sim.vloop import VirtualTimeLoop, run
+from epdbench.sim.vloop import VirtualTimeLoop, run as run_loop
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
 from epdbench.specs.workload import Calibration, Cell, build_requests, calibration_keys, plan_cells
 from epdbench.tasks.calibrate import fit_calibration
@@ -45,8 +45,8 @@ class VirtualLoadGenerator(LoadGenerator):
     """tasks.loadgen.LoadGenerator whose requests go to a VirtualCluster instead of over HTTP; its clock is
     the virtual loop's."""
 
-    def __init__(self, cluster: VirtualCluster, spec: ExperimentSpec, loop: VirtualTimeLoop):
-        super().__init__("virtual://", spec.model.name, spec.request_timeout_s, clock=loop.time_ns, run_tag=RUN)
+    def __init__(self, cluster: VirtualCluster, spec: ExperimentSpec, loop: VirtualTimeLoop, tag: str = RUN):
+        super().__init__("virtual://", spec.model.name, spec.request_timeout_s, clock=loop.time_ns, run_tag=tag)
         self.cluster = cluster
         self.modelled_scale = 1.0    # token times are the engine's modelled ones, on this same clock
         self.sent = 0
@@ -60,7 +60,7 @@ class VirtualLoadGenerator(LoadGenerator):
 
     async def send(self, session, req, scheduled_ns: int) -> Record:
         self.sent += 1
-        rid = f"epd-{RUN}-{req.phase[0]}{req.index}-{self.sent}"
+        rid = f"epd-{self.run_tag}-{req.phase[0]}{req.index}-{self.sent}"
         send_ns = self.clock()
         rec = Record(rid, req.index, req.phase, req.api, req.target_prompt_tokens, req.max_tokens, req.prompt_hash,
                      req.image_px, req.image_hash, scheduled_ns, send_ns, send_ns / 1e9)
@@ -104,28 +104,47 @@ class _Counter:
         async def count() -> int:
             cluster = VirtualCluster(self.spec, self.spec.configurations[0])
             return len(cluster.parse("chat" if "messages" in body else "completions", body, check=False).ids)
-        return run(count())
+        return run_loop(count())
 
 
 def simulate_configuration(spec: ExperimentSpec, config: ConfigurationSpec, calibration: Calibration,
                            on_cell: Callable[[str, Cell, int], None] | None = None) -> list[dict]:
     """Every cell and trial of the spec on one configuration, on a fresh deployment (caches empty), in the
     order a run measures them; returns record rows (tasks.results.RECORD_SCHEMA)."""
-    loop = VirtualTimeLoop()
     rows: list[dict] = []
 
-    def keep(cell: Cell, trial: int, recs: list[Record]) -> None:
-        rows.extend({**r, "run": RUN, "trial": trial, "config": config.name, "suite": cell.suite,
-                     "cell": cell.cell_id, "workload": cell.workload, "stream": cell.stream,
-                     "concurrency": cell.concurrency} for r in records_as_dicts(recs))
+    def keep(cell: Cell, trial: int, cell_rows: list[dict]) -> None:
+        rows.extend(cell_rows)
         if on_cell:
             on_cell(config.name, cell, trial)
 
+    serve_configuration(spec, config, calibration, keep)
+    return rows
+
+
+def serve_configuration(spec: ExperimentSpec, config: ConfigurationSpec, calibration: Calibration,
+                        keep: Callable[[Cell, int, list[dict]], None], run: str = RUN,
+                        observe: Callable[[VirtualCluster], None] | None = None) -> None:
+    """Serve every cell and trial of the spec on one fresh deployment in virtual time, handing each cell's record
+    rows (labelled `run`) to `keep` as it ends (a mixed window's cells together, in stream order); `observe`, if
+    given, sees the cluster before and after (VirtualCluster.seen kept per replica)."""
+    loop = VirtualTimeLoop()
+
+    def rows_of(cell: Cell, trial: int, recs: list[Record]) -> list[dict]:
+        return [{**r, "run": run, "trial": trial, "config": config.name, "suite": cell.suite,
+                 "cell": cell.cell_id, "workload": cell.workload, "stream": cell.stream,
+                 "concurrency": cell.concurrency} for r in records_as_dicts(recs)]
+
     async def go() -> None:
         cluster = VirtualCluster(spec, config)
+        if observe:
+            for rep in cluster.all():
+                rep.seen = set()
         cluster.start()
         try:
-            async with VirtualLoadGenerator(cluster, spec, loop) as lg:
+            tag = RUN if run == RUN else f"{RUN}-{config.name}"     # a comparison's: unique in its folder, the same
+                                                                    # when a resumed attempt serves the cell again
+            async with VirtualLoadGenerator(cluster, spec, loop, tag) as lg:
                 for suite in spec.suites:
                     cells = [c for c in plan_cells(spec) if c.suite == suite.name]
                     for trial in range(spec.trials):
@@ -133,16 +152,17 @@ def simulate_configuration(spec: ExperimentSpec, config: ConfigurationSpec, cali
                             requests = [cell_requests(spec, c, trial, calibration) for c in cells]
                             recs = await lg.run_streams([(r, c.concurrency) for r, c in zip(requests, cells)])
                             for cell, cell_recs in zip(cells, recs):
-                                keep(cell, trial, cell_recs)
+                                keep(cell, trial, rows_of(cell, trial, cell_recs))
                             continue
                         for cell in cells:
                             requests = cell_requests(spec, cell, trial, calibration)
-                            keep(cell, trial, await lg.run_cell(requests, cell.concurrency))
+                            keep(cell, trial, rows_of(cell, trial, await lg.run_cell(requests, cell.concurrency)))
+            if observe:
+                observe(cluster)
         finally:
             await cluster.stop()
 
-    run(go(), loop)
-    return rows
+    run_loop(go(), loop)
 
 
 def simulate_records(spec: ExperimentSpec, on_cell: Callable[[str, Cell, int], None] | None = None) -> pd.DataFrame:

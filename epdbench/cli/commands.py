@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from epdbench.cli.common import (EXIT_FAILURES, EXIT_OK, EXIT_REGRESSION, EXIT_UNPUBLISHED, INTERRUPTED_RUN, CliError,
-                                 kube_overrides, load_compare_spec, pool_settings, quiet_defaults, regression_settings,
-                                 results_dir_of, tracking_uri_of, with_target)
+                                 check_out_dir, config_names, kube_overrides, load_compare_spec, pool_settings,
+                                 quiet_defaults, regression_settings, results_dir_of, tracking_uri_of, with_target)
 
 
 def cmd_compare(args) -> int:
@@ -21,6 +21,8 @@ def cmd_compare(args) -> int:
             raise CliError("--out and --resume name different directories; give one of them")
         out = str(rdir)
         args.spec = str(rdir / "spec.yaml")
+    if out is not None:
+        check_out_dir(out)
     spec, profile = load_compare_spec(args)
     if args.resume:   # before anything is written or started (the flow checks again, for runs from the UI)
         from epdbench.tasks.resume import check_resumable
@@ -41,6 +43,7 @@ def cmd_compare(args) -> int:
     if out is None:
         run_name = compare_flow.run_name_for(spec)
         out = str(Path("results") / run_name)
+        check_out_dir(out)
     try:   # hold the folder before anything else starts; the flow keeps this hold
         hold = RunFolder(Path(out)).acquire()
     except FolderLocked as e:
@@ -185,8 +188,7 @@ def cmd_plan(args) -> int:
     from epdbench.analysis.plan import plan, total_seconds
 
     spec = load_spec(args.spec)
-    configs = [x.strip() for x in args.configs.split(",") if x.strip()] if args.configs else None
-    spec = select_configurations(spec, configs)
+    spec = select_configurations(spec, config_names(args.configs))
     rows = plan(spec)
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -243,10 +245,14 @@ def cmd_history(args) -> int:
                        "or --experiment of your runs")
     # the newest good run's resolved spec, and only runs whose evidence held, as the nightly check judges them
     history = cell_history(client, exp_id, args.spec, args.target, settings.last_n + 1,
-                           fingerprint=latest_fingerprint(client, exp_id, args.spec, args.target), verified_only=True)
+                           fingerprint=latest_fingerprint(client, exp_id, args.spec, args.target, args.clock),
+                           verified_only=True)
     if history.empty:
-        raise CliError(f"--spec {args.spec}: no comparison runs on target {args.target} in experiment "
+        clock = " in virtual time" if args.clock == "virtual" else ""
+        raise CliError(f"--spec {args.spec}: no comparison runs on target {args.target}{clock} in experiment "
                        f"{args.experiment}")
+    if args.clock == "virtual":
+        print("Runs in virtual time: every figure is the simulator's cost model, not a measurement.")
     for line in trend_lines(select(history, args.config, args.workload, args.concurrency), args.metric, settings):
         print(line)
     return EXIT_OK

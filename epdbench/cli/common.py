@@ -95,11 +95,17 @@ def check_kubeconfig(target) -> None:
 def load_compare_spec(args) -> tuple:
     """The spec `compare` runs, with the command line's overrides and --profile's constants; and that profile
     (None without --profile)."""
-    from epdbench.specs.models import SpecError, load_spec, select_configurations
+    from epdbench.specs.models import SpecError, load_spec, parse_spec, select_configurations
 
     spec = load_spec(args.spec)
     profile = None
     spec = with_target(spec, args.target or spec.target.kind, kube_overrides(args), args.spec)
+    if getattr(args, "clock", None):
+        if spec.target.kind != "sim":
+            raise SpecError(f"--clock {args.clock}: applies to --target sim only (a cluster runs in real time)")
+        data = spec.model_dump(mode="json")
+        data["target"]["sim"]["clock"] = args.clock
+        spec = parse_spec(data, args.spec)
     if spec.target.kind == "kubernetes":
         if getattr(args, "profile", None):
             raise CliError("--profile: a calibration profile sets the simulator's physics; it does not apply to "
@@ -121,10 +127,34 @@ def load_compare_spec(args) -> tuple:
         tracking = tracking.model_copy(update={"tracking_uri": args.tracking_uri})
     updates["tracking"] = tracking
     spec = spec.model_copy(update=updates)
-    configs = [x.strip() for x in args.configs.split(",") if x.strip()] if args.configs else None
-    spec = select_configurations(spec, configs)
+    spec = select_configurations(spec, config_names(args.configs))
     check_keep_fits(spec)
     return spec, profile
+
+
+def config_names(value: str | None, flag: str = "--configs") -> list[str] | None:
+    """The configuration names of a comma-separated flag; None when the flag is not given (all of them). A
+    value that names none (`,` or blank) is bad input, never read as "all"."""
+    if value is None:
+        return None
+    names = [x.strip() for x in value.split(",") if x.strip()]
+    if not names:
+        raise CliError(f"{flag} {value!r}: names no configuration; give comma-separated names (e.g. "
+                       "aggregated,pd-tcp), or leave the flag out for all")
+    return names
+
+
+def check_out_dir(out: str, flag: str = "--out") -> None:
+    """A results directory that can be made (or is there): not a file, not below a file, writable — said in
+    one line before anything starts."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise CliError(f"{flag} {out}: is a file, not a directory; choose a directory")
+    base = next((p for p in (path, *path.parents) if p.exists()), Path("."))
+    if not base.is_dir():
+        raise CliError(f"{flag} {out}: {base} is a file, so no directory can be made below it; choose another path")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise CliError(f"{flag} {out}: {base} is not writable; choose a directory you can write")
 
 
 def check_keep_fits(spec) -> None:

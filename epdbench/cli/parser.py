@@ -13,6 +13,9 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compare", help="run the comparison (main job)")
     c.add_argument("--spec", default="smoke", help="spec YAML path or preset name (default: smoke)")
     c.add_argument("--target", choices=["sim", "kubernetes"], default=None, help="where to run (default: spec's, sim)")
+    c.add_argument("--clock", choices=["real", "virtual"], default=None,
+                   help="simulator clock: real (processes over HTTP) or virtual (the same model in virtual time, "
+                        "seconds per preset; figures labelled virtual) (default: spec's, real)")
     c.add_argument("--configs", default=None, help="comma-separated configuration names (default: all)")
     c.add_argument("--out", default=None, help="results directory (default: results/<run>)")
     c.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: sqlite under .epdbench/)")
@@ -72,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     h = sub.add_parser("history", help="a metric over the past runs of a spec, and whether the newest is noise")
     h.add_argument("--spec", required=True, help="spec name (e.g. smoke, pd-text)")
     h.add_argument("--target", choices=["sim", "kubernetes"], default="sim", help="target of the runs (default: sim)")
+    h.add_argument("--clock", choices=["real", "virtual"], default="real",
+                   help="simulator clock of the runs (default: real; virtual: compare --clock virtual's runs)")
     h.add_argument("--metric", default="itl_p99_ms", help="cell metric (default: itl_p99_ms)")
     h.add_argument("--config", default=None, help="configuration name (default: all)")
     h.add_argument("--workload", default=None, help="workload, e.g. 8192/128 (default: all)")

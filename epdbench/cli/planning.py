@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 
-from epdbench.cli.common import INTERRUPTED_RUN, CliError
+from epdbench.cli.common import INTERRUPTED_RUN, CliError, config_names
 
 
 def cmd_calibrate(args) -> int:
@@ -267,7 +267,7 @@ def cmd_whatif(args) -> int:
                   f" from {profile.get('source')}: {fitted})")
         if moved := fitted_elsewhere(spec, profile):
             origin += f" — fitted on another {' and '.join(moved)}"
-    configs = [x.strip() for x in args.configs.split(",") if x.strip()] if args.configs else None
+    configs = config_names(args.configs)
     spec = select_configurations(spec, configs)
     suites = slo_suites(spec)
     if not suites:

@@ -303,3 +303,21 @@ def test_garbage_and_truncated_lines_do_not_crash_or_count():
     assert pod["failed_transfers"] == pod["failed_recvs"] == pod["successful_transfers"] == 0
     assert verify_transport("rdma", {"p": pod})["verdict"] == "no-evidence"
     assert transport_of_pod(GARBAGE + RDMA_POD + GARBAGE)["observed"] == "rdma"
+
+
+def virtual_kv(moved_bytes: float, transfers: int) -> dict:
+    records = [{"ok": True, "phase": "measured", "prompt_tokens": 1000, "cached_tokens": 0}] * 4
+    return {**kv_expectation(records, 100), "transfers": transfers, "bytes": moved_bytes}
+
+
+def test_virtual_time_is_emulated_and_still_holds_the_models_kv_to_the_records():
+    from epdbench.analysis.transport import verify_virtual
+    v = verify_virtual("tcp", virtual_kv(400_000, 4))
+    assert v["verdict"] == "emulated" and v["clock"] == "virtual"
+    assert v["reasons"][0].startswith("virtual clock: no process ran and no transport line exists")
+    assert v["reasons"][1] == "4 modelled KV transfers of 0.4 MB for 4 measured requests, as the prompts' KV"
+    short = verify_virtual("rdma", virtual_kv(100_000, 2))       # the model lost transfers: its own mismatch
+    assert short["verdict"] == "mismatch"
+    assert any("2 successful KV transfers for 4 measured requests" in r for r in short["reasons"])
+    assert verify_virtual("none", None)["verdict"] == "not-applicable"
+    assert verify_virtual("tcp", None, what="ec")["verdict"] == "emulated"

@@ -1,6 +1,7 @@
 """specs/models.py: presets load, every field is documented, bad input is one clear SpecError line."""
 from __future__ import annotations
 
+import re
 import copy
 import typing
 
@@ -319,3 +320,29 @@ def test_spec_changes_names_each_changed_field_with_its_values():
     data["suites"][0]["concurrencies"] = list(range(1, 40))  # a long value is cut short
     (shown,) = [c for c in spec_changes(spec, parse_spec(data)) if c.startswith("suites")]
     assert shown.endswith("→ [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,…") and len(shown) < 100
+
+
+def test_the_clock_leaves_real_clock_fingerprints_as_they_were_before_it_existed():
+    """Nightly history matches runs on spec_fingerprint: a spec that does not choose the virtual clock keeps the
+    fingerprint it had before target.sim.clock existed (these are those values), and a virtual run never
+    shares one with a real-clock run."""
+    from epdbench.specs.models import spec_fingerprint
+    assert spec_fingerprint(load_spec("smoke")) == "e6e477e02c20d0f8"
+    assert spec_fingerprint(load_spec("pd-text")) == "0f0776c909fa885a"
+    data = load_spec("smoke").model_dump(mode="json")
+    data["target"]["sim"]["clock"] = "virtual"
+    virtual = parse_spec(data)
+    assert virtual.virtual and virtual.time_scale == 1.0
+    assert spec_fingerprint(virtual) != "e6e477e02c20d0f8"
+
+
+@pytest.mark.parametrize("sim, problem", [
+    ({"kv_engine": "mooncake"}, "field 'target.sim.kv_engine' (mooncake) moves real bytes between processes"),
+    ({"faults": {"kill_replica": "server-0"}}, "field 'target.sim.faults' injects faults into simulator processes"),
+    ({"faults": {"skip_prefill_fraction": 0.5}}, "field 'target.sim.faults' injects faults"),
+])
+def test_what_needs_processes_is_refused_in_virtual_time(sim, problem):
+    data = load_spec("smoke").model_dump(mode="json")
+    data["target"]["sim"].update({"clock": "virtual", **sim})
+    with pytest.raises(SpecError, match=re.escape(problem)):
+        parse_spec(data)

@@ -37,3 +37,13 @@ def test_a_profile_that_cannot_apply_is_one_line_before_anything_runs(tmp_path):
     path.write_text("hardware: {warp_factor: 9}\n")
     with pytest.raises(SpecError, match="h100.yaml"):
         resolve_request(RunRequest(profile=str(path)))
+
+
+def test_the_form_runs_a_preset_in_virtual_time_on_the_simulator_only():
+    spec = resolve_request(RunRequest(preset="smoke", clock="virtual"))
+    assert spec.virtual and spec.target.sim.clock == "virtual"
+    assert not resolve_request(RunRequest(preset="smoke")).virtual
+    from epdbench.specs.request import run_name
+    assert run_name(RunRequest(preset="smoke", clock="virtual"), "2026-12-04") == "smoke-sim-virtual-2026-12-04"
+    with pytest.raises(SpecError, match="clock: virtual time is the simulator's; target kubernetes runs in real"):
+        resolve_request(RunRequest(preset="smoke", clock="virtual", target="kubernetes"))

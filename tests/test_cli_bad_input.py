@@ -1,0 +1,59 @@
+"""Bad paths and empty lists given to `epdbench compare` (and the commands that share its flags) are one line and
+exit 2 before anything starts: no folder made, no flow started."""
+from __future__ import annotations
+
+import pytest
+
+from epdbench.cli import main
+
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def refused(capsys, *argv: str) -> str:
+    assert main(list(argv)) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+def test_out_naming_a_file_is_refused(in_tmp, capsys, compare_started):
+    (in_tmp / "afile").write_text("x")
+    err = refused(capsys, "compare", "--out", "afile")
+    assert err == "error: --out afile: is a file, not a directory; choose a directory"
+
+
+def test_out_below_a_file_is_refused_naming_the_file(in_tmp, capsys, compare_started):
+    (in_tmp / "afile").write_text("x")
+    err = refused(capsys, "compare", "--out", "afile/sub/run")
+    assert err == ("error: --out afile/sub/run: afile is a file, so no directory can be made below it; "
+                   "choose another path")
+    assert (in_tmp / "afile").read_text() == "x"
+
+
+@pytest.mark.parametrize("value", [",", " , ", ""])
+def test_a_configs_list_that_names_nothing_is_refused_not_read_as_all(in_tmp, capsys, compare_started, value):
+    for command in (["compare"], ["plan"], ["whatif", "--spec", "smoke"]):
+        err = refused(capsys, *command, "--configs", value)
+        assert "names no configuration" in err and "leave the flag out for all" in err
+    assert not (in_tmp / "results").exists()
+
+
+def test_a_spec_that_is_a_directory_says_so(in_tmp, capsys, compare_started):
+    (in_tmp / "specs").mkdir()
+    err = refused(capsys, "compare", "--spec", "specs")
+    assert err == "error: spec 'specs' is a directory: give a spec YAML file or a preset name"
+
+
+def test_a_folder_named_like_a_preset_does_not_shadow_it(in_tmp, capsys, compare_started):
+    (in_tmp / "smoke").mkdir()
+    with pytest.raises(compare_started):
+        main(["compare", "--spec", "smoke", "--clock", "virtual"])
+
+
+def test_the_virtual_clock_is_the_simulators_alone(in_tmp, capsys, compare_started):
+    err = refused(capsys, "compare", "--clock", "virtual", "--target", "kubernetes")
+    assert err == "error: --clock virtual: applies to --target sim only (a cluster runs in real time)"
