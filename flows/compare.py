@@ -379,6 +379,10 @@ def _compare(spec: ExperimentSpec, run: str, rdir: Path, tracking_uri: str | Non
             _try_mlflow("regression tags", log_regression_check, uri, parent, check)
         publish.save_state(rdir, state)
     outcome["mlflow_pending"] = publish.pending(state, rdir, spec)     # [] or ["comparison", config, ...]
+    if tracker and parent and outcome["mlflow_pending"] and "comparison" not in outcome["mlflow_pending"]:
+        # the comparison run went through but not all of its configurations: not FINISHED until `sync` completes it
+        tracker.fail(parent, f"not published: {', '.join(outcome['mlflow_pending'])}; publish with: "
+                             f"epdbench sync {rdir}")
     if outcome["mlflow_pending"] and not _MLFLOW_NOTICE.said:
         say(f"Not everything reached MLflow; results are safe in {rdir}. Publish later with: "
             f"epdbench sync {rdir}")

@@ -1,14 +1,13 @@
 """What the MLflow comparison run shows on its own (pure): the report's opening (title, headline, verdict) as the
 run's description, each matched cell's verdict as a tag, and how many cells each configuration wins per metric as
-metrics — so the parent run answers "which one wins?" without opening its children."""
+metrics — so the parent run answers "which one wins?" without opening its children. Every key is made valid for
+MLflow by reports.mlflow_names (a workload label such as `1k:560px+624/128` reads `1k_560px_624/128`)."""
 from __future__ import annotations
 
-import re
-
 from epdbench.analysis.compare import CONTAMINATED, TIE, VERDICT_METRICS, Comparison
+from epdbench.reports.mlflow_names import valid_keys
 
 NOTE_LIMIT = 7000          # MLflow keeps tag values up to 8000 characters
-_KEY_SAFE = re.compile(r"[^\w./\- ]")
 
 
 def report_note(report_md: str, limit: int = NOTE_LIMIT) -> str:
@@ -21,19 +20,15 @@ def report_note(report_md: str, limit: int = NOTE_LIMIT) -> str:
     return head + tail
 
 
-def _key(text: str) -> str:
-    return _KEY_SAFE.sub("_", str(text))
-
-
 def verdict_tags(comparisons: list[Comparison]) -> dict[str, str]:
     """epdbench.verdict.<suite>.<workload>.c<concurrency>[.<stream>].<metric> → winner, tie or contaminated."""
     tags = {}
     for c in comparisons:
         if c.metric not in VERDICT_METRICS or c.verdict is None:
             continue
-        stream = "" if c.stream == "main" else f".{_key(c.stream)}"
-        tags[f"epdbench.verdict.{_key(c.suite)}.{_key(c.workload)}.c{c.concurrency}{stream}.{c.metric}"] = c.verdict
-    return tags
+        stream = "" if c.stream == "main" else f".{c.stream}"
+        tags[f"epdbench.verdict.{c.suite}.{c.workload}.c{c.concurrency}{stream}.{c.metric}"] = c.verdict
+    return valid_keys(tags)
 
 
 def verdict_wins(comparisons: list[Comparison], configs: list[str]) -> dict[str, float]:
@@ -46,4 +41,4 @@ def verdict_wins(comparisons: list[Comparison], configs: list[str]) -> dict[str,
             out[f"wins.{metric}.{config}"] = float(sum(c.verdict == config for c in mine))
         out[f"ties.{metric}"] = float(sum(c.verdict == TIE for c in mine))
         out[f"contaminated.{metric}"] = float(sum(c.verdict == CONTAMINATED for c in mine))
-    return out
+    return valid_keys(out)

@@ -14,6 +14,11 @@ restorable): cell runs under a configuration run that are not cells of its recor
 the comparison run for configurations with no `evidence/<config>/outcome.json` — so MLflow equals the folder
 (`mlflow_matches_results` checks it).
 
+A failure is never left RUNNING: a configuration or comparison run whose publishing fails is set FAILED with the
+whole reason as its tag `epdbench.publish_error` (Tracker.failing; `sync` does the same to the comparison run when
+any piece fails), and the error goes on to the caller; publishing it again sets its status anew and removes the
+tag. Metric, param and tag keys made of labels are made valid by reports.mlflow_names (Tracker checks each batch).
+
 Keys, state.json and fingerprints: tasks/publish_state.py; the check that MLflow equals the folder:
 tasks/mlflow_check.py.
 """
@@ -32,7 +37,8 @@ from epdbench.tasks.publish_state import (OPTIONAL_ARTIFACTS, PARENT_ARTIFACTS, 
                                           comparison_fingerprint, config_fingerprint, config_key, folder_configs,
                                           load_state, pending, read_json, resolve_tracking_uri, save_state,
                                           store_id)
-from epdbench.tasks.tracking import KEY_TAG, MlflowUnreachable, Tracker, is_unreachable
+from epdbench.reports.mlflow_names import valid_keys
+from epdbench.tasks.tracking import KEY_TAG, Tracker, failure_reason, is_unreachable
 
 # --- reading the folder --------------------------------------------------------------------------------
 
@@ -149,7 +155,21 @@ def publish_configuration(tracker: Tracker, parent: str, spec: ExperimentSpec, c
                  "stages_fraction_seen_min": min((f for f in st.get("fraction_seen", {}).values() if f is not None),
                                                  default=None)},
         key=config_key(run, config.name), adopt=legacy_config)
+    with tracker.failing(run_id):
+        _publish_cells(tracker, run_id, spec, config, rdir, run)
+        ev = rdir / "evidence" / config.name
+        if ev.exists():
+            tracker.log_artifacts(run_id, ev, "evidence")
+        if (rdir / "manifests" / config.name).exists():   # kubernetes target only
+            tracker.log_artifacts(run_id, rdir / "manifests" / config.name, "manifests")
+        tracker.close(run_id, bool(o.get("ok")))
+    return run_id
 
+
+def _publish_cells(tracker: Tracker, run_id: str, spec: ExperimentSpec, config: ConfigurationSpec, rdir: Path,
+                   run: str) -> None:
+    """One cell run per recorded cell × trial under the configuration run `run_id`; those of cells no longer
+    recorded are deleted."""
     keyed: dict[str, list] = {}
     legacy: dict[tuple, list] = {}
     for r in tracker.children(run_id, "cell"):                  # oldest first
@@ -176,14 +196,6 @@ def publish_configuration(tracker: Tracker, parent: str, spec: ExperimentSpec, c
     for stale in [r for runs in (*keyed.values(), *legacy.values()) for r in runs]:
         tracker.delete(stale.info.run_id)                          # data no longer in the folder
 
-    ev = rdir / "evidence" / config.name
-    if ev.exists():
-        tracker.log_artifacts(run_id, ev, "evidence")
-    if (rdir / "manifests" / config.name).exists():   # kubernetes target only
-        tracker.log_artifacts(run_id, rdir / "manifests" / config.name, "manifests")
-    tracker.finish(run_id, bool(o.get("ok")))
-    return run_id
-
 
 def _legacy_cell_id_of(params: dict) -> tuple:
     return (str(params["suite"]), str(params["cell"]), str(params["concurrency"]), str(params["stream"]),
@@ -192,8 +204,14 @@ def _legacy_cell_id_of(params: dict) -> tuple:
 
 def publish_comparison(tracker: Tracker, parent: str, rdir: Path, all_verified: bool, all_ok: bool) -> str:
     """Artifacts, verdict tags and status of the comparison run; configuration runs under it for configurations
-    no longer in the folder are deleted (with their cell runs). Returns the run id (truthy: published)."""
-    rdir = Path(rdir)
+    no longer in the folder are deleted (with their cell runs). Returns the run id (truthy: published); on a
+    failure the run is left FAILED with the reason (Tracker.failing) and the error raised."""
+    with tracker.failing(parent):
+        _publish_comparison(tracker, parent, Path(rdir), all_verified, all_ok)
+    return parent
+
+
+def _publish_comparison(tracker: Tracker, parent: str, rdir: Path, all_verified: bool, all_ok: bool) -> None:
     for name in PARENT_ARTIFACTS + OPTIONAL_ARTIFACTS:
         if (rdir / name).exists():   # goodput.csv is absent from folders written before it existed
             tracker.log_artifacts(parent, rdir / name)
@@ -215,8 +233,7 @@ def publish_comparison(tracker: Tracker, parent: str, rdir: Path, all_verified: 
             tracker.set_tags(r.info.run_id, {"epdbench.report": f"runs:/{parent}/report.html",
                                              "mlflow.note.content": f"Part of comparison run {parent}: its report "
                                              "(artifact report.html) compares this configuration with the others."})
-    tracker.finish(parent, ok=all_ok)
-    return parent
+    tracker.close(parent, ok=all_ok)
 
 
 def comparison_view(tracker: Tracker, parent: str, rdir: Path) -> dict:
@@ -239,7 +256,8 @@ def comparison_view(tracker: Tracker, parent: str, rdir: Path) -> dict:
 
 
 def goodput_metrics(tracker: Tracker, parent: str, path: Path) -> None:
-    """goodput_req_s[_per_gpu].<config>.<suite>.<shape> on the comparison run, from goodput.csv."""
+    """goodput_req_s[_per_gpu].<config>.<suite>.<shape> on the comparison run, from goodput.csv (keys made valid by
+    reports.mlflow_names: shape 1260px+400/128 reads 1260px_400/128)."""
     if not path.is_file() or path.stat().st_size == 0:
         return
     import pandas as pd
@@ -252,7 +270,32 @@ def goodput_metrics(tracker: Tracker, parent: str, path: Path) -> None:
             if not pd.isna(r[column]):
                 metrics[f"{column}.{key}"] = float(r[column])
     if metrics:
-        tracker.log_metrics(parent, metrics)
+        tracker.log_metrics(parent, valid_keys(metrics))
+
+
+def check_publishable(rdir: Path) -> None:
+    """StateError naming the first file of the folder that publishing needs and cannot read: spec.yaml, the
+    state files and records (tasks.resume.validate_state_files), summary.csv and goodput.csv."""
+    import pandas as pd
+
+    from epdbench.specs.models import SpecError
+    from epdbench.tasks.resume import StateError, validate_state_files
+
+    rdir = Path(rdir)
+    try:
+        load_spec(str(rdir / "spec.yaml"))
+    except SpecError as e:
+        raise StateError(str(e)) from None                       # names the file and what is wrong
+    validate_state_files(rdir)
+    for name in ("summary.csv", "goodput.csv"):
+        path = rdir / name
+        if path.is_file() and path.stat().st_size:
+            try:
+                pd.read_csv(path)
+            except (OSError, ValueError) as e:
+                again = f" (`epdbench report {rdir}` writes it again)" if name == "goodput.csv" else ""
+                raise StateError(f"{path}: cannot be read ({failure_reason(e)}); restore it{again}, or move it "
+                                 "away to publish without it") from None
 
 
 def sync_results(rdir: Path, tracking_uri: str | None) -> str:
@@ -275,6 +318,16 @@ def sync_results(rdir: Path, tracking_uri: str | None) -> str:
         state.update(published={}, parent_published=None)
     state["mlflow_parent"] = parent
     save_state(rdir, state)
+    with tracker.failing(parent):                               # a piece refused: the comparison run says why
+        done = _sync_pieces(tracker, parent, spec, state, outcome, rdir, uri)
+    if not done:
+        return f"{rdir}: already in MLflow (run {parent})"
+    return f"{rdir}: published {', '.join(done)} to {tracker.run_url(parent)}"
+
+
+def _sync_pieces(tracker: Tracker, parent: str, spec: ExperimentSpec, state: dict, outcome, rdir: Path,
+                 uri: str) -> list[str]:
+    """Publish each pending configuration, then the comparison; what was published."""
     done = []
     records = read_records(rdir / "records.parquet")
     for config in spec.configurations:
@@ -288,34 +341,32 @@ def sync_results(rdir: Path, tracking_uri: str | None) -> str:
         save_state(rdir, state)
         done.append(config.name)
     if isinstance(outcome, dict):
+        all_ok = all(c.get("ok") for c in outcome.get("configs", {}).values())
         fp = comparison_fingerprint(rdir)
         if state["parent_published"] != fp:
-            publish_comparison(tracker, parent, rdir, outcome.get("all_verified", False),
-                               all(c.get("ok") for c in outcome.get("configs", {}).values()))
+            publish_comparison(tracker, parent, rdir, outcome.get("all_verified", False), all_ok)
             state["parent_published"] = fp
             save_state(rdir, state)
             done.append("comparison")
         left = pending(state, rdir, spec)
+        if not left and "comparison" not in done:       # a run left FAILED while pieces were missing: complete now
+            tracker.close(parent, ok=all_ok)
         update = {"mlflow_pending": left, "mlflow_run_id": parent, "mlflow_url": tracker.run_url(parent),
                   "tracking_uri": uri}
         if any(outcome.get(k) != v for k, v in update.items()):
             write_json(rdir / "outcome.json", {**outcome, **update})
-    if not done:
-        return f"{rdir}: already in MLflow (run {parent})"
-    return f"{rdir}: published {', '.join(done)} to {tracker.run_url(parent)}"
+    return done
 
 
 # --- the user's view of an outage ----------------------------------------------------------------------
 
 def outage_line(e: BaseException, tracking_uri: str | None, rdir, what: str = "") -> str:
-    """One line for an MLflow failure: what failed, and that the results are kept for `epdbench sync`."""
-    first = (str(e).strip().splitlines() or [""])[0]
-    cause = first if isinstance(e, MlflowUnreachable) else f"{type(e).__name__}: {first}"
-    cause = cause if len(cause) <= 160 else cause[:157] + "..."
+    """One line for an MLflow failure: what failed and why (MLflow's whole reason: tracking.failure_reason),
+    and that the results are kept for `epdbench sync`."""
     where = f"results kept in {rdir}; publish later with: epdbench sync {rdir}"
     if is_unreachable(e):
-        return f"MLflow unreachable at {tracking_uri} ({cause}): {where}"
-    return f"MLflow publishing failed ({what}: {cause}): {where}"
+        return f"MLflow unreachable at {tracking_uri} ({failure_reason(e)}): {where}"
+    return f"MLflow publishing failed ({what}: {failure_reason(e)}): {where}"
 
 
 class MlflowNotice:

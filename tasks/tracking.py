@@ -17,6 +17,10 @@ and is looked up by that tag before anything is created, so a Prefect task retry
   the oldest is kept and the others are deleted.
 Without `key` (tests seeding a history, old callers) a new run is created each time, as before.
 
+Never left RUNNING by a failure. A run whose logging fails once it exists (a refused name, a server error) is set
+FAILED with the whole reason as its tag `epdbench.publish_error` before the error goes on (`Tracker.failing`; not
+tried when the server cannot be reached); publishing it again later sets its status anew and removes that tag.
+
 MLflow unreachable, quietly. An http(s) tracking URI whose port refuses a TCP connection fails at once with
 `MlflowUnreachable` (no retry loop); every call through `Tracker.client` runs with MLflow's and urllib3's
 loggers raised to ERROR (`quiet_mlflow`), and urllib3's "Retrying (...)" warnings about MLflow REST paths
@@ -36,12 +40,15 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from epdbench.analysis.metrics import METRIC_KEYS
+from epdbench.reports.mlflow_names import valid_keys
 
 DEFAULT_STORE_DIR = Path(".epdbench")
 KEY_TAG = "epdbench.key"
 PARENT_TAG = "mlflow.parentRunId"
 CHANGED_PARAM_TAG = "epdbench.param."
+PUBLISH_ERROR_TAG = "epdbench.publish_error"
 PROBE_TIMEOUT_S = 5.0
+REASON_LIMIT = 1000       # characters of an error kept in one line (an HTML error page is cut, MLflow's reason is not)
 QUIET_LOGGERS = ("mlflow", "urllib3")
 EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"   # MLflow 3's UI mode
 MLFLOW_REST_PATHS = ("/api/2.0/mlflow", "/api/3.0/mlflow", "/ajax-api/", "/api/2.0/mlflow-artifacts")
@@ -179,6 +186,13 @@ def is_unreachable(e: BaseException) -> bool:
     return False
 
 
+def failure_reason(e: BaseException) -> str:
+    """An error on one line: its type and its whole message, whitespace folded, within REASON_LIMIT."""
+    text = " ".join(str(e).split())
+    cause = text if isinstance(e, MlflowUnreachable) else f"{type(e).__name__}: {text}".rstrip(": ")
+    return cause if len(cause) <= REASON_LIMIT else cause[:REASON_LIMIT - 1] + "…"
+
+
 def _quoted(value: str) -> str | None:
     """A filter-string literal for value, or None when it holds both quote kinds."""
     if "'" not in value:
@@ -296,21 +310,22 @@ class Tracker:
     def _log(self, run_id: str, params: dict | None = None, metrics: dict | None = None,
              tags: dict | None = None, logged_params: dict | None = None) -> None:
         """One batch. Params already logged with the same value are skipped; a changed value goes to the tag
-        `epdbench.param.<name>` (MLflow refuses to change a param)."""
+        `epdbench.param.<name>` (MLflow refuses to change a param). Every key is made valid for MLflow
+        (reports.mlflow_names: a valid key is left as it is)."""
         from mlflow.entities import Metric, Param, RunTag
 
         tags = dict(tags or {})
         new_params = {}
-        for k, v in (params or {}).items():
+        for k, v in valid_keys(params or {}).items():
             value = str(v)[:6000]
             if logged_params is None or k not in logged_params:
                 new_params[k] = value
             elif logged_params[k] != value:
                 tags[CHANGED_PARAM_TAG + k] = value
         now = self._now_ms()
-        metric_list = [Metric(k, _num(v), now, 0) for k, v in (metrics or {}).items()]
+        metric_list = [Metric(k, _num(v), now, 0) for k, v in valid_keys(metrics or {}).items()]
         param_list = [Param(k, v) for k, v in new_params.items()]
-        tag_list = [RunTag(k, str(v)) for k, v in tags.items()]
+        tag_list = [RunTag(k, str(v)) for k, v in valid_keys(tags).items()]
         for i in range(0, max(len(metric_list), len(param_list), len(tag_list), 1), 100):
             if metric_list[i:i + 100] or param_list[i:i + 100] or tag_list[i:i + 100]:
                 self.client.log_batch(run_id, metrics=metric_list[i:i + 100], params=param_list[i:i + 100],
@@ -324,7 +339,8 @@ class Tracker:
             self._log(run_id, params=params)
             return run_id
         run_id, run = self.ensure_run(key, name, tags, adopt=adopt)
-        self._log(run_id, params=params, logged_params=run.data.params if run else None)
+        with self.failing(run_id):
+            self._log(run_id, params=params, logged_params=run.data.params if run else None)
         return run_id
 
     def log_configuration(self, parent: str, config: str, tags: dict, params: dict, metrics: dict,
@@ -335,7 +351,8 @@ class Tracker:
             self._log(run_id, params=params, metrics=metrics)
             return run_id
         run_id, run = self.ensure_run(key, config, tags, parent, adopt=adopt)
-        self._log(run_id, params=params, metrics=metrics, logged_params=run.data.params if run else None)
+        with self.failing(run_id):
+            self._log(run_id, params=params, metrics=metrics, logged_params=run.data.params if run else None)
         return run_id
 
     def log_cell(self, parent: str, name: str, tags: dict, params: dict, summary: dict,
@@ -347,13 +364,15 @@ class Tracker:
         if key is None:
             run_id = self._run(name, tags, parent)
             self._log(run_id, params=params, metrics=metrics)
-        elif existing is not None and existing.info.lifecycle_stage == "active":
-            run_id = existing.info.run_id
-            self._log(run_id, params=params, metrics=metrics, logged_params=existing.data.params,
-                      tags={**{k: str(v) for k, v in tags.items()}, KEY_TAG: key, PARENT_TAG: parent})
         else:
-            run_id, run = self.ensure_run(key, name, tags, parent)
-            self._log(run_id, params=params, metrics=metrics, logged_params=run.data.params if run else None)
+            found = existing is not None and existing.info.lifecycle_stage == "active"
+            run_id, run = (existing.info.run_id, existing) if found else self.ensure_run(key, name, tags, parent)
+            with self.failing(run_id):
+                self._log(run_id, params=params, metrics=metrics, logged_params=run.data.params if run else None,
+                          tags={**{k: str(v) for k, v in tags.items()}, KEY_TAG: key, PARENT_TAG: parent}
+                          if found else None)
+                if run is not None and PUBLISH_ERROR_TAG in run.data.tags:
+                    self.client.delete_tag(run_id, PUBLISH_ERROR_TAG)
         self.finish(run_id)
         return run_id
 
@@ -371,6 +390,32 @@ class Tracker:
 
     def finish(self, run_id: str, ok: bool = True) -> None:
         self.client.set_terminated(run_id, "FINISHED" if ok else "FAILED")
+
+    def close(self, run_id: str, ok: bool = True) -> None:
+        """finish, and the tag of an earlier failure to publish removed."""
+        if PUBLISH_ERROR_TAG in self.client.get_run(run_id).data.tags:
+            self.client.delete_tag(run_id, PUBLISH_ERROR_TAG)
+        self.finish(run_id, ok)
+
+    def fail(self, run_id: str, reason: str) -> None:
+        """FAILED, with `reason` as the tag `epdbench.publish_error`; best effort (this is already a failure)."""
+        for step in (lambda: self._log(run_id, tags={PUBLISH_ERROR_TAG: reason}),
+                     lambda: self.client.set_terminated(run_id, "FAILED")):
+            try:
+                step()
+            except Exception:  # noqa: BLE001 - the first error is the one to report
+                pass
+
+    @contextmanager
+    def failing(self, run_id: str):
+        """An error inside leaves `run_id` FAILED with its reason (not tried when the server is unreachable:
+        it would only wait), then goes on."""
+        try:
+            yield
+        except Exception as e:
+            if not is_unreachable(e):
+                self.fail(run_id, failure_reason(e))
+            raise
 
     def delete(self, run_id: str) -> None:
         """Soft delete (MLflow's lifecycle stage `deleted`): hidden from searches and the UI, restorable."""

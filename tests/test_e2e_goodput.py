@@ -58,3 +58,32 @@ def test_compare_prints_goodput_per_configuration_and_gpu_with_its_plot(tmp_path
     expected = {f"goodput_req_s.{c}.capacity.2048/16": r["goodput_req_s"] for c, r in table.iterrows()
                 if not pd.isna(r["goodput_req_s"])}
     assert logged == expected
+
+
+def test_an_image_rate_shape_reaches_mlflow_under_a_valid_name(tmp_path, tiny_spec_path):
+    """A rate suite whose shape carries an image (560px+400/16, as epd-multimodal's capacity suite): its goodput
+    metric is logged as goodput_req_s.<config>.capacity.560px_400/16 and the run ends published (exit 0), where
+    MLflow refused the label as it was and the comparison run stayed RUNNING (exit 5)."""
+    from mlflow.tracking import MlflowClient
+
+    spec = yaml.safe_load(tiny_spec_path.read_text())
+    spec["name"] = "tiny-image-goodput"
+    spec["configurations"] = [c for c in spec["configurations"] if c["name"] in ("aggregated", "epd")]
+    spec["suites"] = [{"kind": "rate", "name": "capacity",
+                       "shapes": [{"input_tokens": 400, "output_tokens": 16, "image_px": 560}],
+                       "rates": [1, 2], "n_measured": 6, "n_warmup": 1, "slo": {"ttft_ms": 10000, "attainment": 0.5}}]
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    out, db = tmp_path / "out", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = subprocess.run([sys.executable, "-m", "epdbench.cli", "compare", "--spec", str(path), "--out", str(out),
+                           "--tracking-uri", db], cwd=tmp_path, capture_output=True, text=True, timeout=500,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    table = pd.read_csv(out / "goodput.csv").set_index("config")
+    assert set(table["shape"]) == {"560px+400/16"} and table["goodput_req_s"].notna().all()
+    client = MlflowClient(db)
+    run = client.search_runs([client.get_experiment_by_name("epdbench").experiment_id],
+                             "tags.`epdbench.kind` = 'comparison'")[0]
+    assert run.info.status == "FINISHED" and "epdbench.publish_error" not in run.data.tags
+    logged = {k: v for k, v in run.data.metrics.items() if k.startswith("goodput_req_s.")}
+    assert logged == {f"goodput_req_s.{c}.capacity.560px_400/16": r["goodput_req_s"] for c, r in table.iterrows()}

@@ -4,18 +4,20 @@ Exit codes of `compare`: 0 all configurations ran and their evidence holds (veri
 on the simulator) and everything reached MLflow; 2 bad input (also: the results folder is held by
 another run, or a state file is unreadable); 3 completed with failures, degraded cells or unverified
 evidence; 4 (with --fail-on-regression) a metric regressed beyond the noise of the previous runs;
-5 results kept but not published (MLflow unreachable: `epdbench sync RUN`); 6 results could not be
-written (disk full); 130 interrupted (Ctrl-C or SIGTERM).
+5 results kept but not published (MLflow unreachable or refusing: `epdbench sync RUN`); 6 results could
+not be written (disk full); 130 interrupted (Ctrl-C or SIGTERM).
+Exit codes of `sync`: 0 published (or nothing left to publish); 2 no such results folder, or a file of it
+unreadable; 5 MLflow unreachable or refusing (its reason in the line); 6 the folder could not be written.
 """
 from __future__ import annotations
 
-import errno
 import os
 import signal
 import sys
 
 from epdbench.cli import commands, planning
-from epdbench.cli.common import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NO_SPACE, INTERRUPTED_RUN, CliError
+from epdbench.cli.common import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NO_SPACE, INTERRUPTED_RUN, NO_SPACE_ERRNOS,
+                                 CliError)
 from epdbench.cli.parser import build_parser
 
 COMMANDS = {"compare": commands.cmd_compare, "report": commands.cmd_report, "history": commands.cmd_history,
@@ -79,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         os._exit(EXIT_INTERRUPTED)
     except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS):
+        if e.errno not in NO_SPACE_ERRNOS:
             raise
         rdir = INTERRUPTED_RUN.get("dir")
         then = f"; free space, then continue with: epdbench compare --resume {rdir}" if rdir else ""

@@ -8,8 +8,9 @@ import signal
 import sys
 from pathlib import Path
 
-from epdbench.cli.common import (EXIT_FAILURES, EXIT_OK, EXIT_REGRESSION, EXIT_UNPUBLISHED, INTERRUPTED_RUN, CliError,
-                                 check_out_dir, config_names, kube_overrides, load_compare_spec, pool_settings,
+from epdbench.cli.common import (EXIT_FAILURES, EXIT_OK, EXIT_REGRESSION, EXIT_UNPUBLISHED, INTERRUPTED_RUN,
+                                 NO_SPACE_ERRNOS, CliError, check_out_dir, config_names, kube_overrides,
+                                 load_compare_spec, pool_settings,
                                  quiet_defaults, regression_settings, results_dir_of, tracking_uri_of, with_target)
 
 
@@ -289,20 +290,28 @@ def cmd_down(args) -> int:
 
 
 def cmd_sync(args) -> int:
-    """Publish what a run could not; 5 (results still only in the folder) while MLflow stays unreachable."""
+    """Publish what a run could not. Exit 0: published, or nothing left to publish; 2: no such results folder,
+    or a file of it cannot be read (named, with the fix); 5: MLflow could not take it — unreachable, or it refused
+    something (its whole reason) — the results stay in the folder and this can run again. Always one line."""
     quiet_defaults()
-    from epdbench.tasks.publish import sync_results
-    from epdbench.tasks.resume import StateError, validate_state_files
-    from epdbench.tasks.tracking import MlflowUnreachable
+    from epdbench.tasks.publish import check_publishable, sync_results
+    from epdbench.tasks.resume import StateError
+    from epdbench.tasks.tracking import failure_reason, is_unreachable
     rdir = results_dir_of(args.run)
     try:
-        validate_state_files(rdir)
+        check_publishable(rdir)
         print(sync_results(rdir, args.tracking_uri))
     except StateError as e:
         raise CliError(str(e)) from None
-    except MlflowUnreachable as e:
-        print(f"error: MLflow unreachable ({e}); results stay in {rdir}: run this again once it is up",
-              file=sys.stderr)
+    except Exception as e:  # noqa: BLE001 - whatever MLflow answers, one line and exit 5
+        if isinstance(e, OSError) and e.errno in NO_SPACE_ERRNOS and not is_unreachable(e):
+            raise                                               # the folder could not be written: exit 6
+        if is_unreachable(e):
+            print(f"error: MLflow unreachable ({failure_reason(e)}); results stay in {rdir}: run this again once "
+                  "it is up", file=sys.stderr)
+        else:
+            print(f"error: MLflow did not take {rdir} ({failure_reason(e)}); results stay in the folder: run this "
+                  "again once the cause is fixed", file=sys.stderr)
         return EXIT_UNPUBLISHED
     return EXIT_OK
 

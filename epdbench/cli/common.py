@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import re
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 EXIT_OK, EXIT_BAD_INPUT, EXIT_FAILURES, EXIT_REGRESSION = 0, 2, 3, 4
 EXIT_UNPUBLISHED = 5    # every result is kept in the folder, but MLflow could not take it: `epdbench sync`
 EXIT_NO_SPACE = 6       # the results folder could not be written (disk full or I/O error)
+NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS)   # what EXIT_NO_SPACE answers
 EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM: processes stopped, finished records kept; resume later
 
 # For the line printed on interrupt: "dir", the results folder of the comparison running in this process (to

@@ -140,7 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("down", help="stop what 'epdbench up' started")
     d.add_argument("--data-dir", default=".epdbench")
 
-    y = sub.add_parser("sync", help="upload a results directory to MLflow (after MLflow was unreachable)")
+    y = sub.add_parser("sync", help="upload a results directory to MLflow (after MLflow was unreachable)",
+                       epilog="exit 0: published, or nothing left to publish; 2: no such results folder, or a file "
+                              "of it unreadable; 5: MLflow unreachable or refusing (one line says why; the results "
+                              "stay in the folder, run it again); 6: the folder could not be written")
     y.add_argument("run", help="results/RUN or a results path")
     y.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or "
                                                         "the local store)")
