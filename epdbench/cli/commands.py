@@ -326,7 +326,7 @@ def cmd_verify_transport(args) -> int:
     if args.json:
         print(json.dumps(result, indent=2, sort_keys=True))
     elif use_nixl:
-        print(f"{result['verdict']}: " + "; ".join(result["reasons"]))
+        print_reasons(result)
         for name, pod in pods.items():
             print(f"  {name}: UCX chose {pod['observed'] or '?'} (UCX {pod['ucx_version'] or '?'}, UCX_TLS asked "
                   f"{pod['requested'] or '?'}" + (f", not available: {', '.join(pod['unavailable'])}"
@@ -337,7 +337,7 @@ def cmd_verify_transport(args) -> int:
                     lanes = " ".join(f"{x['group']}({x['tl']}/{x['device']})" for x in c["lanes"]) or "no lanes"
                     print(f"    {wname} {c['scope']} cfg#{c['cfg']}: {lanes}")
     else:
-        print(f"{result['verdict']}: " + "; ".join(result["reasons"]))
+        print_reasons(result)
         for name, pod in pods.items():
             devices = ", ".join(f"{d['name']} (LID {d['lid']})" for d in pod["rdma_devices"]) or "none"
             print(f"  {name}: installed {pod['observed'] or '?'}, HCAs {pod['hcas']}, RDMA devices {devices}, "
@@ -346,6 +346,13 @@ def cmd_verify_transport(args) -> int:
                 windows = ", ".join(f"{t:.2f}" for t in w["throughput_mb_s"]) or "none attributed"
                 print(f"    {wname}: installed {w['observed'] or '?'}, HCAs {w['hcas']}, windows (MB/s) {windows}")
     return EXIT_OK if result["verdict"] == "verified" else EXIT_FAILURES
+
+
+def print_reasons(result: dict) -> None:
+    """One line per reason, each under the verdict (a lane set or an install shared by many endpoints or workers
+    is one reason already)."""
+    for reason in result["reasons"] or ["no reason given"]:
+        print(f"{result['verdict']}: {reason}")
 
 
 def cmd_loadgen(args) -> int:
