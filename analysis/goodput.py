@@ -22,7 +22,7 @@ import pandas as pd
 from epdbench.analysis.chunks import Lists, gaps, largest_gap
 from epdbench.analysis.noise import percentile_ci
 from epdbench.specs.models import ExperimentSpec, RateSuite, Slo
-from epdbench.specs.workload import plan_cells
+from epdbench.specs.workload import plan_cells, split_rate
 
 Z95 = 1.959964
 ATTAINMENT_COLUMNS = ["config", "suite", "shape", "rate", "requests", "met", "attainment", "attainment_low",
@@ -42,7 +42,7 @@ class RateCell:
 def rate_cells(spec: ExperimentSpec) -> dict[tuple[str, str], RateCell]:
     """(suite, workload) → its rate cell, for the rate suites of `spec` that have an SLO."""
     slos = {s.name: s.slo for s in spec.suites if isinstance(s, RateSuite) and s.slo is not None}
-    return {(c.suite, c.workload): RateCell(c.suite, c.workload.rsplit("@", 1)[0], c.rate, slos[c.suite])
+    return {(c.suite, c.workload): RateCell(c.suite, split_rate(c.workload)[0], c.rate, slos[c.suite])
             for c in plan_cells(spec) if c.rate is not None and c.suite in slos}
 
 

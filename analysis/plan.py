@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from statistics import mean
 
+from epdbench.analysis.labels import load_label
 from epdbench.physics.costmodel import CostModel, PrefillChunk, image_tokens, kv_descriptors, transfer_seconds
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
 from epdbench.specs.workload import Cell, build_requests, plan_cells, prompt_set_hash
@@ -67,7 +68,9 @@ def plan(spec: ExperimentSpec) -> list[dict]:
             est = estimate_cell_seconds(spec, config, cell, mean(r.target_prompt_tokens for r in reqs),
                                         reqs[0].max_tokens, reqs[0].image_px, reused)
             rows.append({"config": config.name, "suite": cell.suite, "workload": cell.workload,
-                         "concurrency": cell.concurrency, "stream": cell.stream, "n_warmup": cell.n_warmup,
+                         "concurrency": cell.concurrency, "rate": cell.rate,
+                         "load": load_label(cell.workload, cell.concurrency), "stream": cell.stream,
+                         "n_warmup": cell.n_warmup,
                          "n_measured": cell.n_measured, "prompt_set_hash": prompt_set_hash(reqs),
                          "est_seconds": round(est * spec.trials * scale, 1)})
     return rows

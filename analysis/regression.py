@@ -22,6 +22,7 @@ from statistics import median
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from epdbench.analysis.labels import cell_label
 from epdbench.analysis.metrics import LOWER_IS_BETTER
 from epdbench.analysis.noise import finite
 from epdbench.analysis.trials import mean_ci
@@ -226,10 +227,10 @@ def detect(tonight: pd.DataFrame, history: pd.DataFrame, settings: RegressionSet
 
 def flag_text(j: Judgement) -> str:
     """One flagged metric as a short line (MLflow tag, Prefect artifact)."""
-    stream = "" if j.stream == "main" else f" {j.stream}"
     against = f"median of {j.n_history} runs" if j.method.startswith("band") else f"{j.n_history} past runs"
     change = "from zero" if j.change_pct is None else f"{j.change_pct:+.1f}%"
-    return f"{j.config} {j.suite} {j.workload}{stream} c={j.concurrency} {j.metric} {j.status} {change} vs {against}"
+    cell = cell_label(j.workload, j.concurrency, j.stream, short=True)
+    return f"{j.config} {j.suite} {cell} {j.metric} {j.status} {change} vs {against}"
 
 
 def verdict_of(judgements: list[Judgement]) -> dict:

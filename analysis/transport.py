@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from epdbench.analysis.labels import named_or_counted
 from epdbench.analysis.logformats import WORKER_PID, LogLine, parse_line
 
 # Relative tolerance between the KV bytes moved and the KV of the prompts (kv bytes per token × prompt
@@ -301,6 +302,18 @@ def _install_detail(w: dict) -> str:
     return hcas + (", MC_FORCE_TCP set" if w["force_tcp"] else ", no MC_FORCE_TCP line")
 
 
+def worker_mismatches(expected: str, pods: dict[str, dict]) -> list[str]:
+    """One line per distinct install on another transport than `expected` (what was installed, HCAs found,
+    MC_FORCE_TCP) with the workers that made it (a TP8 pod has eight alike)."""
+    groups: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for name, p in sorted(pods.items()):
+        for wname, w in sorted(p["workers"].items()):
+            if w["observed"] and w["observed"] != expected:
+                groups.setdefault((w["observed"].upper(), _install_detail(w)), []).append((name, wname))
+    return [f"expected {expected}; {named_or_counted(workers, 'worker')} installed {installed} ({detail})"
+            for (installed, detail), workers in groups.items()]
+
+
 def _movement_gaps(name: str, pod: dict, sender: bool) -> list[str]:
     """Pods and workers that installed a transport but whose own lines show nothing moving."""
     gaps = []
@@ -346,11 +359,10 @@ def verify_transport(expected: str, pods: dict[str, dict], roles: dict[str, str]
         if p["observed"] is None:
             missing = True
             reasons.append(f"{name}: no transport install line")
-        for wname, w in sorted(p["workers"].items()):
-            if w["observed"] and w["observed"] != expected:
-                mismatch = True
-                reasons.append(f"expected {expected}; {name} {wname} installed {w['observed'].upper()} "
-                               f"({_install_detail(w)})")
+    if found := worker_mismatches(expected, pods):
+        mismatch = True
+        reasons += found
+    for name, p in sorted(pods.items()):
         if fails := _failures(p):
             mismatch = True
             reasons.append(f"{name}: transfers failed ({', '.join(f'{k}={v}' for k, v in fails.items())})")

@@ -21,6 +21,7 @@ import re
 from collections.abc import Iterable
 
 from epdbench.analysis.logformats import WORKER_PID, LogLine, parse_line
+from epdbench.analysis.labels import named_or_counted
 from epdbench.analysis.transport import (KV_METRICS, KV_METRICS_FILES, emulated, volume_and_rate, volume_gaps,
                                         volume_line)
 
@@ -181,19 +182,26 @@ def _lane_text(lane: dict) -> str:
     return f"{lane['group']}({lane['tl']}/{lane['device']})"
 
 
-def worker_mismatches(expected: str, name: str, pod: dict) -> list[str]:
-    """One line per worker and endpoint configuration with a remote lane on another transport than `expected`."""
+def lane_mismatches(expected: str, pods: dict[str, dict]) -> list[str]:
+    """One line per distinct set of remote lanes on another transport than `expected`, with the endpoints that use
+    it: UCX prints a configuration per endpoint, often the same one many times over."""
+    groups: dict[tuple, list[tuple[str, str]]] = {}
+    kinds: dict[tuple, list[str]] = {}
+    for name, pod in sorted(pods.items()):
+        for wname, w in sorted(pod["workers"].items()):
+            for c in w["configs"]:
+                other = [lane for lane in c["lanes"] if lane["class"] not in ("local", expected)]
+                if c["scope"] != "self" and other:
+                    key = tuple(_lane_text(x) for x in other)
+                    groups.setdefault(key, []).append((name, f"{wname} {c['scope']} cfg#{c['cfg']}"))
+                    kinds[key] = sorted({lane["class"].upper() for lane in other})
     out = []
-    for wname, w in sorted(pod["workers"].items()):
-        for c in w["configs"]:
-            if c["scope"] == "self":
-                continue
-            other = [lane for lane in c["lanes"] if lane["class"] not in ("local", expected)]
-            if other:
-                kinds = sorted({lane["class"].upper() for lane in other})
-                out.append(f"expected {expected}; {name} {wname} {c['scope']} cfg#{c['cfg']}: lane"
-                           f"{'s' if len(other) > 1 else ''} {', '.join(_lane_text(x) for x in other)} on "
-                           f"{'/'.join(kinds)}")
+    for lanes, endpoints in groups.items():
+        missing = list(dict.fromkeys(t for name in dict.fromkeys(pod for pod, _ in endpoints)
+                                     for t in pods[name]["unavailable"]))
+        out.append(f"expected {expected}; {named_or_counted(endpoints, 'endpoint')}: "
+                   f"lane{'s' if len(lanes) > 1 else ''} {', '.join(lanes)} on {'/'.join(kinds[lanes])}"
+                   + (f" (UCX: {', '.join(missing)} not available)" if missing else ""))
     return out
 
 
@@ -228,11 +236,10 @@ def verify_nixl(expected: str, pods: dict[str, dict], roles: dict[str, str] | No
         if p["observed"] is None:
             missing = True
             reasons.append(f"{name}: no UCX endpoint to another process (only self or host-local lanes)")
-        if found := worker_mismatches(expected, name, p):
-            mismatch = True
-            if p["unavailable"]:
-                found[0] += f" (UCX: {', '.join(p['unavailable'])} not available)"
-            reasons += found
+    if found := lane_mismatches(expected, pods):
+        mismatch = True
+        reasons += found
+    for name, p in sorted(pods.items()):
         fails = {k: v for k, v in (("failed_transfers", p["failed_transfers"]),
                                    ("transfer_failures", len(p["transfer_failures"])), ("ec_failures", p["ec_failures"]),
                                    ("nixl_errors", len(p["nixl_errors"]))) if v}

@@ -17,13 +17,17 @@ from pathlib import Path
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
+from epdbench.analysis.compare import compare as compare_cells     # `compare` is this module's flow
 from epdbench.analysis.goodput import goodput_lines
+from epdbench.analysis.labels import cell_label
 from epdbench.analysis.metrics import RECORD_COLUMNS, summarize
 from epdbench.analysis.regression import RegressionSettings
 from epdbench.analysis.trials import aggregate_trials
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, spec_to_yaml
 from epdbench.specs.profile import profile_to_yaml
-from epdbench.specs.workload import calibration_keys, plan_cells
+from epdbench.specs.workload import Cell, calibration_keys, plan_cells
+from epdbench.reports.goodput import throughput_goodput_gaps
+from epdbench.reports.verdict import verdict_lines
 from epdbench.flows.outputs import prefect_summary_artifact, report_meta, verdict_view
 from epdbench.flows.incluster import LoadgenIncomplete, run_suite_in_cluster
 from epdbench.flows.suite import CellTimeout, DeploymentDied, run_suite, say
@@ -187,9 +191,10 @@ def _close_configuration(outcome: ConfigOutcome) -> None:
     """After its evidence: ok, or degraded when a cell's requests failed above the threshold; the verdicts line."""
     bad = [i for i in outcome.cells if i["status"] != "ok"]
     if bad:
+        worst: Cell = bad[0]["cell"]
+        where = cell_label(worst.workload, worst.concurrency, worst.stream, short=True)
         outcome.error = (f"degraded: {len(bad)} of {len(outcome.cells)} cells above the failed-request "
-                         f"threshold ({bad[0]['cell'].suite} {bad[0]['cell'].workload} "
-                         f"c={bad[0]['cell'].concurrency}: {bad[0]['reason']})")
+                         f"threshold ({worst.suite} {where}: {bad[0]['reason']})")
         outcome.status = "degraded"
     else:
         outcome.ok = True
@@ -368,7 +373,11 @@ def _compare(spec: ExperimentSpec, run: str, rdir: Path, tracking_uri: str | Non
     outcome["all_verified"] = all(c["verified"] for c in outcome["configs"].values())
     outcome["contaminated_cells"] = int(summary["contaminated"].fillna(False).astype(bool).sum()) if len(summary) else 0
     outcome["meta"], outcome["verdicts"], outcome["regression"] = meta, verdicts, check
-    outcome["goodput"] = goodput_lines(read_goodput(rdir / "goodput.csv"))
+    goodput_table = read_goodput(rdir / "goodput.csv")
+    outcome["goodput"] = goodput_lines(goodput_table)
+    comparisons = compare_cells(summary)     # as the report's Verdict (reports.render.report_context), same summary
+    outcome["winners"] = verdict_lines(comparisons) + throughput_goodput_gaps(
+        comparisons, goodput_table, {c.name: c.gpus for c in spec.configurations})
     write_json(rdir / "outcome.json", outcome)
     fingerprint = publish.comparison_fingerprint(rdir)
     if tracker and parent and state["parent_published"] != fingerprint:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import TYPE_CHECKING
 
+from epdbench.analysis.labels import load_label, shape_label
 from epdbench.analysis.prom import cache_by_role
 from epdbench.analysis.ucx import remote_lanes
 from epdbench.reports.findings import regression_line
@@ -29,17 +30,20 @@ def prefect_summary_artifact(outcome: dict, summary) -> None:
     lines += [f"| {n} | {'yes' if c['ok'] else 'FAILED: ' + (c['error'] or '')} | {c['transport']} | {c['stages']} |"
               for n, c in outcome["configs"].items()]
     if not summary.empty:
-        lines += ["", "| config | suite | workload | conc | stream | ok | TTFT p50 ms | ITL p99 ms | tok/s |",
-                  "|---|---|---|---:|---|---:|---:|---:|---:|"]
+        lines += ["", "| config | suite | workload | load | stream | ok | TTFT p50 ms | ITL p99 ms | tok/s |",
+                  "|---|---|---|---|---|---:|---:|---:|---:|"]
         for _, r in summary.iterrows():
             def f(v):
                 return "—" if v is None else f"{float(v):.1f}"
-            lines.append(f"| {r['config']} | {r['suite']} | {r['workload']} | {r['concurrency']} | {r['stream']} | "
+            lines.append(f"| {r['config']} | {r['suite']} | {shape_label(r['workload'])} | "
+                         f"{load_label(r['workload'], r['concurrency'])} | {r['stream']} | "
                          f"{r['requests_ok']}/{r['requests_total']} | {f(r['ttft_p50_ms'])} | {f(r['itl_p99_ms'])} | "
                          f"{f(r['output_tok_s'])} |")
     spoilt = contamination_line(summary, outcome.get("meta") or {})
-    lines += [""] + ([spoilt, ""] if spoilt else []) + [regression_line(outcome.get("regression")), "",
-                                                         f"Results: `{outcome['results_dir']}`"]
+    lines += [""] + ([spoilt, ""] if spoilt else []) + [regression_line(outcome.get("regression")), ""]
+    if outcome.get("winners"):
+        lines += ["```", *outcome["winners"], "```", ""]
+    lines += [f"Results: `{outcome['results_dir']}`"]
     try:
         create_markdown_artifact("\n".join(lines), key="epdbench-report", description=f"epdbench {outcome['run']}")
     except Exception:  # noqa: BLE001 - outside a flow run context

@@ -10,6 +10,7 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from epdbench.analysis.labels import cell_label
 from epdbench.analysis.metrics import summarize
 from epdbench.analysis.noise import EMIT_LAG, emulation_lag_p99_ms, samples_p99_ms
 from epdbench.reports.live import LiveCell
@@ -50,7 +51,8 @@ def cell_status(rows: list[dict], max_failed_fraction: float, dead: list[str]) -
 def cell_line(config: str, cell: Cell, trial: int, s: dict) -> str:
     def f(v, unit=" ms"):
         return "—" if v is None else f"{v:.1f}{unit}"
-    line = (f"  [{config}] {cell.suite} {cell.workload} c={cell.concurrency} trial {trial}: "
+    line = (f"  [{config}] {cell.suite} {cell_label(cell.workload, cell.concurrency, cell.stream, short=True)} "
+            f"trial {trial}: "
             f"{s['requests_ok']}/{s['requests_total']} ok, TTFT p50 {f(s['ttft_p50_ms'])}, "
             f"ITL p99 {f(s['itl_p99_ms'])}, {f(s['output_tok_s'], ' tok/s')}")
     if s.get("contaminated"):
@@ -63,7 +65,8 @@ def announce_cell(config: str, cell: Cell, trial: int, summary: dict, status: st
     """The cell's one line, and a second with the reason when it is not ok."""
     say(cell_line(config, cell, trial, summary))
     if status != "ok":
-        say(f"  [{config}] {cell.suite} {cell.workload} c={cell.concurrency} trial {trial}: {status}: {reason}")
+        say(f"  [{config}] {cell.suite} {cell_label(cell.workload, cell.concurrency, cell.stream, short=True)} "
+            f"trial {trial}: {status}: {reason}")
 
 
 @task(name="run-suite", cache_policy=NO_CACHE, retries=0)
@@ -188,7 +191,8 @@ def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run:
                     requests = build_requests(spec, cell, trial, calibration=cal)
                     finished, on_record = collector()
                     recs, noise = await measured(bounded(
-                        f"{suite} {cell.workload} c={cell.concurrency} trial {trial}", requests,
+                        f"{suite} {cell_label(cell.workload, cell.concurrency, cell.stream, short=True)} "
+                        f"trial {trial}", requests,
                         lg.run_cell(requests, cell.concurrency, on_record), finished,
                         keep_partial([(cell, requests)], trial)))
                     finish([(cell, rows_of(cell, trial, recs))], trial, noise)

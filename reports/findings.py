@@ -8,11 +8,12 @@ import pandas as pd
 
 from epdbench.analysis.compare import CONTAMINATED, NOT_JUDGED, REPORT_METRICS, TIE, Comparison, wins
 from epdbench.analysis.headline import Change, Finding, Tally
+from epdbench.analysis.labels import cell_label
 from epdbench.analysis.metrics import LOWER_IS_BETTER
 from epdbench.analysis.regression import FLAGGED
 from epdbench.analysis.samples import EarlyStops, PromptFit
 from epdbench.analysis.trials import low_support
-from epdbench.reports.fmt import METRIC_NAMES, cell_text, fmt  # noqa: F401 - METRIC_NAMES re-exported
+from epdbench.reports.fmt import METRIC_NAMES, fmt  # noqa: F401 - METRIC_NAMES re-exported
 from epdbench.reports.verdict import contamination_line
 
 GOOD_VERDICTS = {"verified", "emulated", "not-applicable"}
@@ -47,7 +48,7 @@ def short_movement(c: Change) -> str:
 
 def headline_sentence(f: Finding) -> str:
     c = f.change
-    text = f"In suite {c.suite}, at {cell_text(c.workload, c.concurrency, c.stream)}, {movement(c)}, {size(c)}"
+    text = f"In suite {c.suite}, at {cell_label(c.workload, c.concurrency, c.stream)}, {movement(c)}, {size(c)}"
     if c.better:
         tail = (f"; the trade-off: {short_movement(f.counterpart)}" if f.counterpart
                 else "; no other headline metric got worse in that cell")
@@ -157,7 +158,8 @@ def early_stop_line(stops: EarlyStops | None) -> str | None:
     if not stops.stopped_early:
         return (f"All {stops.requests:,} measured requests generated their full max_tokens, so output throughput "
                 "compares like with like.")
-    where = "; ".join(f"{cfg} {suite} {w} c={c}: {k}/{n}" for cfg, suite, w, c, k, n in stops.where[:6])
+    where = "; ".join(f"{cfg} {suite} {cell_label(w, c, short=True)}: {k}/{n}"
+                      for cfg, suite, w, c, k, n in stops.where[:6])
     more = f" and {len(stops.where) - 6} more cells" if len(stops.where) > 6 else ""
     return (f"{stops.stopped_early:,} of {stops.requests:,} measured requests stopped before max_tokens ({where}{more}): "
             "their cells count fewer output tokens.")
@@ -214,7 +216,8 @@ def limitations(meta: dict, summary: pd.DataFrame, agg: pd.DataFrame, verdicts: 
 def flag_sentence(j: dict) -> str:
     name, unit = METRIC_NAMES[j["metric"]]
     against = "median" if j["method"].startswith("band") else "mean"
-    return (f"{j['config']}, suite {j['suite']}, {cell_text(j['workload'], j['concurrency'], j['stream'])}: {name} "
+    cell = cell_label(j["workload"], j["concurrency"], j["stream"])
+    return (f"{j['config']}, suite {j['suite']}, {cell}: {name} "
             f"{value_text(j['metric'], j['value'])} against a {against} of {value_text(j['metric'], j['baseline'])} "
             f"(band {fmt(j['band_low'], j['metric'])}–{fmt(j['band_high'], j['metric'])} {unit}) over "
             f"{j['n_history']} runs — {j['status']}"
@@ -235,7 +238,7 @@ def delta_table(judgements: list[dict], metrics: list[str]) -> list[dict]:
     for j in judgements:
         key = (j["config"], j["suite"], j["workload"], j["concurrency"], j["stream"])
         row = rows.setdefault(key, {"config": j["config"], "suite": j["suite"],
-                                    "cell": cell_text(j["workload"], j["concurrency"], j["stream"]), "cells": {}})
+                                    "cell": cell_label(j["workload"], j["concurrency"], j["stream"]), "cells": {}})
         delta = j["delta_pct"]
         row["cells"][j["metric"]] = {"text": "—" if delta is None else f"{delta:+.1f}%", "status": j["status"],
                                      "flagged": j["status"] in FLAGGED}

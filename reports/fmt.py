@@ -26,10 +26,6 @@ METRIC_NAMES = {
 }
 
 
-def cell_text(workload: str, concurrency: int, stream: str) -> str:
-    return f"{workload}{'' if stream == 'main' else f' ({stream})'}, concurrency {concurrency}"
-
-
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 

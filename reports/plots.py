@@ -16,6 +16,7 @@ import pandas as pd
 from matplotlib import ticker
 from matplotlib.figure import Figure
 
+from epdbench.analysis.labels import cell_label, load_label, shape_label
 from epdbench.analysis.samples import cdf_cell, itl_samples_ms
 from epdbench.analysis.trials import aggregate_trials
 
@@ -36,15 +37,6 @@ class Plot:
 
     def data_uri(self) -> str:
         return "data:image/png;base64," + base64.b64encode(self.png).decode("ascii")
-
-
-def shape_label(workload: str, stream: str) -> str:
-    return workload if stream == "main" else f"{workload} ({stream})"
-
-
-def cell_label(cell: tuple) -> str:
-    _, workload, concurrency, stream = cell
-    return f"{shape_label(workload, stream)}, concurrency {concurrency}"
 
 
 def png_of(fig: Figure) -> bytes:
@@ -76,10 +68,12 @@ def itl_cdf(suite: str, cell: tuple, samples: dict[str, list[float]], colors: di
     ax.set_ylim(0, 1.01)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
-    ax.set_title(f"ITL CDF — {suite}: {cell_label(cell)}")
+    _, workload, concurrency, stream = cell
+    where = cell_label(workload, concurrency, stream)
+    ax.set_title(f"ITL CDF — {suite}: {where}")
     counts = ", ".join(f"{c} {len(s)}" for c, s in samples.items())
     return Plot(f"{suite}-itl-cdf.png", suite, f"ITL CDF, suite {suite}",
-                f"Every inter-token gap of the measured requests at {cell_label(cell)} — the longest shape at the "
+                f"Every inter-token gap of the measured requests at {where} — the longest shape at the "
                 f"highest concurrency of suite {suite}. Gaps per configuration: {counts}.", png_of(fig))
 
 
@@ -125,7 +119,8 @@ def throughput_per_gpu(suite: str, agg: pd.DataFrame, colors: dict[str, str]) ->
         heights = [float(mine.loc[c, "output_tok_s_per_gpu"]) if c in mine.index else np.nan for c in cells]
         ax.bar(np.arange(len(cells)) + (i - (len(configs) - 1) / 2) * width, heights, width, color=colors[config],
                label=config)
-    ax.set_xticks(np.arange(len(cells)), [f"{shape_label(w, s)}\nc={c}" for w, s, c in cells], fontsize=7,
+    ticks = [f"{shape_label(w, s)}\n{load_label(w, c, short=True)}" for w, s, c in cells]
+    ax.set_xticks(np.arange(len(cells)), ticks, fontsize=7,
                   rotation=30 if len(cells) > 6 else 0, ha="right" if len(cells) > 6 else "center")
     ax.set_ylabel("output tok/s per GPU")
     ax.grid(True, axis="y", alpha=0.3)

@@ -12,11 +12,13 @@ import pandas as pd
 
 from epdbench.analysis.compare import REPORT_METRICS, Comparison, compare, ratio_phrase
 from epdbench.analysis.headline import MIN_HEADLINE_FACTOR, baseline_config, changes_vs_baseline, headline, tallies
+from epdbench.analysis.labels import cell_label, load_label, shape_label
 from epdbench.analysis.regression import REGRESSION_METRICS
 from epdbench.analysis.samples import early_stops, prompt_fit
 from epdbench.analysis.trials import aggregate_trials, low_support
 from epdbench.reports.findings import (benefits, cache_text, headline_sentence, history_view, limitations, reuse_view,
                                        suite_prose)
+from epdbench.reports.goodput import throughput_goodput_gaps
 from epdbench.reports.verdict import contamination_line, verdict_view
 from epdbench.reports.fmt import fmt, matched_order
 from epdbench.templating import make_env
@@ -49,8 +51,7 @@ def _cell(row, metric: str, best: Comparison | None) -> dict:
 
 
 def ratio_line(c: Comparison) -> str:
-    stream = "" if c.stream == "main" else f" {c.stream}"
-    return (f"{c.workload} @ c={c.concurrency}{stream}: {COLUMN_TITLES[c.metric]} {c.leader} "
+    return (f"{cell_label(c.workload, c.concurrency, c.stream, short=True)}: {COLUMN_TITLES[c.metric]} {c.leader} "
             f"{fmt(c.values[c.leader], c.metric)} vs {c.worst} {fmt(c.values[c.worst], c.metric)} — "
             f"{ratio_phrase(c.metric, c.ratio)}")
 
@@ -68,6 +69,8 @@ def suite_tables(summary: pd.DataFrame, comparisons: list[Comparison]) -> list[d
             key = (suite, r["workload"], r["concurrency"], r["stream"])
             rows.append({"config": r["config"], "contaminated": bool(r.get("contaminated")),
                          "workload": r["workload"], "concurrency": int(r["concurrency"]),
+                         "shape": shape_label(r["workload"], r["stream"]),
+                         "load": load_label(r["workload"], r["concurrency"]),
                          "stream": r["stream"], "requests": f"{int(r['requests_ok'])}/{int(r['requests_total'])}",
                          "cells": [_cell(r, m, best.get((*key, m))) for m in REPORT_METRICS]})
         mine = [c for c in comparisons if c.suite == suite]
@@ -156,6 +159,8 @@ def report_context(meta: dict, summary: pd.DataFrame, verdicts: dict[str, dict],
         "verdict": verdict_view(comparisons),
         "contamination": contamination_line(summary, meta),
         "goodput": goodput,
+        "goodput_gaps": throughput_goodput_gaps(comparisons, (goodput or {}).get("table"),
+                                                {c["name"]: c["gpus"] for c in meta["configurations"]}),
         "headline": [headline_sentence(f) for f in headline(changes)],
         "headline_min_factor": f"{MIN_HEADLINE_FACTOR:g}×",
         "n_compared": int(summary["config"].nunique()) if not summary.empty else 0,

@@ -1,4 +1,5 @@
-"""Compact terminal summary of a finished comparison (rich table)."""
+"""Compact terminal summary of a finished comparison (rich table), ending with the Verdict in a few lines per
+suite and where the report is."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,7 +7,9 @@ from pathlib import Path
 import pandas as pd
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
+from epdbench.analysis.labels import load_label, shape_label
 from epdbench.reports.findings import regression_line
 from epdbench.reports.verdict import contamination_line
 from epdbench.reports.fmt import fmt, matched_order
@@ -22,28 +25,30 @@ def print_summary(outcome: dict, console: Console | None = None) -> None:
     if not summary.empty:
         for suite, sdf in summary.groupby("suite", sort=False):
             t = Table(title=f"suite {suite} (ms unless noted)", show_lines=False)
-            for col in ["config", "workload", "conc", "ok"] + [t_ for _, t_ in TERMINAL_METRICS]:
-                t.add_column(col, justify="left" if col in ("config", "workload") else "right")
+            for col in ["config", "workload", "load", "ok"] + [t_ for _, t_ in TERMINAL_METRICS]:
+                t.add_column(col, justify="left" if col in ("config", "workload", "load") else "right")
             for _, r in matched_order(sdf).iterrows():
-                workload = str(r["workload"]) + ("" if r["stream"] == "main" else f" ({r['stream']})")
-                t.add_row(r["config"], workload, str(r["concurrency"]),
-                          f"{r['requests_ok']}/{r['requests_total']}",
+                t.add_row(r["config"], shape_label(r["workload"], r["stream"]),
+                          load_label(r["workload"], r["concurrency"]), f"{r['requests_ok']}/{r['requests_total']}",
                           *[fmt(None if pd.isna(r[m]) else r[m], m) for m, _ in TERMINAL_METRICS])
             console.print(t)
     for line in outcome.get("goodput") or []:
-        console.print(line)
+        console.print(Text(line))
     for name, c in outcome["configs"].items():
         state = "ok" if c["ok"] else f"{c.get('status', 'failed').upper()}: {c['error']}"
         ec = f", encoder outputs {c['ec_transport']}" if c.get("ec_transport") else ""
-        console.print(f"{name}: {state}; transport {c['transport']}{ec}, stages {c['stages']}")
+        console.print(Text(f"{name}: {state}; transport {c['transport']}{ec}, stages {c['stages']}"))
     spoilt = contamination_line(summary, outcome.get("meta") or {})
     if spoilt:
-        console.print(spoilt)
-    console.print(regression_line(outcome.get("regression")))
-    console.print(f"results: {rdir}/ (report.md, report.html, summary.csv, records.parquet, evidence/)")
+        console.print(Text(spoilt))
+    console.print(Text(regression_line(outcome.get("regression"))))
     pending = outcome.get("mlflow_pending")
     if pending:
         what = ", ".join(pending) if isinstance(pending, list) else "some of it"
         console.print(f"MLflow:  not published yet ({what}); publish with: epdbench sync {rdir}")
     else:
         console.print(f"MLflow:  {outcome['mlflow_url']}")
+    console.print(Text(f"results: {rdir}/ (summary.csv, records.parquet, evidence/)"), soft_wrap=True)
+    for line in outcome.get("winners") or []:      # the terminal wraps them, whole words and paths intact
+        console.print(Text(line), soft_wrap=True)
+    console.print(Text(f"report:  {rdir / 'report.md'} · {rdir / 'report.html'}"), soft_wrap=True)

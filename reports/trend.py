@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from epdbench.analysis.labels import cell_label
 from epdbench.analysis.regression import CELL, RegressionSettings, detect
 from epdbench.reports.findings import METRIC_NAMES
 from epdbench.reports.fmt import fmt
@@ -52,6 +53,6 @@ def trend_lines(history: pd.DataFrame, metric: str, settings: RegressionSettings
         values = per_run.droplevel(CELL)
         cells = "".join(f"{fmt(values.get(rid), metric):>{COLUMN_WIDTH}}" for rid in runs["run_id"])
         config, suite, workload, concurrency, stream = key
-        label = f"{config} {suite} {workload}{'' if stream == 'main' else ' ' + stream} c={concurrency}"
+        label = f"{config} {suite} {cell_label(workload, concurrency, stream, short=True)}"
         lines.append(f"{label:<44}{cells}  {verdicts.get(key, 'not in the newest run')}")
     return lines

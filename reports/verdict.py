@@ -1,13 +1,17 @@
 """The report's verdict (pure): the opening table of who wins each deployment metric per cell, or tie, or
-contaminated, and the line that says which cells host load contaminated."""
+contaminated; the line that says which cells host load contaminated; and the same verdict in a few lines per
+suite, the terminal's last word."""
 from __future__ import annotations
+
+from collections import Counter
 
 import pandas as pd
 
 from epdbench.analysis.compare import CONTAMINATED, TIE, VERDICT_METRICS, Comparison, verdict_table
+from epdbench.analysis.labels import cell_label
 from epdbench.analysis.metrics import LOWER_IS_BETTER
 from epdbench.analysis.noise import CONTAMINATION_FRACTION
-from epdbench.reports.fmt import METRIC_NAMES, cell_text
+from epdbench.reports.fmt import METRIC_NAMES
 
 def contamination_line(summary: pd.DataFrame, meta: dict) -> str | None:
     """How many cells host load contaminated, and what to do about it (None when none)."""
@@ -16,7 +20,9 @@ def contamination_line(summary: pd.DataFrame, meta: dict) -> str | None:
     bad = summary[summary["contaminated"].fillna(False).astype(bool)]
     if bad.empty:
         return None
-    where = "; ".join(f"{r['config']} {r['suite']} {r['workload']} c={r['concurrency']}" for _, r in bad.head(4).iterrows())
+    where = "; ".join(f"{r['config']} {r['suite']} "
+                      f"{cell_label(r['workload'], r['concurrency'], r.get('stream', 'main'), short=True)}"
+                      for _, r in bad.head(4).iterrows())
     more = f" and {len(bad) - 4} more" if len(bad) > 4 else ""
     fix = (f"; raise target.sim.time_scale (now {meta.get('time_scale', 1):g}) or run on a quieter host"
            if meta.get("target") == "sim" else "; run the load generator on a quieter host")
@@ -45,8 +51,56 @@ def verdict_view(comparisons: list[Comparison]) -> dict:
             else:
                 cells.append({"text": f"{v} ({margin:.1f}× {'lower' if m in LOWER_IS_BETTER else 'higher'})"
                               if margin else v, "winner": True})
-        rows.append({"suite": r["suite"], "cell": cell_text(r["workload"], r["concurrency"], r["stream"]),
+        rows.append({"suite": r["suite"], "cell": cell_label(r["workload"], r["concurrency"], r["stream"]),
                      "cells": cells})
     decided = sum(c["winner"] for r in rows for c in r["cells"])
     total = sum(c["text"] != "—" for r in rows for c in r["cells"])
     return {"columns": [METRIC_NAMES[m][0] for m in VERDICT_METRICS], "rows": rows, "decided": decided, "total": total}
+
+
+TERMINAL_NAMES = {"ttft_p50_ms": "TTFT p50", "itl_p99_ms": "ITL p99", "output_tok_s_per_gpu": "tok/s per GPU"}
+
+
+def metric_tally(rows: list[dict], metric: str) -> str | None:
+    """One metric over a suite's Verdict rows: each configuration that wins it and in how many cells, then the
+    cells where a group tied ahead of the rest (the group seen most often named), ties and contaminated cells;
+    None when no cell judged it. At most one entry per configuration and four more, however many cells."""
+    wins: Counter = Counter()
+    groups: Counter = Counter()
+    ties = spoilt = judged = 0
+    for r in rows:
+        v = r["verdicts"].get(metric)
+        leaders = r["leaders"].get(metric) or ()
+        judged += v is not None
+        if v == TIE and leaders:
+            groups[" ≈ ".join(sorted(leaders))] += 1      # the same group, whichever of it led by a hair
+        elif v == TIE:
+            ties += 1
+        elif v == CONTAMINATED:
+            spoilt += 1
+        elif v is not None:
+            wins[v] += 1
+    if not judged:
+        return None
+    parts = [", ".join(f"{who} {n}" for who, n in wins.most_common()) or "no winner"]
+    if groups:
+        group, n = groups.most_common(1)[0]
+        often = f" ({group} in {n})" if len(groups) > 1 else f" ({group})"
+        parts.append(f"tied ahead {sum(groups.values())}{often}")
+    parts += [f"tie {ties}"] * bool(ties) + [f"contaminated {spoilt}"] * bool(spoilt)
+    parts += [f"no data {len(rows) - judged}"] * (len(rows) > judged)
+    return f"{TERMINAL_NAMES.get(metric, METRIC_NAMES[metric][0])}: " + "; ".join(parts)
+
+
+def verdict_lines(comparisons: list[Comparison]) -> list[str]:
+    """The Verdict in a few lines per suite, from the same rows as the report's table: per metric, which
+    configuration wins in how many of the suite's matched cells, ties, contaminated (the terminal's last word)."""
+    rows = verdict_table(comparisons)
+    if not rows:
+        return ["Verdict: fewer than two configurations produced data in any cell, nothing to decide."]
+    lines = ["Verdict (report.md opens with it): per metric, who is better outside the noise in how many matched cells"]
+    for suite in dict.fromkeys(r["suite"] for r in rows):
+        mine = [r for r in rows if r["suite"] == suite]
+        lines.append(f"  suite {suite}, {len(mine)} matched cell{'s' * (len(mine) != 1)}:")
+        lines += [f"    {t}" for m in VERDICT_METRICS if (t := metric_tally(mine, m))]
+    return lines

@@ -14,6 +14,7 @@ import base64
 import hashlib
 import io
 import random
+import re
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -111,6 +112,16 @@ def plan_cells(spec: ExperimentSpec) -> list[Cell]:
 def rate_workload(shape: str, rate: float) -> str:
     """A rate cell's workload: its shape at its offered rate, e.g. 1024/128@4/s."""
     return f"{shape}@{rate:g}/s"
+
+
+_RATE_SUFFIX = re.compile(r"(.+)@(\d+(?:\.\d*)?(?:e[+-]?\d+)?)/s")
+
+
+def split_rate(workload: str) -> tuple[str, float | None]:
+    """(shape, offered rate) of a workload label, the inverse of rate_workload: 1024/128@4/s → (1024/128, 4.0);
+    a closed-loop workload → (itself, None). What the summary and records keep of a rate cell is its label."""
+    m = _RATE_SUFFIX.fullmatch(str(workload))
+    return (m.group(1), float(m.group(2))) if m else (str(workload), None)
 
 
 def arrival_offsets(cell: Cell, seed: int, trial: int) -> list[float | None]:

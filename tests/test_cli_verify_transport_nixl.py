@@ -19,7 +19,8 @@ LOGS = Path(__file__).parent / "data" / "logs" / "nixl"
      "encoder outputs moved (3 NIXL READs of encoder outputs completed)"),
     # RDMA asked, no HCA: UCX dropped rc and ud and chose tcp (genuine lines)
     (["rdma-asked-tcp-chosen-prefill", "rdma-asked-tcp-chosen-decode"], "rdma", [], "mismatch", 3,
-     "expected rdma; rdma-asked-tcp-chosen-decode.log thread 18252 intra-node cfg#1: lanes rma_am(tcp/lo), "
+     "expected rdma; 2 endpoints (rdma-asked-tcp-chosen-decode.log thread 18252 intra-node cfg#1; "
+     "rdma-asked-tcp-chosen-prefill.log thread 18248 intra-node cfg#1): lanes rma_am(tcp/lo), "
      "amo_am(tcp/lo), am(tcp/lo), am(tcp/eth0), ka(tcp/lo) on TCP (UCX: rc, ud not available)"),
     (["tcp-forced-prefill", "tcp-forced-decode"], "rdma", [], "mismatch", 3, "on TCP"),
     (["rdma-ok-prefill", "rdma-tp-worker-tcp-lane-decode"], "rdma", [], "mismatch", 3,
@@ -47,6 +48,18 @@ def test_text_output_names_every_worker_and_lane(capsys):
             "24 successful transfers") in text
     assert ("    Worker_TP1 pid=3102205 inter-node cfg#3: rma(rc_mlx5/mlx5_ib6:1) amo(rc_mlx5/mlx5_ib6:1) "
             "am(rc_mlx5/mlx5_ib6:1) am(tcp/eth0) ka(tcp/eth0)") in text
+
+
+def test_text_output_says_each_reason_once_on_its_own_line(capsys):
+    """Both pods' endpoints share one lane set: one reason with its count, one line per reason under the verdict."""
+    assert main(["verify-transport", str(LOGS / "tcp-forced-prefill.log"), str(LOGS / "tcp-forced-decode.log"),
+                 "--expect", "rdma"]) == 3
+    text = capsys.readouterr().out
+    reasons = [line for line in text.splitlines() if line.startswith("mismatch: ")]
+    assert reasons and len(reasons) == len(set(reasons))
+    assert reasons[0].startswith("mismatch: expected rdma; 2 endpoints (tcp-forced-decode.log thread 18239 "
+                                 "intra-node cfg#1; tcp-forced-prefill.log thread 18234 intra-node cfg#1): lanes ")
+    assert sum(line.count("rma_am(tcp/lo), amo_am(tcp/lo)") for line in reasons) == 1
 
 
 def test_mooncake_logs_still_read_as_mooncake_and_the_choice_can_be_forced(capsys):

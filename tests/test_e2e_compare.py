@@ -62,6 +62,10 @@ def test_compare_exits_zero_and_writes_results(run):
     assert sorted(summary["config"].unique()) == ["aggregated", "epd", "pd-rdma", "pd-tcp"]
     assert (summary["requests_ok"] == summary["requests_total"]).all()
     assert "ITL p99" in proc.stdout and "MLflow:" in proc.stdout          # compact terminal table + links
+    tail = proc.stdout.rstrip().splitlines()    # the Verdict per suite, then where the report is
+    assert tail[-1] == f"report:  {out / 'report.md'} · {out / 'report.html'}", tail[-12:]
+    assert any(line.startswith("Verdict (report.md opens with it)") for line in tail[-20:]), tail[-20:]
+    assert "  suite fixed, 1 matched cell:" in tail
     assert not leftovers(str(out)), "simulator processes left running"
     assert not marked_processes(RUN_MARK), "a child (simulator, router or Prefect server) outlived the run"
 

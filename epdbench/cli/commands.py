@@ -194,11 +194,14 @@ def cmd_plan(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return EXIT_OK
-    print(f"{'config':<12} {'suite':<12} {'workload':<22} {'conc':>4} {'stream':<14} {'warm':>4} {'meas':>5} "
+    from epdbench.analysis.labels import shape_label
+    width = max([len("load"), *(len(r["load"]) for r in rows)])
+    print(f"{'config':<12} {'suite':<12} {'workload':<22} {'load':<{width}} {'stream':<14} {'warm':>4} {'meas':>5} "
           f"{'prompts':<16} {'est s':>7}")
     for r in rows:
-        print(f"{r['config']:<12} {r['suite']:<12} {r['workload']:<22} {r['concurrency']:>4} {r['stream']:<14} "
-              f"{r['n_warmup']:>4} {r['n_measured']:>5} {r['prompt_set_hash']:<16} {r['est_seconds']:>7.1f}")
+        print(f"{r['config']:<12} {r['suite']:<12} {shape_label(r['workload']):<22} {r['load']:<{width}} "
+              f"{r['stream']:<14} {r['n_warmup']:>4} {r['n_measured']:>5} {r['prompt_set_hash']:<16} "
+              f"{r['est_seconds']:>7.1f}")
     total = total_seconds(spec, rows)
     print(f"{len(rows)} cells × {spec.trials} trial(s); estimated {total / 60:.1f} min on the simulator "
           f"(cost model; real hardware differs)")
@@ -341,7 +344,7 @@ def cmd_verify_transport(args) -> int:
     if args.json:
         print(json.dumps(result, indent=2, sort_keys=True))
     elif use_nixl:
-        print(f"{result['verdict']}: " + "; ".join(result["reasons"]))
+        print_reasons(result)
         for name, pod in pods.items():
             print(f"  {name}: UCX chose {pod['observed'] or '?'} (UCX {pod['ucx_version'] or '?'}, UCX_TLS asked "
                   f"{pod['requested'] or '?'}" + (f", not available: {', '.join(pod['unavailable'])}"
@@ -352,7 +355,7 @@ def cmd_verify_transport(args) -> int:
                     lanes = " ".join(f"{x['group']}({x['tl']}/{x['device']})" for x in c["lanes"]) or "no lanes"
                     print(f"    {wname} {c['scope']} cfg#{c['cfg']}: {lanes}")
     else:
-        print(f"{result['verdict']}: " + "; ".join(result["reasons"]))
+        print_reasons(result)
         for name, pod in pods.items():
             devices = ", ".join(f"{d['name']} (LID {d['lid']})" for d in pod["rdma_devices"]) or "none"
             print(f"  {name}: installed {pod['observed'] or '?'}, HCAs {pod['hcas']}, RDMA devices {devices}, "
@@ -361,6 +364,13 @@ def cmd_verify_transport(args) -> int:
                 windows = ", ".join(f"{t:.2f}" for t in w["throughput_mb_s"]) or "none attributed"
                 print(f"    {wname}: installed {w['observed'] or '?'}, HCAs {w['hcas']}, windows (MB/s) {windows}")
     return EXIT_OK if result["verdict"] == "verified" else EXIT_FAILURES
+
+
+def print_reasons(result: dict) -> None:
+    """One line per reason, each under the verdict (a lane set or an install shared by many endpoints or workers
+    is one reason already)."""
+    for reason in result["reasons"] or ["no reason given"]:
+        print(f"{result['verdict']}: {reason}")
 
 
 def cmd_loadgen(args) -> int:

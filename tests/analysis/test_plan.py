@@ -5,8 +5,8 @@ from epdbench.cli import main
 from epdbench.specs.models import load_spec
 from epdbench.analysis.plan import STARTUP_S, plan, total_seconds
 
-KEYS = {"config", "suite", "workload", "concurrency", "stream", "n_warmup", "n_measured", "prompt_set_hash",
-        "est_seconds"}
+KEYS = {"config", "suite", "workload", "concurrency", "rate", "load", "stream", "n_warmup", "n_measured",
+        "prompt_set_hash", "est_seconds"}
 
 
 def test_plan_lists_every_cell_of_every_configuration():
@@ -57,3 +57,17 @@ def test_a_dilated_simulator_is_estimated_that_much_slower():
     startup = STARTUP_S * len(load_spec("smoke").configurations)
     measured = total_seconds(load_spec("smoke"), plain) - startup
     assert abs(total_seconds(load_spec("smoke"), dilated) - startup - 3 * measured) < 2.0
+
+
+def test_rate_cells_are_planned_by_their_rate_and_in_flight_cap(capsys):
+    spec = load_spec("pd-text")
+    rows = plan(spec)
+    cap = next(s.max_in_flight for s in spec.suites if s.name == "capacity")
+    capacity = [r for r in rows if r["suite"] == "capacity" and r["config"] == "aggregated"]
+    assert [r["load"] for r in capacity] == [f"{r['rate']:g} req/s (≤{cap} in flight)" for r in capacity]
+    assert {r["load"] for r in rows if r["suite"] == "fixed"} == {f"concurrency {r['concurrency']}"
+                                                                  for r in rows if r["suite"] == "fixed"}
+    assert main(["plan", "--spec", "pd-text", "--configs", "aggregated"]) == 0
+    text = capsys.readouterr().out
+    assert f"4 req/s (≤{cap} in flight)" in text and f"concurrency {cap}" not in text
+    assert "@4/s" not in text             # the rate is said once, in the load column

@@ -321,3 +321,16 @@ def test_virtual_time_is_emulated_and_still_holds_the_models_kv_to_the_records()
     assert any("2 successful KV transfers for 4 measured requests" in r for r in short["reasons"])
     assert verify_virtual("none", None)["verdict"] == "not-applicable"
     assert verify_virtual("tcp", None, what="ec")["verdict"] == "emulated"
+
+
+def test_tp_workers_installing_alike_make_one_reason_that_counts_them():
+    """Eight TP workers on each of two pods fell back to TCP alike: one reason, counted per pod, not sixteen."""
+    def tp_pod(first_pid: int) -> dict:
+        lines = [f"(Worker_TP{i} pid={first_pid + i}) I1023 22:08:09.675566 {first_pid + i} transfer_engine.cpp:200] "
+                 "Topology discovery complete. Found 0 HCAs." for i in range(8)]
+        return transport_of_pod(lines + [kv_metrics()])
+    v = verify_transport("rdma", {"prefill-0": tp_pod(800), "decode-0": tp_pod(900)})
+    mismatches = [r for r in v["reasons"] if r.startswith("expected rdma;")]
+    assert v["verdict"] == "mismatch"
+    assert mismatches == ["expected rdma; 16 workers (decode-0: 8, prefill-0: 8) installed TCP "
+                          "(0 HCAs found, no MC_FORCE_TCP line)"]

@@ -145,3 +145,17 @@ def test_stats_lines_of_every_vllm_form_count():
              "LMCacheConnectorV1={'hits': 9}")
     pod = nixl_of_pod([ep(TCP), old, multi])
     assert pod["successful_transfers"] == 7 and pod["bytes"] == 3 * 2 ** 20
+
+
+def test_endpoints_sharing_a_lane_set_make_one_reason_with_their_count():
+    """UCX prints one configuration per endpoint: ten alike on two pods are one reason, counted per pod; a second
+    lane set is a second reason."""
+    decode = nixl_of_pod([ep(TCP, pid=801 + i % 2) for i in range(6)] + [STATS.format(n=3)])
+    prefill = nixl_of_pod([ep(TCP, pid=701 + i % 2) for i in range(4)] + [ep("am(tcp/eth7)", pid=703)])
+    out = verify_nixl("rdma", {"decode-0": decode, "prefill-0": prefill})
+    mismatches = [r for r in out["reasons"] if r.startswith("expected rdma;")]
+    assert out["verdict"] == "mismatch"
+    assert mismatches == [
+        "expected rdma; 10 endpoints (decode-0: 6, prefill-0: 4): lanes rma_am(tcp/eth1), amo_am(tcp/eth1), "
+        "am(tcp/eth1), am(tcp/eth6), ka(tcp/eth1) on TCP",
+        "expected rdma; prefill-0 thread 703 inter-node cfg#2: lane am(tcp/eth7) on TCP"]

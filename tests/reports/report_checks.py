@@ -13,14 +13,17 @@ from epdbench.analysis.trials import aggregate_trials
 from epdbench.reports.findings import METRIC_NAMES
 from epdbench.reports.fmt import fmt
 from epdbench.reports.render import COLUMN_TITLES
+from epdbench.specs.workload import rate_workload
 
 SECTIONS = ["## Summary", "### What was compared", "### Headline findings", "## Environment", "## Plots",
             "## Transport and stage verification", "## Benefits, trade-offs and limitations",
             "## Comparison with previous runs"]
-HEADLINE = re.compile(r"In suite (?P<suite>\S+), at (?P<shape>.+?), concurrency (?P<c>\d+), (?P<label>.+?) (?:fell|rose) from (?P<a>[\d,.]+) \S+ "
+RATE_LOAD = r"(?P<rate>[\d.e+-]+) req/s \(≤(?P<cap>\d+) in flight\)"      # analysis.labels.load_label
+HEADLINE = re.compile(r"In suite (?P<suite>\S+), at (?P<shape>.+?), (?:concurrency (?P<c>\d+)|" + RATE_LOAD + r"), "
+                      r"(?P<label>.+?) (?:fell|rose) from (?P<a>[\d,.]+) \S+ "
                       r"on (?P<base>\S+) to (?P<b>[\d,.]+) \S+ on (?P<cfg>\S+), (?:a )?(?P<f>[\d.]+)×")
-RATIO = re.compile(r"^- (?P<workload>\S+) @ c=(?P<c>\d+)(?: (?P<stream>\S+))?: (?P<title>.+?) (?P<best>\S+) "
-                   r"(?P<a>[\d,.]+) vs (?P<worst>\S+) (?P<b>[\d,.]+) — (?P<f>[\d.]+)× (lower|higher)$")
+RATIO = re.compile(r"^- (?P<shape>\S+(?: \(\S+\))?) (?:c=(?P<c>\d+)|at " + RATE_LOAD + r"): (?P<title>.+?) "
+                   r"(?P<best>\S+) (?P<a>[\d,.]+) vs (?P<worst>\S+) (?P<b>[\d,.]+) — (?P<f>[\d.]+)× (lower|higher)$")
 LABEL_TO_METRIC = {label: m for m, (label, _) in METRIC_NAMES.items()}
 TITLE_TO_METRIC = {t: m for m, t in COLUMN_TITLES.items()}
 
@@ -33,10 +36,14 @@ def value(means: pd.DataFrame, config: str, suite: str, workload: str, concurren
     return float(means.loc[(config, suite, workload, concurrency, stream), metric])
 
 
-def cell_of(shape: str) -> tuple[str, str]:
-    """(workload, stream) of a headline's 'workload (stream)' text."""
-    m = re.fullmatch(r"(.+?)(?: \((.+)\))?", shape)
-    return m.group(1), m.group(2) or "main"
+def cell_of(m: re.Match) -> tuple[str, int, str]:
+    """(workload, concurrency, stream) of a cell named as analysis.labels names it: 'shape (stream)' and
+    'concurrency N' / 'c=N', or a rate cell's shape and 'R req/s (≤N in flight)' (its workload shape@R/s)."""
+    parts = re.fullmatch(r"(.+?)(?: \((.+)\))?", m["shape"])
+    shape, stream = parts.group(1), parts.group(2) or "main"
+    if m["rate"] is not None:
+        return rate_workload(shape, float(m["rate"])), int(m["cap"]), stream
+    return shape, int(m["c"]), stream
 
 
 def check_headline_matches_summary(report: str, summary: pd.DataFrame) -> int:
@@ -49,9 +56,9 @@ def check_headline_matches_summary(report: str, summary: pd.DataFrame) -> int:
             continue
         metric = LABEL_TO_METRIC[m["label"]]
         suite = m["suite"]
-        workload, stream = cell_of(m["shape"])
-        base = value(means, m["base"], suite, workload, int(m["c"]), stream, metric)
-        other = value(means, m["cfg"], suite, workload, int(m["c"]), stream, metric)
+        workload, concurrency, stream = cell_of(m)
+        base = value(means, m["base"], suite, workload, concurrency, stream, metric)
+        other = value(means, m["cfg"], suite, workload, concurrency, stream, metric)
         assert m["a"] == fmt(base, metric) and m["b"] == fmt(other, metric), line
         assert m["f"] == f"{max(base, other) / min(base, other):.1f}", line
         found += 1
@@ -69,7 +76,7 @@ def check_ratio_lines_match_summary(report: str, summary: pd.DataFrame) -> int:
         if not m:
             continue
         metric = TITLE_TO_METRIC[m["title"]]
-        key = (suite, m["workload"], int(m["c"]), m["stream"] or "main")
+        key = (suite, *cell_of(m))
         best, worst = value(means, m["best"], *key, metric), value(means, m["worst"], *key, metric)
         assert (m["a"], m["b"]) == (fmt(best, metric), fmt(worst, metric)), line
         assert m["f"] == f"{max(best, worst) / min(best, worst):.1f}", line
@@ -130,8 +137,7 @@ def check_verdict_agrees(report: str, suite: str, groups: dict) -> None:
     for row in verdict_rows(report):
         if row[0] != suite:
             continue
-        workload, conc = row[1].rsplit(", concurrency ", 1)
-        group = groups[(workload, conc)]
+        group = next(g for (shape, load), g in groups.items() if row[1] == f"{shape}, {load}")
         for metric, col in columns.items():
             j = 4 + REPORT_METRICS.index(metric)
             bold = [r[0].rstrip(" ‡") for r in group if r[j].startswith("**")]
