@@ -39,7 +39,11 @@ class Plot:
         return "data:image/png;base64," + base64.b64encode(self.png).decode("ascii")
 
 
-def png_of(fig: Figure) -> bytes:
+def png_of(fig: Figure, note: str = "") -> bytes:
+    """The figure as PNG; `note` (e.g. that its figures are a virtual-time simulation) printed under it, so the
+    picture says so wherever it is shown on its own (plots/, MLflow's artifact viewer)."""
+    if note:
+        fig.text(0.0, -0.02, note, fontsize=8, color="#9a3412", ha="left", va="top", transform=fig.transFigure)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight", metadata={"Software": None})
     return buf.getvalue()
@@ -51,7 +55,8 @@ def plain_log_axis(axis) -> None:
     axis.set_minor_formatter(ticker.LogFormatter(labelOnlyBase=False, minor_thresholds=(1.2, 0.6)))
 
 
-def itl_cdf(suite: str, cell: tuple, samples: dict[str, list[float]], colors: dict[str, str]) -> Plot | None:
+def itl_cdf(suite: str, cell: tuple, samples: dict[str, list[float]], colors: dict[str, str],
+            note: str = "") -> Plot | None:
     samples = {c: s for c, s in samples.items() if s}
     if not samples:
         return None
@@ -74,10 +79,10 @@ def itl_cdf(suite: str, cell: tuple, samples: dict[str, list[float]], colors: di
     counts = ", ".join(f"{c} {len(s)}" for c, s in samples.items())
     return Plot(f"{suite}-itl-cdf.png", suite, f"ITL CDF, suite {suite}",
                 f"Every inter-token gap of the measured requests at {where} — the longest shape at the "
-                f"highest concurrency of suite {suite}. Gaps per configuration: {counts}.", png_of(fig))
+                f"highest concurrency of suite {suite}. Gaps per configuration: {counts}.", png_of(fig, note))
 
 
-def latency_vs_concurrency(suite: str, agg: pd.DataFrame, colors: dict[str, str]) -> Plot:
+def latency_vs_concurrency(suite: str, agg: pd.DataFrame, colors: dict[str, str], note: str = "") -> Plot:
     shapes = list(dict.fromkeys(zip(agg["workload"], agg["stream"])))
     metrics = [("ttft_p50_ms", "TTFT p50 (ms)"), ("itl_p99_ms", "ITL p99 (ms)")]
     width_in = min(MAX_WIDTH_IN, max(4.0, 3.3 * len(shapes)))
@@ -101,10 +106,11 @@ def latency_vs_concurrency(suite: str, agg: pd.DataFrame, colors: dict[str, str]
     fig.legend(handles, labels, loc="upper center", ncol=len(labels), fontsize=8, bbox_to_anchor=(0.5, 1.02))
     return Plot(f"{suite}-latency-vs-concurrency.png", suite, f"Latency versus concurrency, suite {suite}",
                 f"TTFT p50 (top) and ITL p99 (bottom), log scale, per shape of suite {suite}; "
-                f"{'means over trials' if agg['trials'].max() > 1 else 'one trial'}.", png_of(fig), width_in > WIDE_IN)
+                f"{'means over trials' if agg['trials'].max() > 1 else 'one trial'}.", png_of(fig, note),
+                width_in > WIDE_IN)
 
 
-def throughput_per_gpu(suite: str, agg: pd.DataFrame, colors: dict[str, str]) -> Plot | None:
+def throughput_per_gpu(suite: str, agg: pd.DataFrame, colors: dict[str, str], note: str = "") -> Plot | None:
     agg = agg.dropna(subset=["output_tok_s_per_gpu"])
     if agg.empty:
         return None
@@ -128,10 +134,10 @@ def throughput_per_gpu(suite: str, agg: pd.DataFrame, colors: dict[str, str]) ->
     ax.set_title(f"Output throughput per GPU — {suite}")
     return Plot(f"{suite}-throughput-per-gpu.png", suite, f"Throughput per GPU, suite {suite}",
                 f"Output tokens per second divided by the configuration's GPUs, per matched cell of suite {suite}.",
-                png_of(fig), width_in > WIDE_IN)
+                png_of(fig, note), width_in > WIDE_IN)
 
 
-def attainment_vs_rate(suite: str, att: pd.DataFrame, colors: dict[str, str]) -> Plot:
+def attainment_vs_rate(suite: str, att: pd.DataFrame, colors: dict[str, str], note: str = "") -> Plot:
     """SLO attainment (with its 95% interval) against the offered rate, per shape, with the target."""
     shapes = list(dict.fromkeys(att["shape"]))
     width_in = min(MAX_WIDTH_IN, max(5.0, 4.2 * len(shapes)))
@@ -161,14 +167,24 @@ def attainment_vs_rate(suite: str, att: pd.DataFrame, colors: dict[str, str]) ->
     return Plot(f"{suite}-attainment-vs-rate.png", suite, f"SLO attainment versus rate, suite {suite}",
                 f"Share of measured requests meeting every SLO bound of suite {suite} at each offered rate, with "
                 "95% Wilson intervals; the goodput is the highest rate at or above the dashed target.",
-                png_of(fig), width_in > WIDE_IN)
+                png_of(fig, note), width_in > WIDE_IN)
+
+
+def plot_note(meta: dict) -> str:
+    """What every plot of a run says under it about where its figures come from: the simulator's clock."""
+    if meta.get("clock") == "virtual":
+        return "Simulator in virtual time: the cost model's figures, not a measurement."
+    if meta.get("target") == "sim":
+        return "Simulator: the cost model's figures on emulated hardware, not a measurement."
+    return ""
 
 
 def suite_plots(summary: pd.DataFrame, records: pd.DataFrame, configs: list[str],
-                attainment: pd.DataFrame | None = None) -> list[Plot]:
+                attainment: pd.DataFrame | None = None, note: str = "") -> list[Plot]:
     """Every plot of the report, suite by suite, one color per configuration throughout. A suite with SLO
     attainment rows (open-loop rates, analysis.goodput) gets attainment versus rate instead of latency
-    versus concurrency, and a suite run at one concurrency has no plot versus concurrency."""
+    versus concurrency, and a suite run at one concurrency has no plot versus concurrency. `note` is printed
+    under every plot (png_of)."""
     if summary.empty:
         return []
     ordered = list(dict.fromkeys([*configs, *summary["config"]]))
@@ -179,10 +195,10 @@ def suite_plots(summary: pd.DataFrame, records: pd.DataFrame, configs: list[str]
     for suite in dict.fromkeys(summary["suite"]):
         cell = cdf_cell(summary, suite)
         mine = agg[agg["suite"] == suite]
-        middle = (attainment_vs_rate(suite, attainment[attainment["suite"] == suite], colors) if suite in rated
-                  else latency_vs_concurrency(suite, mine, colors) if mine["concurrency"].nunique() > 1
+        middle = (attainment_vs_rate(suite, attainment[attainment["suite"] == suite], colors, note) if suite in rated
+                  else latency_vs_concurrency(suite, mine, colors, note) if mine["concurrency"].nunique() > 1
                   else None)    # one concurrency: a plot "versus concurrency" would show single points
-        found = [itl_cdf(suite, cell, itl_samples_ms(records, cell), colors), middle,
-                 throughput_per_gpu(suite, mine, colors)]
+        found = [itl_cdf(suite, cell, itl_samples_ms(records, cell), colors, note), middle,
+                 throughput_per_gpu(suite, mine, colors, note)]
         plots += [p for p in found if p is not None]
     return plots

@@ -22,9 +22,11 @@ def print_summary(outcome: dict, console: Console | None = None) -> None:
     console = console or Console(width=140)
     rdir = Path(outcome["results_dir"])
     summary = pd.read_csv(rdir / "summary.csv") if (rdir / "summary.csv").exists() else pd.DataFrame()
+    virtual = (outcome.get("meta") or {}).get("clock") == "virtual"
+    clock = " — virtual time: the simulator's cost model, not a measurement" if virtual else ""
     if not summary.empty:
         for suite, sdf in summary.groupby("suite", sort=False):
-            t = Table(title=f"suite {suite} (ms unless noted)", show_lines=False)
+            t = Table(title=f"suite {suite} (ms unless noted){clock}", show_lines=False)
             for col in ["config", "workload", "load", "ok"] + [t_ for _, t_ in TERMINAL_METRICS]:
                 t.add_column(col, justify="left" if col in ("config", "workload", "load") else "right")
             for _, r in matched_order(sdf).iterrows():

@@ -13,7 +13,7 @@ from epdbench.analysis.goodput import GOODPUT_COLUMNS, attainment, goodput, rate
 from epdbench.analysis.metrics import summarize
 from epdbench.reports.environment import environment
 from epdbench.reports.goodput import goodput_view
-from epdbench.reports.plots import suite_plots
+from epdbench.reports.plots import plot_note, suite_plots
 from epdbench.reports.render import render_html, render_markdown, report_context
 from epdbench.specs.models import RateSuite, SpecError, load_spec
 from epdbench.specs.profile import load_profile
@@ -89,7 +89,7 @@ def write_report(rdir: Path, meta: dict, verdicts: dict, regression: dict | None
     spec = resolved_spec(rdir)
     profile = applied_profile(rdir)
     att, goodput_table = write_goodput(out, spec, records, gpus)
-    plots = suite_plots(summary, records, [c["name"] for c in meta["configurations"]], att)
+    plots = suite_plots(summary, records, [c["name"] for c in meta["configurations"]], att, plot_note(meta))
     write_plots(out, plots)
     context = report_context(meta, summary, verdicts, environment(spec, profile) if spec is not None else None,
                              records, regression, plots, goodput_table)

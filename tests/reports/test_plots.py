@@ -53,3 +53,11 @@ def test_no_throughput_plot_without_gpu_counts(run):
     plots = suite_plots(summarize(mm), mm, configs)
     assert [p.name for p in plots] == ["mm-itl-cdf.png"]
     assert suite_plots(summarize(records.iloc[0:0]), records.iloc[0:0], configs) == []
+
+
+def test_every_plot_says_under_it_where_its_figures_come_from():
+    from epdbench.reports.plots import plot_note
+    assert plot_note({"target": "sim", "clock": "virtual"}) == ("Simulator in virtual time: the cost model's figures, "
+                                                                "not a measurement.")
+    assert plot_note({"target": "sim", "clock": "real"}).startswith("Simulator: the cost model's figures")
+    assert plot_note({"target": "kubernetes", "clock": "real"}) == ""
