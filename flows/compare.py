@@ -107,12 +107,7 @@ def run_configuration(spec: ExperimentSpec, config: ConfigurationSpec, run: str,
     target = target_module(spec.target.kind)
     try:
         evidence.archive_attempt_logs(ev_dir)   # a resumed attempt's verdicts read its own processes only
-        dep = target.start(spec, config, rdir / "spec.yaml", log_dir)
-        if RUN_FOLDER is not None:
-            for proc in dep.processes:
-                if proc.popen is not None:
-                    RUN_FOLDER.register([proc.popen.pid], f"{config.name}/{proc.name}")
-            RUN_FOLDER.register_descendants(config.name)
+        dep = target.start(spec, config, rdir / "spec.yaml", log_dir)   # each process registered as it starts
         outcome.router = dep.router
         say(f"[{config.name}] serving at {dep.endpoint} via {dep.router}")
         emulated = spec.target.kind == "sim"

@@ -5,22 +5,20 @@ by request index (request i goes to worker i mod N) and its concurrency spread o
 worker schedules from the same start stamp on the same clock (time.perf_counter_ns is CLOCK_MONOTONIC,
 system-wide), so scheduled arrivals, send stamps and chunk offsets are comparable across processes and the
 merged records are those one process would have written. A worker measures its own event-loop lag over the
-phase. Workers are terminated when a phase is cancelled, and die with the thread that started them
-(PR_SET_PDEATHSIG: a thread of the default executor, which lives as long as the process).
+phase. Workers are terminated when a phase is cancelled, and die with the process that started them, however
+it dies (tasks/lifeline.py: started on its spawner thread, the parent-death signal armed first thing).
 """
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import multiprocessing as mp
 import os
 import queue
-import signal
-import sys
 from dataclasses import dataclass
 
+from epdbench.tasks import lifeline
+
 READY_TIMEOUT_S = 60.0
-PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -32,17 +30,9 @@ class Settings:
     time_scale: float
 
 
-def _die_with_parent() -> None:
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        except OSError:
-            pass
-
-
-def _worker(settings: Settings, jobs, results) -> None:
+def _worker(settings: Settings, parent_pid: int, jobs, results) -> None:
     """A worker's life: ready, then one phase per job (requests, concurrency, start_ns) until None."""
-    _die_with_parent()
+    lifeline.die_with_parent(parent_pid)
     from epdbench.tasks.loadgen import LoadGenerator
     from epdbench.tasks.looplag import LoopLag
 
@@ -83,11 +73,11 @@ class WorkerPool:
     def start(self) -> None:
         self.jobs = [self.ctx.Queue() for _ in range(self.n)]
         self.results = [self.ctx.Queue() for _ in range(self.n)]
-        self.procs = [self.ctx.Process(target=_worker, args=(self.settings, j, r), daemon=True,
+        self.procs = [self.ctx.Process(target=_worker, args=(self.settings, os.getpid(), j, r), daemon=True,
                                        name=f"epdbench-loadgen-{k}")
                       for k, (j, r) in enumerate(zip(self.jobs, self.results))]
-        for p in self.procs:
-            p.start()
+        for k, p in enumerate(self.procs):
+            lifeline.start_process(p, f"loadgen/{k}")
         for k, r in enumerate(self.results):
             try:
                 kind, _ = r.get(timeout=READY_TIMEOUT_S)

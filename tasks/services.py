@@ -15,8 +15,9 @@ from pathlib import Path
 
 from epdbench.manifests.workpool import PoolSettings, render_pool_objects
 from epdbench.specs.models import KubernetesTargetSpec
+from epdbench.tasks import lifeline
 from epdbench.tasks.k8s_api import KubeApiError, connect
-from epdbench.tasks.runstate import process_start_time
+from epdbench.tasks.runstate import FolderLocked, RunFolder, end_leftovers, process_start_time
 from epdbench.tasks.workpool import (apply_pool_objects, delete_pool_objects, ensure_work_pool, pool_template,
                                      worker_kubeconfig)
 
@@ -133,10 +134,12 @@ def _healthy(url: str) -> bool:
 
 
 def start(svc: Service, timeout_s: float) -> None:
+    """The service in a session of its own, dying with `up` however `up` dies (its own children: by `up`'s
+    guard), registered in the data directory as it starts (tasks/lifeline.py)."""
     svc.log.parent.mkdir(parents=True, exist_ok=True)
     with open(svc.log, "ab") as fh:
-        svc.popen = subprocess.Popen(svc.cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=svc.env, start_new_session=True)
+        svc.popen = lifeline.popen(svc.cmd, f"up/{svc.name}", env=svc.env, stdout=fh, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, start_new_session=True)
     if not svc.health_url:
         return
     deadline = time.monotonic() + timeout_s
@@ -196,6 +199,15 @@ def up(host: str, prefect_port: int, mlflow_port: int, data_dir: Path, nightly_c
         print(f"error: epdbench up is already running (pid {json.loads(state_path.read_text())['pid']}); "
               "run 'epdbench down' first", file=sys.stderr)
         return 2
+    try:   # held before anything starts: every process below `up` carries its token, and its guard watches
+        hold = RunFolder(data_dir).acquire()
+    except FolderLocked as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    ended = end_leftovers(data_dir)
+    if ended:
+        print(f"ended {len(ended)} process(es) an earlier `epdbench up` left running: "
+              + ", ".join(f"{e['what']} pid {e['pid']}" for e in ended), flush=True)
     services = plan_services(host, prefect_port, mlflow_port, data_dir, nightly_cron, timezone, nightly_preset, pool)
     stopping = {"flag": False}
 
@@ -240,6 +252,7 @@ def up(host: str, prefect_port: int, mlflow_port: int, data_dir: Path, nightly_c
         if pool is not None and pool.worker == "cluster":
             stop_cluster_worker(pool)
         state_path.unlink(missing_ok=True)
+        hold.release()
         print(f"stopped Prefect, MLflow and the {'deployments' if pool is None else 'worker'}", flush=True)
 
 
@@ -271,6 +284,7 @@ def down(data_dir: Path, timeout_s: float = 60) -> int:
                 os.killpg(int(pid), signal.SIGKILL)
             except ProcessLookupError:
                 pass
+    end_leftovers(data_dir)     # what no state file named: started before `up` wrote it, or by a service
     state_path.unlink(missing_ok=True)
     print("stopped")
     return 0

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from epdbench.specs.commands import vllm_router_args
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
+from epdbench.tasks import lifeline
 from epdbench.tasks.deployment import Deployment, Process, ProvisionError, exited, probe_until_served
 
 _LIVE: set[subprocess.Popen] = set()
@@ -56,12 +57,13 @@ def router_binary() -> str:
     return found
 
 
-def _spawn(cmd: list[str], log_path: Path, env: dict) -> subprocess.Popen:
+def _spawn(cmd: list[str], log_path: Path, env: dict, what: str) -> subprocess.Popen:
+    """A replica or router in a session of its own, dying with this process, registered as `what` as it starts
+    (tasks/lifeline.py)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    fh = open(log_path, "ab")
-    p = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                         start_new_session=True)
-    fh.close()
+    with open(log_path, "ab") as fh:
+        p = lifeline.popen(cmd, what, env=env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                           start_new_session=True)
     _LIVE.add(p)
     return p
 
@@ -120,6 +122,7 @@ def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_
     bootstrap: dict[str, int] = {}
     deadline = time.monotonic() + sim.startup_timeout_s
     dep = Deployment(config=config.name, endpoint="", router="")
+    dep.processes = procs    # filled as they start: a failure half-way stops the ones started
     try:
         for role in config.roles:
             for i in range(role.replicas):
@@ -132,8 +135,8 @@ def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_
                     cmd += ["--bootstrap-port", str(bootstrap[name])]
                 url = f"http://{host}:{port}"
                 log = log_dir / f"{name}.log"
-                procs.append(Process(name, role.role, url, log, _spawn(cmd, log, env), metrics_url=url + "/metrics"))
-        dep.processes = procs
+                procs.append(Process(name, role.role, url, log, _spawn(cmd, log, env, f"{config.name}/{name}"),
+                                     metrics_url=url + "/metrics"))
         wait_healthy(procs, deadline)
         router_port = free_port(host)
         skip = sim.faults.skip_prefill_fraction if config.topology != "aggregated" else 0.0
@@ -158,7 +161,8 @@ def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_
         router_url = f"http://{host}:{router_port}"
         router_metrics = router_metrics or router_url + "/metrics"
         log = log_dir / "router.log"
-        router = Process("router", "router", router_url, log, _spawn(cmd, log, env), metrics_url=router_metrics)
+        router = Process("router", "router", router_url, log, _spawn(cmd, log, env, f"{config.name}/router"),
+                         metrics_url=router_metrics)
         procs.append(router)
         wait_healthy([router], deadline)
         dep.endpoint = router_url

@@ -18,6 +18,7 @@ from epdbench.analysis.whatif import (CAPACITY_COLUMNS, Point, Variant, best_per
                                       noise_range, search_rate, slo_suites)
 from epdbench.specs.models import ExperimentSpec, RateSuite, spec_to_yaml
 from epdbench.specs.workload import Calibration
+from epdbench.tasks import lifeline
 from epdbench.tasks.results import write_json, write_text_atomic
 from epdbench.tasks.vrun import prompt_calibration, simulate_configuration
 
@@ -70,7 +71,8 @@ def run_whatif(spec: ExperimentSpec, variants: list[Variant], refine: int = 3, w
     calibration = prompt_calibration(spec)
     workers = max(1, min(workers or os.cpu_count() or 1, len(variants)))
     results: list[dict] = [] if done is None else done
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_setup)
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_setup,
+                               initargs=(os.getpid(),))
     try:
         futures = {pool.submit(plan_variant, spec, v, calibration, refine, window_s): v for v in variants}
         for n, fut in enumerate(as_completed(futures), 1):
@@ -88,9 +90,11 @@ def run_whatif(spec: ExperimentSpec, variants: list[Variant], refine: int = 3, w
     return tables(variants, results)
 
 
-def _worker_setup() -> None:
+def _worker_setup(parent_pid: int) -> None:
     """A worker leaves Ctrl-C to the command (which stops it): a terminal's SIGINT reaches the whole process
-    group, and every worker would print its own KeyboardInterrupt."""
+    group, and every worker would print its own KeyboardInterrupt. It dies with the command, however that dies
+    (the pool forks its workers on the thread that submits, the command's main thread)."""
+    lifeline.die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 

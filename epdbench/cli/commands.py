@@ -37,7 +37,6 @@ def cmd_compare(args) -> int:
     quiet_defaults()
     from epdbench.flows import compare as compare_flow
     from epdbench.reports.terminal import print_summary
-    from epdbench.tasks.resume import StateError, validate_state_files
     from epdbench.tasks.runstate import FolderLocked, RunFolder
 
     run_name = Path(out).name if args.resume else None
@@ -51,6 +50,26 @@ def cmd_compare(args) -> int:
         raise CliError(str(e)) from None
     compare_flow.RUN_FOLDER = hold
     INTERRUPTED_RUN["dir"] = out
+    try:
+        outcome = _run_compare(args, spec, out, run_name, settings, profile)
+    finally:   # the run ends in any way but death: its guard leaves, ending nothing (a death, its guard handles)
+        compare_flow.RUN_FOLDER = None
+        hold.release()
+    if compare_flow.INTERRUPTED.is_set():   # the signal came, but something on the way swallowed its exception
+        raise KeyboardInterrupt
+    print_summary(outcome)
+    if not outcome["all_verified"]:
+        return EXIT_FAILURES
+    if outcome.get("mlflow_pending"):
+        return EXIT_UNPUBLISHED
+    regressed = outcome["regression"].get("overall", {}).get("regressions", 0)
+    return EXIT_REGRESSION if args.fail_on_regression and regressed else EXIT_OK
+
+
+def _run_compare(args, spec, out: str, run_name: str | None, settings, profile) -> dict:
+    from epdbench.flows import compare as compare_flow
+    from epdbench.tasks.resume import StateError, validate_state_files
+
     if args.resume:
         try:
             validate_state_files(Path(out))
@@ -66,19 +85,8 @@ def cmd_compare(args) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-
-    outcome = compare_flow.compare(spec, out_dir=out, tracking_uri=args.tracking_uri, trigger="cli",
-                                   run_name=run_name, resume=bool(args.resume), regression=settings,
-                                   profile=profile)
-    if compare_flow.INTERRUPTED.is_set():   # the signal came, but something on the way swallowed its exception
-        raise KeyboardInterrupt
-    print_summary(outcome)
-    if not outcome["all_verified"]:
-        return EXIT_FAILURES
-    if outcome.get("mlflow_pending"):
-        return EXIT_UNPUBLISHED
-    regressed = outcome["regression"].get("overall", {}).get("regressions", 0)
-    return EXIT_REGRESSION if args.fail_on_regression and regressed else EXIT_OK
+    return compare_flow.compare(spec, out_dir=out, tracking_uri=args.tracking_uri, trigger="cli", run_name=run_name,
+                                resume=bool(args.resume), regression=settings, profile=profile)
 
 
 def _console_filter(record: logging.LogRecord) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,8 +20,9 @@ import yaml
 
 from epdbench.specs.models import load_spec
 from epdbench.specs.workload import plan_cells
+from epdbench.tasks.lifeline import SIGKILL_AT_SPAWN
 from epdbench.tasks.runstate import process_start_time, read_registry
-from tests.processes import marked_processes
+from tests.processes import marked_processes, processes_naming
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(600)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -168,18 +170,99 @@ def test_a_dead_router_fails_the_configuration_naming_it(tmp_path):
 
 # --- the run itself is killed or stopped ----------------------------------------------------------------
 
-def test_sigkill_leaves_processes_that_resume_ends_and_finishes_exactly_once(tmp_path):
+def run_processes(run: Run, registered: list[dict], also: list[str] = ()) -> list[int]:
+    """What of the run still runs, however found: processes carrying the test's mark, registered ones (same pid and
+    start time), and any whose command line names the run's folder or one of `also` (its ports)."""
+    alive = {e["pid"] for e in registered if process_start_time(e["pid"]) == e["start"]}
+    return sorted((set(marked_processes(run.mark)) | alive | set(processes_naming([str(run.out), *also])))
+                  - {os.getpid()})
+
+
+def seconds_until_gone(run: Run, registered: list[dict], t0: float, also: list[str] = (),
+                       limit_s: float = 15.0) -> dict:
+    """Seconds from `t0` (monotonic) until the run's processes other than its guard are gone ("children"), and
+    until the guard is gone too ("all"); polled every 5 ms, for at most `limit_s`."""
+    took: dict = {}
+    while time.monotonic() - t0 < limit_s and "all" not in took:
+        left = run_processes(run, registered, also)
+        if "children" not in took and all(b"epdbench.tasks.runguard" in cmdline(pid) for pid in left):
+            took["children"] = time.monotonic() - t0
+        if not left:
+            took["all"] = time.monotonic() - t0
+        time.sleep(0.005)
+    return took
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def replica_ports(run: Run, config: str) -> list[str]:
+    """':PORT' of each replica that logged its address (the router names them on its command line)."""
+    logs = (run.out / "evidence" / config).glob("*-[0-9].log")
+    return [f":{m}" for log in logs for m in re.findall(r"Starting vLLM API server \d+ on http://[\d.]+:(\d+)",
+                                                         log.read_text(errors="replace"))]
+
+
+def test_sigkill_mid_cell_leaves_no_process_and_resume_finishes_exactly_once(tmp_path):
+    """The run dies by SIGKILL while a cell runs on two load generator processes: its replicas, router, load
+    generator workers, Prefect's temporary server and guard are all gone within seconds (parent-death signal and
+    the guard), so the resume finds nothing to end."""
     run = Run(tmp_path)
-    spec = small_spec(tmp_path, ["aggregated", "pd-tcp"])
+    spec = small_spec(tmp_path, ["aggregated", "pd-tcp"], client_processes=2)
     proc, _ = run.start(spec, "[pd-tcp] serving at")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:                   # the pd-tcp cell's load generator workers have started
+        whats = [e["what"] for e in read_registry(run.out)]
+        if "pd-tcp/router" in whats and any(w.startswith("loadgen/") for w in whats[whats.index("pd-tcp/router"):]):
+            break
+        time.sleep(0.02)
+    killed = time.monotonic()
     proc.kill()
     proc.wait(timeout=30)
-    left = [e for e in read_registry(run.out) if process_start_time(e["pid"]) == e["start"]]
-    assert any(e["what"].startswith("pd-tcp/") for e in left)          # a SIGKILL cannot clean up
+    registered = read_registry(run.out)
+    assert {"pd-tcp/prefill-0", "pd-tcp/decode-0", "pd-tcp/router", "loadgen/0", "loadgen/1"} <= {
+        e["what"] for e in registered}
+    took = seconds_until_gone(run, registered, killed, replica_ports(run, "pd-tcp"))
+    print(f"after SIGKILL mid-cell: children gone in {took.get('children')} s, guard in {took.get('all')} s")
+    assert "all" in took, run_processes(run, registered)
     resumed = run.resume()
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    assert f"Ended {len(left)} process(es) an earlier run" in resumed.stdout
-    assert all(process_start_time(e["pid"]) != e["start"] for e in left)
+    assert "Ended" not in resumed.stdout and "[aggregated] already finished" in resumed.stdout
+    run.assert_exactly_once(spec)
+    run.assert_mlflow_matches()
+    run.assert_no_process_left()
+
+
+@pytest.mark.parametrize("at", ["pd-tcp/prefill-0", "pd-tcp/router"])
+def test_sigkill_between_a_processs_start_and_its_registration_leaves_no_process(tmp_path, at):
+    """The run's main process SIGKILLs itself the instant a configuration's process is forked, before its pid is
+    written (lifeline's fault hook): the first replica, or the router with both replicas serving. Every process of
+    the run, the unregistered one too, is gone within seconds; `cleanup` then finds nothing, and the resume
+    finishes the run exactly once."""
+    run = Run(tmp_path)
+    spec = small_spec(tmp_path, ["pd-tcp"])
+    with open(tmp_path / "output.txt", "w") as output:      # not a pipe: its children would hold it open
+        proc = subprocess.Popen([sys.executable, "-m", "epdbench.cli", "compare", "--spec", str(spec), "--out",
+                                 str(run.out), "--tracking-uri", f"sqlite:///{run.db}"], cwd=tmp_path,
+                                stdout=output, stderr=subprocess.STDOUT, env={**env(run.mark), SIGKILL_AT_SPAWN: at})
+        proc.wait(timeout=300)
+    killed = time.monotonic()
+    assert proc.returncode == -signal.SIGKILL, (tmp_path / "output.txt").read_text()[-3000:]
+    registered = read_registry(run.out)
+    assert at not in {e["what"] for e in registered}           # it died inside the window
+    took = seconds_until_gone(run, registered, killed, replica_ports(run, "pd-tcp"))
+    print(f"after SIGKILL at the start of {at}: children gone in {took.get('children')} s, "
+          f"guard in {took.get('all')} s")
+    assert "all" in took, run_processes(run, registered, replica_ports(run, "pd-tcp"))
+    cleanup = run.cmd("cleanup", "--run", str(run.out))
+    assert cleanup.returncode == 0 and "0 leftover process(es) ended" in cleanup.stdout, cleanup.stdout
+    resumed = run.resume()
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "Ended" not in resumed.stdout
     run.assert_exactly_once(spec)
     run.assert_mlflow_matches()
     run.assert_no_process_left()

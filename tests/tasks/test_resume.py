@@ -13,7 +13,8 @@ from epdbench.specs.workload import build_requests, plan_cells
 from epdbench.tasks.results import append_records, drop_records, read_records
 from epdbench.tasks.resume import (StateError, cells_done, missing_cells, noise_of, record_attempt,
                                     validate_state_files)
-from epdbench.tasks.runstate import FolderLocked, RunFolder, end_leftovers, leftovers, process_start_time
+from epdbench.tasks.runstate import (FolderLocked, RunFolder, end_leftovers, leftovers, process_start_time,
+                                     read_registry)
 
 
 def record_cell(rdir, spec, config: str, cell, trial: int = 0, status: str = "ok", drop_last: bool = False,
@@ -98,8 +99,9 @@ def test_leftovers_are_ended_by_pid_and_start_time_only(tmp_path):
         hold.register([child.pid], "pd-tcp/router")
         hold.release()
         registry = json.loads((tmp_path / "processes.json").read_text())
-        assert registry[0]["start"] == process_start_time(child.pid)
-        stale = [{**registry[0], "pid": os.getpid()}, {**registry[0], "start": registry[0]["start"] + 1}]
+        [entry] = read_registry(tmp_path)
+        assert entry["start"] == process_start_time(child.pid)
+        stale = [{**entry, "pid": os.getpid()}, {**entry, "start": entry["start"] + 1}]
         (tmp_path / "processes.json").write_text(json.dumps(registry + stale))
         assert [e["pid"] for e in leftovers(tmp_path)] == [child.pid]   # ourselves and a reused pid are not
         ended = end_leftovers(tmp_path, grace_s=5)
@@ -153,4 +155,6 @@ def test_the_compare_flow_refuses_to_resume_a_run_with_another_spec_before_anyth
     (tmp_path / "spec.yaml").write_text(spec_to_yaml(tiny_spec))
     with pytest.raises(StateError, match=r"the options given change the run's spec \(name: \"tiny\" → \"smoke\""):
         compare.fn(load_spec("smoke"), out_dir=str(tmp_path), run_name="run", resume=True)
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name != ".lock") == ["spec.yaml"]
+    hold = {".lock", "processes.json"}       # the folder's lock and registry (the run's token, no process)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name not in hold) == ["spec.yaml"]
+    assert read_registry(tmp_path) == []
