@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         # Teardown already ran in the flow's finally blocks; stop any straggler (simulator processes,
         # Prefect's temporary server), then leave without waiting on background threads, which can hang
         # once their server is gone.
-        from epdbench.tasks.sim_target import stop_all
+        from epdbench.tasks.processes import stop_all
         stop_all()
         terminate_children()
         rdir, note = INTERRUPTED_RUN.get("dir"), INTERRUPTED_RUN.get("note")
