@@ -121,7 +121,8 @@ def local_engine_args(spec: ExperimentSpec, config: ConfigurationSpec, role: Rol
 # vLLM's logging (VLLM_LOGGING_CONFIG_PATH) as its default, but the request logger at DEBUG: vLLM up to 0.32 logs a
 # request's body (`Request <body request_id> JSON body:`, the client's id behind vllm-router) at DEBUG only; 0.33 at
 # VLLM_REQUEST_BODY_LOG_LEVEL. The request logger's module moved between releases: both names.
-VLLM_LOG_FORMAT = "(%(vllm_process_name)s pid=%(process)d) %(levelname)s %(asctime)s [%(fileinfo)s:%(lineno)d] %(message)s"
+VLLM_LOG_FORMAT = ("(%(vllm_process_name)s pid=%(process)d) %(levelname)s %(asctime)s [%(fileinfo)s:%(lineno)d] "
+                   "%(message)s")
 VLLM_LOGGING_CONFIG = {
     "version": 1, "disable_existing_loggers": False,
     "formatters": {"vllm": {"()": "vllm.logging_utils.NewLineFormatter", "datefmt": "%m-%d %H:%M:%S",

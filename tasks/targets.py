@@ -1,5 +1,5 @@
-"""Pick the provisioning module of a target (sim, local, kubernetes). Each exposes start(spec, config, spec_path, log_dir)
--> Deployment and stop(Deployment), and raises tasks.deployment.ProvisionError with a reason."""
+"""Pick the provisioning module of a target (sim, local, kubernetes). Each exposes start(spec, config, spec_path,
+log_dir) -> Deployment and stop(Deployment), and raises tasks.deployment.ProvisionError with a reason."""
 from __future__ import annotations
 
 from types import ModuleType

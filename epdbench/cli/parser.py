@@ -13,7 +13,8 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compare", help="run the comparison (main job)")
     c.add_argument("--spec", default="smoke", help="spec YAML path or preset name (default: smoke)")
     c.add_argument("--target", choices=["sim", "local", "kubernetes"], default=None,
-                   help="where to run: the simulator, real vLLM engines on this host, or a cluster (default: spec's, sim)")
+                   help="where to run: the simulator, real vLLM engines on this host, or a cluster "
+                        "(default: spec's, sim)")
     c.add_argument("--vllm-python", default=None, metavar="PATH",
                    help="--target local: the Python of vLLM's own environment; engines start as PATH -m "
                         "vllm.entrypoints.openai.api_server (default: spec's target.local.vllm_python, else the one "

@@ -40,7 +40,8 @@ def pd_with(**fields):
      "field 'target.local': tiny_model makes the model the engines load: leave model_path unset"),
     (lambda d: d["target"]["local"].update(env={"UCX_TLS": "all"}),
      "field 'target.local': env: UCX_TLS is set by epdbench and cannot be overridden"),
-    (lambda d: d["target"]["local"].update(device="tpu"), "field 'target.local.device': Input should be 'cpu' or 'cuda'"),
+    (lambda d: d["target"]["local"].update(device="tpu"),
+     "field 'target.local.device': Input should be 'cpu' or 'cuda'"),
 ])
 def test_what_one_host_cannot_run_is_refused_naming_the_field(mutate, problem):
     with pytest.raises(SpecError) as e:
