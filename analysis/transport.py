@@ -205,12 +205,13 @@ def moved(pod: dict) -> bool:
     return any(t > 0 for t in pod["throughput_mb_s"]) or pod["successful_transfers"] > 0
 
 
-def kv_expectation(records: Iterable[dict], kv_bytes_per_token: int) -> dict:
+def kv_expectation(records: Iterable[dict], kv_bytes_per_token: int, block_tokens: int = 1) -> dict:
     """What the run's records say must have moved: one transfer per measured request that succeeded, and
     the KV of every prompt token the decode side did not hold (measured only, and with warm-ups). A response
     without cached_tokens (vLLM reports them only with --enable-prompt-tokens-details) may have moved any part
     of its prompt's KV: it counts whole at the high end and not at the low end, and `cached_unknown` says how
-    many there were."""
+    many there were. KV moves in whole blocks of `block_tokens`: the high end rounds each request's tokens up to
+    them (a 122-token prompt moves one 128-token block)."""
     measured = every = unknown = 0
     bytes_measured = bytes_all = 0.0
     for r in records:
@@ -218,9 +219,10 @@ def kv_expectation(records: Iterable[dict], kv_bytes_per_token: int) -> dict:
             continue
         cached = r.get("cached_tokens")
         known = cached is not None and cached == cached       # a missing value may come back as NaN
-        kv = max(0, int(r["prompt_tokens"]) - (int(cached) if known else 0)) * kv_bytes_per_token
+        tokens = max(0, int(r["prompt_tokens"]) - (int(cached) if known else 0))
+        kv = tokens * kv_bytes_per_token
         every += 1
-        bytes_all += kv
+        bytes_all += -(-tokens // block_tokens) * block_tokens * kv_bytes_per_token
         if r.get("phase") == "measured":
             measured += 1
             if known:

@@ -205,16 +205,41 @@ def lane_mismatches(expected: str, pods: dict[str, dict]) -> list[str]:
     return out
 
 
+# UCX's shared-memory transports: between two processes of one host they move bytes through memory, around any NIC.
+SHARED_MEMORY_TLS = frozenset({"cma", "posix", "sysv", "xpmem", "knem"})
+
+
+def shared_memory_lanes(expected: str, pods: dict[str, dict]) -> list[str]:
+    """Engines on one host (the local target): one line per distinct set of shared-memory lanes that UCX chose for
+    an endpoint to another process, with the endpoints that use it. Between pods these transports cannot connect;
+    between two local processes they can, and whatever they carried did not cross the expected transport."""
+    groups: dict[tuple, list[tuple[str, str]]] = {}
+    for name, pod in sorted(pods.items()):
+        for wname, w in sorted(pod["workers"].items()):
+            for c in w["configs"]:
+                shm = [lane for lane in c["lanes"] if lane["tl"].lower() in SHARED_MEMORY_TLS]
+                if c["scope"] != "self" and shm:
+                    key = tuple(dict.fromkeys(_lane_text(x) for x in shm))
+                    groups.setdefault(key, []).append((name, f"{wname} {c['scope']} cfg#{c['cfg']}"))
+    return [f"expected {expected}; {named_or_counted(endpoints, 'endpoint')}: lane{'s' if len(lanes) > 1 else ''} "
+            f"{', '.join(lanes)} on shared memory: UCX chose it between two processes of this host, beside "
+            f"{expected} — what it carried never used {expected.upper()} (UCX_TLS={expected} keeps it out)"
+            for lanes, endpoints in groups.items()]
+
+
 def _moved(pod: dict, what: str) -> bool:
     return pod["ec_reads"] > 0 if what == "ec" else pod["successful_transfers"] > 0
 
 
 def verify_nixl(expected: str, pods: dict[str, dict], roles: dict[str, str] | None = None, kv: dict | None = None,
-                what: str = "kv", movers: Iterable[str] = ("decode",), tcp_mb_s: float | None = None) -> dict:
+                what: str = "kv", movers: Iterable[str] = ("decode",), tcp_mb_s: float | None = None,
+                same_host: bool = False) -> dict:
     """Verdict over the pods of a NIXL path (expected: none | tcp | rdma). `what`: kv (NixlConnector; `movers`,
     the reading roles, must show successful transfers) or ec (the encoder outputs, ECCPUConnector: some pod must
     log a completed NIXL READ). `kv` (analysis.transport.kv_expectation plus `transfers`, `bytes`) checks the
-    volume; `tcp_mb_s` flags an RDMA transfer rate TCP could have carried."""
+    volume; `tcp_mb_s` flags an RDMA transfer rate TCP could have carried. `same_host`: the engines are processes
+    of one host (the local target), so shared-memory lanes between them are a mismatch, and a verified TCP says it
+    ran over this host's own interfaces."""
     label = "encoder outputs" if what == "ec" else "KV"
     base = {"expected": expected, "connector": "nixl", "what": what, "pods": pods, "kv_check": kv,
             "throughput_mb_s_min": min((t for p in pods.values() for t in p["transfer_mb_s"]), default=None),
@@ -236,7 +261,7 @@ def verify_nixl(expected: str, pods: dict[str, dict], roles: dict[str, str] | No
         if p["observed"] is None:
             missing = True
             reasons.append(f"{name}: no UCX endpoint to another process (only self or host-local lanes)")
-    if found := lane_mismatches(expected, pods):
+    if found := lane_mismatches(expected, pods) + (shared_memory_lanes(expected, pods) if same_host else []):
         mismatch = True
         reasons += found
     for name, p in sorted(pods.items()):
@@ -270,5 +295,10 @@ def verify_nixl(expected: str, pods: dict[str, dict], roles: dict[str, str] | No
                           + (f" on {', '.join(devices)}" if devices and expected == "rdma" else "")
                           + f"; {label} moved ({proof})")
         reasons += volume_line(kv)
+        if same_host:
+            devices = sorted({lane["device"] for p in pods.values() for w in p["workers"].values()
+                              for lane in remote_lanes(w)})
+            reasons.append(f"one host: the engines' {expected.upper()} lanes ran over this host's own interfaces "
+                           f"({', '.join(devices)}), so the KV never crossed a network")
     verdict = emulated(verdict, pods, reasons, f"NIXL over UCX {expected}")
     return {**base, "verdict": verdict, "reasons": reasons}

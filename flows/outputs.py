@@ -91,16 +91,20 @@ def worker_view(t: dict) -> list[str]:
 
 def report_meta(spec: ExperimentSpec, run: str, outcomes: dict[str, ConfigOutcome]) -> dict:
     target = ("simulator in virtual time (emulated hardware)" if spec.virtual else
-              "simulator (emulated hardware)" if spec.target.kind == "sim" else "Kubernetes")
+              "simulator (emulated hardware)" if spec.target.kind == "sim" else
+              f"local vLLM engines ({spec.target.local.device.upper()})" if spec.target.kind == "local" else
+              "Kubernetes")
     return {
         "title": f"epdbench: {spec.name} on {target}",
         "run": run, "spec": spec.name, "target": spec.target.kind, "model": spec.model.name,
         "clock": "virtual" if spec.virtual else "real",
         "hardware": f"{spec.hardware.gpu} figures", "seed": spec.seed, "trials": spec.trials,
         "time_scale": spec.time_scale,
-        "client": ("loopback" if spec.target.kind == "sim" else "in-cluster"
+        "client": ("loopback" if spec.target.kind in ("sim", "local") else "in-cluster"
                    if spec.target.kubernetes.loadgen.run_in == "cluster" else spec.target.kubernetes.access),
         "client_placement": spec.target.kubernetes.loadgen.placement if spec.target.kind == "kubernetes" else None,
+        "device": spec.target.local.device if spec.target.kind == "local" else None,
+        "tiny_model": spec.target.kind == "local" and spec.target.local.tiny_model,
         "created": dt.datetime.now().isoformat(timespec="seconds"),
         "configurations": [{"name": c.name, "topology": c.topology, "roles": roles_text(c), "gpus": c.gpus,
                             "transport": c.kv_transport,

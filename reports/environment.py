@@ -3,7 +3,7 @@ placement, and per configuration its roles, connectors and transport. Every figu
 the simulator the calibration profile its constants came from (`compare --profile`), with its error bar."""
 from __future__ import annotations
 
-from epdbench.specs.commands import ENGINE_PORT, engine_args, kv_transfer_config
+from epdbench.specs.commands import ENGINE_PORT, VLLM_SERVER_MODULE, engine_args, kv_transfer_config, local_engine_args
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
 from epdbench.specs.profile import error_bar
 
@@ -17,19 +17,33 @@ def hardware_text(spec: ExperimentSpec) -> str:
             f"(×{hw.rdma_efficiency:g}) + {hw.rdma_latency_ms:g} ms")
     if spec.target.kind == "sim":
         return f"Simulated node (cost-model figures, no GPU used): {node}"
+    if spec.target.kind == "local" and spec.target.local.device == "cpu":
+        return f"This host's CPU ({hw.gpu} in the spec; its figures are used for estimates only, no GPU used)"
     return f"GPU node ({hw.gpus_per_node} × {hw.gpu}; figures from the spec, used for estimates only)"
 
 
 def engine_image(spec: ExperimentSpec) -> str:
     if spec.target.kind == "sim":
         return "epdbench simulator (epdbench.sim: vLLM HTTP API and log formats, step-level cost model)"
+    if spec.target.kind == "local":
+        local = spec.target.local
+        python = local.vllm_python or "the environment of `epdbench engine-env`"
+        model = (" serving a tiny model made at run time (random weights)" if local.tiny_model else
+                 f" serving {local.model_path}" if local.model_path else "")
+        return f"vLLM ({VLLM_SERVER_MODULE}) from {python}{model}"
     return spec.target.kubernetes.engine.image
 
 
 def role_flags(spec: ExperimentSpec, config: ConfigurationSpec) -> dict[str, str]:
     """role → the `vllm serve` flags it runs with (model, host and port left out)."""
-    skip = {spec.model.name, "--host", "0.0.0.0", "--port", str(ENGINE_PORT)}
-    return {r.role: " ".join(a for a in engine_args(spec, config, r) if a not in skip) for r in config.roles}
+    if spec.target.kind == "local":
+        flags = {r.role: local_engine_args(spec, config, r, model=spec.model.name, port=ENGINE_PORT)
+                 for r in config.roles}
+        skip = {"--model", spec.model.name, "--host", spec.target.local.host, "--port", str(ENGINE_PORT)}
+    else:
+        flags = {r.role: engine_args(spec, config, r) for r in config.roles}
+        skip = {spec.model.name, "--host", "0.0.0.0", "--port", str(ENGINE_PORT)}
+    return {role: " ".join(a for a in args if a not in skip) for role, args in flags.items()}
 
 
 def engine_flags(spec: ExperimentSpec) -> str:
@@ -43,6 +57,12 @@ def placement_text(spec: ExperimentSpec) -> str:
     if spec.target.kind == "sim":
         return (f"local processes on {spec.target.sim.host}, one per role replica, the router in front; "
                 "GPUs and NICs are modelled, not used")
+    if spec.target.kind == "local":
+        local = spec.target.local
+        where = ("each engine's OpenMP threads on its own share of the host's cores" if local.device == "cpu"
+                 else "each role replica on its own GPUs (CUDA_VISIBLE_DEVICES, from GPU 0)")
+        return (f"one vLLM OpenAI-server process per role replica on {local.host}, vllm-router in front; {where}; "
+                "NIXL's side channels on loopback ports")
     k = spec.target.kubernetes
     selector = ", ".join(f"{key}={value}" for key, value in k.node.selector.items()) or "none"
     return (f"namespace {k.namespace}; node selector {selector}; GPUs via {k.node.gpu_resource}; "
@@ -80,6 +100,6 @@ def environment(spec: ExperimentSpec, profile: dict | str | None = None) -> dict
         "placement": placement_text(spec), "calibration": calibration_text(spec, profile),
         "configurations": {c.name: {"connectors": connectors_text(spec, c),
                                     "rdma_interfaces": sum(r.rdma_interfaces * r.replicas for r in c.roles),
-                                    "role_flags": role_flags(spec, c) if spec.target.kind == "kubernetes" else {}}
+                                    "role_flags": role_flags(spec, c) if spec.target.kind != "sim" else {}}
                            for c in spec.configurations},
     }

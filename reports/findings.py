@@ -173,6 +173,14 @@ def target_line(meta: dict) -> str:
     if meta["target"] == "sim":
         return ("Simulator run: timings come from the cost model of the hardware figures, transport verdicts are "
                 "emulated; it shows the shape of the trade-offs, never a hardware measurement.")
+    if meta["target"] == "local":
+        line = (f"Local run: real vLLM engines on this host's {(meta.get('device') or 'cpu').upper()}, the real "
+                "vllm-router in front, the load generator on loopback; transport verdicts come from the engines' own "
+                "UCX and NIXL lines and /metrics. Results hold for this host and these engine flags.")
+        if meta.get("tiny_model"):
+            line += (" The model is a tiny one made at run time with random weights: its timings show the serving "
+                     "path's overheads, never a real model's.")
+        return line
     line = f"Hardware run on {meta['target']}: results hold for this node, image and engine flags."
     if meta.get("client") == "in-cluster":
         where = {"router-node": "on the router's node", "other-node": "on another node than the router's",

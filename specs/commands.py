@@ -31,14 +31,17 @@ def kv_connector_name(config: ConfigurationSpec) -> str:
     return "none" if config.topology == "aggregated" else KV_CONNECTORS[config.kv_connector]
 
 
-def kv_transfer_config(config: ConfigurationSpec, role: str) -> dict | None:
+def kv_transfer_config(config: ConfigurationSpec, role: str, kv_buffer_device: str | None = None) -> dict | None:
+    """vLLM's --kv-transfer-config of a role; `kv_buffer_device` cpu: NIXL registers host memory (vLLM's CPU build,
+    whose KV cache lives there)."""
     if not moves_kv(config, role):
         return None
     if config.kv_connector == "nixl":
         # NixlConnector: the decode READs the prefill's blocks (kv_both is deprecated from vLLM 0.25); UCX picks the
         # transport itself within UCX_TLS / UCX_NET_DEVICES (manifests.render.engine_env).
-        return {"kv_connector": "NixlConnector", "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
-                "kv_connector_extra_config": {"backends": ["UCX"]}}
+        out = {"kv_connector": "NixlConnector", "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
+               "kv_connector_extra_config": {"backends": ["UCX"]}}
+        return {**out, "kv_buffer_device": kv_buffer_device} if kv_buffer_device else out
     return {"kv_connector": "MooncakeConnector",
             "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
             "kv_connector_extra_config": {"mooncake_protocol": config.kv_transport}}
@@ -60,10 +63,16 @@ MAX_LOG_LEN = 256      # logged request bodies cut to this many characters (an i
 REQUEST_BODY_LOG_LEVEL = "INFO"
 
 
-def engine_args(spec: ExperimentSpec, config: ConfigurationSpec, role: RoleSpec) -> list[str]:
-    """`vllm serve` arguments of one role: model, TP, the WORKLOADS.md engine limits, evidence logging."""
-    args = [spec.model.name, "--host", "0.0.0.0", "--port", str(ENGINE_PORT),
-            "--tensor-parallel-size", str(role.tp),
+def engine_args(spec: ExperimentSpec, config: ConfigurationSpec, role: RoleSpec, *, model: str | None = None,
+                host: str = "0.0.0.0", port: int = ENGINE_PORT, kv_buffer_device: str | None = None,
+                extra_args: Sequence[str] | None = None) -> list[str]:
+    """`vllm serve` arguments of one role: model, TP, the WORKLOADS.md engine limits, evidence logging. `model`: what
+    the engine loads when not model.name (then served under model.name); `extra_args`: by default the Kubernetes
+    engine's."""
+    args = [model or spec.model.name, "--host", host, "--port", str(port)]
+    if model and model != spec.model.name:
+        args += ["--served-model-name", spec.model.name]
+    args += ["--tensor-parallel-size", str(role.tp),
             "--max-model-len", str(spec.engine.max_model_len),
             "--max-num-seqs", str(spec.engine.max_num_seqs),
             "--max-num-batched-tokens", str(spec.engine.max_num_batched_tokens),
@@ -72,19 +81,93 @@ def engine_args(spec: ExperimentSpec, config: ConfigurationSpec, role: RoleSpec)
             # usage.prompt_tokens_details.cached_tokens: the records' cached tokens, which the KV volume check
             # and the prefix-cache figures need (vLLM 0.33 leaves them out without it)
             "--enable-prompt-tokens-details"]
+    if spec.engine.block_size is not None:
+        args += ["--block-size", str(spec.engine.block_size)]
     if spec.engine.num_gpu_blocks_override is not None:
         args += ["--num-gpu-blocks-override", str(spec.engine.num_gpu_blocks_override)]
     if role.role == "encode":
         args.append("--enforce-eager")
     if role.role == "encode" or not spec.engine.enable_prefix_caching:
         args.append("--no-enable-prefix-caching")
-    kv = kv_transfer_config(config, role.role)
+    kv = kv_transfer_config(config, role.role, kv_buffer_device)
     if kv:
         args += ["--kv-transfer-config", json.dumps(kv, separators=(",", ":"))]
     ec = ec_transfer_config(spec, config, role.role)
     if ec:
         args += ["--ec-transfer-config", json.dumps(ec, separators=(",", ":"))]
-    return args + list(spec.target.kubernetes.engine.extra_args)
+    return args + list(spec.target.kubernetes.engine.extra_args if extra_args is None else extra_args)
+
+
+# The local target's UCX transports per expected transport: no shared memory (sm, cma) and no cuda_ipc, so two
+# engine processes on one host cannot move KV around the transport under test; cuda_copy stages GPU memory.
+LOCAL_UCX_TLS = {"tcp": "tcp", "rdma": "rc,ud"}
+VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+def local_engine_args(spec: ExperimentSpec, config: ConfigurationSpec, role: RoleSpec, *, model: str,
+                      port: int) -> list[str]:
+    """Arguments after `PYTHON -m vllm.entrypoints.openai.api_server` of a role on the local target: the same
+    engine_args the manifests use, on a loopback port, NIXL's buffers in host memory on a CPU host, random weights
+    for the tiny model."""
+    local = spec.target.local
+    args = engine_args(spec, config, role, model=model, host=local.host, port=port,
+                       kv_buffer_device="cpu" if local.device == "cpu" else None, extra_args=())
+    if local.tiny_model:
+        args += ["--load-format", "dummy"]
+    # The module takes the model as --model (only `vllm serve` reads it as the first positional argument).
+    return ["--model", *args, *local.extra_args]
+
+
+# vLLM's logging (VLLM_LOGGING_CONFIG_PATH) as its default, but the request logger at DEBUG: vLLM up to 0.32 logs a
+# request's body (`Request <body request_id> JSON body:`, the client's id behind vllm-router) at DEBUG only; 0.33 at
+# VLLM_REQUEST_BODY_LOG_LEVEL. The request logger's module moved between releases: both names.
+VLLM_LOG_FORMAT = ("(%(vllm_process_name)s pid=%(process)d) %(levelname)s %(asctime)s [%(fileinfo)s:%(lineno)d] "
+                   "%(message)s")
+VLLM_LOGGING_CONFIG = {
+    "version": 1, "disable_existing_loggers": False,
+    "formatters": {"vllm": {"()": "vllm.logging_utils.NewLineFormatter", "datefmt": "%m-%d %H:%M:%S",
+                            "format": VLLM_LOG_FORMAT, "log_level": "INFO"}},
+    "handlers": {"vllm": {"class": "logging.StreamHandler", "formatter": "vllm", "level": "DEBUG",
+                          "stream": "ext://sys.stdout"}},
+    "loggers": {"vllm": {"handlers": ["vllm"], "level": "INFO", "propagate": False},
+                "vllm.entrypoints.serve.utils.request_logger": {"level": "DEBUG"},
+                "vllm.entrypoints.logger": {"level": "DEBUG"}}}
+
+
+def local_engine_env(spec: ExperimentSpec, config: ConfigurationSpec, role: str, *, nixl_port: int | None,
+                     gpus: Sequence[int] = (), cpus: str | None = None,
+                     logging_config: str | None = None) -> dict[str, str]:
+    """Environment of a role's engine on the local target: request bodies logged with the client's id (`logging_config`:
+    the path of VLLM_LOGGING_CONFIG written out); NIXL's side channel on its own loopback port and UCX's lanes at info
+    level (the evidence); the KV cache's host memory and the engine's cores (cpu) or the replica's GPUs (cuda); then
+    the spec's own variables."""
+    local = spec.target.local
+    env = {"VLLM_REQUEST_BODY_LOG_LEVEL": REQUEST_BODY_LOG_LEVEL, "PYTHONUNBUFFERED": "1"}
+    if logging_config:
+        env["VLLM_LOGGING_CONFIG_PATH"] = logging_config
+    if moves_kv(config, role) and config.kv_connector == "nixl":
+        if nixl_port is None:
+            raise ValueError(f"{config.name} {role}: NIXL needs a side-channel port")
+        tls = LOCAL_UCX_TLS[config.kv_transport] + (",cuda_copy" if local.device == "cuda" else "")
+        env.update({"VLLM_NIXL_SIDE_CHANNEL_HOST": local.host, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(nixl_port),
+                    "UCX_TLS": tls, "UCX_LOG_LEVEL": "info"})
+    if local.device == "cpu":
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(local.cpu_kvcache_gib)
+        if cpus:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = cpus
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+    return {**env, **local.env}
+
+
+def local_gpus(config: ConfigurationSpec) -> dict[str, list[int]]:
+    """Replica name (prefill-0) -> its GPUs on the local target: tp each, in role order from GPU 0."""
+    out, nxt = {}, 0
+    for role in config.roles:
+        for i in range(role.replicas):
+            out[f"{role.role}-{i}"] = list(range(nxt, nxt + role.tp))
+            nxt += role.tp
+    return out
 
 
 def vllm_router_args(config: ConfigurationSpec, *, host: str, port: int, prometheus_port: int,
@@ -102,3 +185,21 @@ def vllm_router_args(config: ConfigurationSpec, *, host: str, port: int, prometh
     for url in decodes:
         args += ["--decode", url]
     return args
+
+
+def local_cpu_binds(config: ConfigurationSpec, cores: Sequence[int]) -> dict[str, str]:
+    """Replica name -> the cores its OpenMP threads are bound to (VLLM_CPU_OMP_THREADS_BIND) on a CPU host: the
+    host's cores split into one contiguous share per engine (engines beyond the cores share them in turn), so
+    engines do not spin against each other on the same cores."""
+    names = [f"{r.role}-{i}" for r in config.roles for i in range(r.replicas)]
+    cores = sorted(cores)
+    if not cores:
+        return {}
+    if len(names) >= len(cores):
+        return {name: str(cores[i % len(cores)]) for i, name in enumerate(names)}
+    share = len(cores) // len(names)
+    out = {}
+    for i, name in enumerate(names):
+        mine = cores[i * share:(i + 1) * share] if i < len(names) - 1 else cores[i * share:]
+        out[name] = ",".join(map(str, mine))
+    return out

@@ -15,17 +15,18 @@ from pydantic import Field, ValidationError, model_validator
 
 from epdbench.physics.costmodel import image_tokens
 from epdbench.specs.base import KvTransport, RoleName, Strict, Topology
-from epdbench.specs.node import EngineSpec, HardwareSpec, ModelSpec, VisionSpec
+from epdbench.specs.node import CPU_BLOCK_TOKENS, GPU_BLOCK_TOKENS, EngineSpec, HardwareSpec, ModelSpec, VisionSpec
 from epdbench.specs.suites import (CellCounts, FixedSuite, ImageCell, MixedSuite, MultimodalSuite, RateSuite, Shape,
                                    Slo, StreamSpec, Suite, sends_images)
 from epdbench.specs.targets import (EmptyDirModelCache, HostPathModelCache, KubeEngineSpec, KubeNodeSpec,
-                                    KubeRouterSpec, KubernetesTargetSpec, PvcModelCache, SimFaults, SimTargetSpec,
-                                    TargetSpec)
+                                    KubeRouterSpec, KubernetesTargetSpec, LocalTargetSpec, PvcModelCache, SimFaults,
+                                    SimTargetSpec, TargetSpec)
 from epdbench.specs.topology import ConfigurationSpec, RoleSpec
 
-__all__ = ["RateSuite", "Slo", "CellCounts", "ConfigurationSpec", "EmptyDirModelCache", "EngineSpec", "ExperimentSpec", "FixedSuite",
-           "HardwareSpec", "HostPathModelCache", "ImageCell", "KubeEngineSpec", "KubeNodeSpec", "KubeRouterSpec",
-           "KubernetesTargetSpec", "KvTransport", "MixedSuite", "ModelSpec", "MultimodalSuite", "PvcModelCache",
+__all__ = ["RateSuite", "Slo", "CellCounts", "ConfigurationSpec", "EmptyDirModelCache", "EngineSpec", "ExperimentSpec",
+           "FixedSuite", "HardwareSpec", "HostPathModelCache", "ImageCell", "KubeEngineSpec", "KubeNodeSpec",
+           "KubeRouterSpec", "KubernetesTargetSpec", "KvTransport", "LocalTargetSpec", "MixedSuite", "ModelSpec",
+           "MultimodalSuite", "PvcModelCache",
            "RoleName", "RoleSpec", "Shape", "SimFaults", "SimTargetSpec", "SpecError", "StreamSpec", "Strict", "Suite",
            "TargetSpec", "Topology", "TrackingSpec", "VisionSpec", "describe_validation_error", "load_spec",
            "parse_spec", "resolve_spec_path", "select_configurations", "spec_fingerprint", "spec_to_yaml"]
@@ -107,6 +108,8 @@ class ExperimentSpec(Strict):
                                      "shorten the workload")
         if self.target.kind == "kubernetes":
             self._check_kubernetes()
+        if self.target.kind == "local":
+            self._check_local()
         if self.virtual:
             self._check_virtual()
         return self
@@ -146,6 +149,33 @@ class ExperimentSpec(Strict):
                 raise ValueError(f"field 'configurations.{i}' ({c.name}) moves KV or encoder outputs over RDMA but "
                                  "'target.kubernetes.node.rdma_resource' is not set: name the RDMA device "
                                  "plugin's resource, e.g. rdma/rdma_shared_device_a")
+
+    def _check_local(self) -> None:
+        """What real engines on one host can run today (vLLM 0.32 CPU build tried; see docs)."""
+        device = self.target.local.device
+        for i, c in enumerate(self.configurations):
+            where = f"field 'configurations.{i}' ({c.name})"
+            if c.topology == "epd":
+                raise ValueError(f"{where}: EPD is not run on the local target yet (vLLM's encoder-cache connector "
+                                 "and a vision model on one host are untried): use --target sim or kubernetes, or "
+                                 "drop it with --configs")
+            if c.topology != "aggregated" and c.kv_connector == "mooncake" and device == "cpu":
+                raise ValueError(f"{where}: MooncakeConnector does not start without an accelerator "
+                                 "(target.local.device cpu): use kv_connector nixl")
+            if c.kv_transport == "rdma" and device == "cpu":
+                raise ValueError(f"{where}: KV over RDMA needs NICs the CPU build does not drive: use kv_transport "
+                                 "tcp on target.local.device cpu")
+        if self.target.local.tiny_model and self.model.vision is not None:
+            raise ValueError("field 'target.local.tiny_model': the tiny model is text-only but 'model.vision' is set; "
+                             "drop model.vision")
+
+    @property
+    def kv_block_tokens(self) -> int:
+        """Tokens per KV cache block the engines use: the spec's, else vLLM's default on the target's device."""
+        if self.engine.block_size:
+            return self.engine.block_size
+        on_cpu = self.target.kind == "local" and self.target.local.device == "cpu"
+        return CPU_BLOCK_TOKENS if on_cpu else GPU_BLOCK_TOKENS
 
     @property
     def time_scale(self) -> float:
@@ -232,6 +262,10 @@ def spec_fingerprint(spec: ExperimentSpec) -> str:
     data = spec.model_dump(mode="json", exclude=NOT_COMPARED)
     if data["target"]["sim"]["clock"] == "real":   # the default: fingerprints of runs before the clock stay equal
         del data["target"]["sim"]["clock"]
+    if data["target"]["kind"] != "local":   # runs on the other targets keep the fingerprints they had before it
+        del data["target"]["local"]
+    if data["engine"]["block_size"] is None:   # vLLM's default block: fingerprints stay as before the field
+        del data["engine"]["block_size"]
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 

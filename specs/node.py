@@ -249,6 +249,10 @@ class HardwareSpec(Strict):
                                                "(benchmarks/mooncake_rdma_published.py); calibrate it from a run.")
 
 
+GPU_BLOCK_TOKENS = 16     # vLLM's default KV cache block on GPUs (CacheConfig.block_size)
+CPU_BLOCK_TOKENS = 128    # vLLM's CPU build when none is given (vllm/platforms/cpu.py, 0.32)
+
+
 class EngineSpec(Strict):
     max_num_batched_tokens: int = Field(8192, ge=16, title="Token budget per step",
                                         description="vLLM max_num_batched_tokens: decodes plus prefill chunk.")
@@ -263,6 +267,11 @@ class EngineSpec(Strict):
                                                 description="vLLM --num-gpu-blocks-override: KV cache blocks of "
                                                             "16 tokens, instead of what GPU memory leaves after "
                                                             "the weights (vLLM: 'used for testing preemption').")
+    block_size: int | None = Field(None, ge=1, le=1024, title="KV cache block (tokens)",
+                                   description="vLLM --block-size: tokens per KV cache block. KV moves between "
+                                               "engines in whole blocks, so the KV volume check rounds each "
+                                               "request's tokens up to it. None: vLLM's default (16 on GPUs, 128 on "
+                                               "its CPU build: vllm/platforms/cpu.py).")
     encoder_cache_tokens: int | None = Field(None, ge=1, title="Encoder cache size (tokens)",
                                              description="Encoder outputs kept per engine, in image tokens, before "
                                                          "vLLM raises it to the largest multimodal item. Unset: "

@@ -236,10 +236,59 @@ class KubernetesTargetSpec(Strict):
                                      description="Placement and resources of the in-cluster load generator Jobs.")
 
 
+LOCAL_RESERVED_ENV = RESERVED_ENGINE_ENV | {"VLLM_CPU_KVCACHE_SPACE", "CUDA_VISIBLE_DEVICES"}
+
+
+class LocalTargetSpec(Strict):
+    vllm_python: str | None = Field(None, title="vLLM's Python",
+                                    description="Interpreter of the Python environment vLLM is installed in (its "
+                                                "own venv, as users run vLLM); every engine starts as `PATH -m "
+                                                "vllm.entrypoints.openai.api_server`. None: the environment "
+                                                "`epdbench engine-env` makes (~/.cache/epdbench/vllm-cpu). "
+                                                "compare --vllm-python overrides it.")
+    host: str = Field("127.0.0.1", pattern=r"^(127\.\d+\.\d+\.\d+|localhost)$", title="Bind address",
+                      description="Loopback address the engines, their NIXL side channels and the router listen on.")
+    device: Literal["cpu", "cuda"] = Field(
+        "cpu", title="Device",
+        description="cpu: vLLM's CPU build (vllm-cpu), KV cache in host memory (VLLM_CPU_KVCACHE_SPACE) and "
+                    "NIXL's buffers on the CPU; cuda: each role replica gets its own GPUs (CUDA_VISIBLE_DEVICES, "
+                    "tp of them, in order from GPU 0).")
+    model_path: str | None = Field(None, min_length=1, title="Model folder or hub id",
+                                   description="What the engines load, served under model.name; none: model.name "
+                                               "itself.")
+    tiny_model: bool = Field(False, title="Tiny model made at run time",
+                             description="Make a Qwen2 model from model's figures (config.json, a byte-level BPE "
+                                         "tokenizer trained on a seeded synthetic corpus, a chat template) in the "
+                                         "results folder and serve it with random weights (--load-format dummy): "
+                                         "nothing is downloaded; for CPU hosts and CI.")
+    cpu_kvcache_gib: int = Field(1, ge=1, le=1024, title="CPU KV cache (GiB)",
+                                 description="VLLM_CPU_KVCACHE_SPACE of every engine on device cpu.")
+    startup_timeout_s: float = Field(600, gt=0, le=3600, title="Start-up timeout (s)",
+                                     description="Time allowed for every engine and the router of a "
+                                                 "configuration to serve (a CPU engine needs about 60 s on 2 cores).")
+    extra_args: list[str] = Field(default_factory=list, title="Extra engine arguments",
+                                  description="Appended to every engine's command line.")
+    env: dict[str, str] = Field(default_factory=dict, title="Extra engine environment",
+                                description="Added to every engine's environment; the variables epdbench sets for "
+                                            "its evidence, ports and devices cannot be overridden.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "LocalTargetSpec":
+        if self.tiny_model and self.model_path:
+            raise ValueError("tiny_model makes the model the engines load: leave model_path unset")
+        for name in self.env:
+            if name in LOCAL_RESERVED_ENV:
+                raise ValueError(f"env: {name} is set by epdbench and cannot be overridden")
+        return self
+
+
 class TargetSpec(Strict):
-    kind: Literal["sim", "kubernetes"] = Field("sim", title="Target",
-                                               description="sim: local simulator processes; kubernetes: a cluster.")
+    kind: Literal["sim", "local", "kubernetes"] = Field(
+        "sim", title="Target",
+        description="sim: local simulator processes; local: real vLLM engines on this host; kubernetes: a cluster.")
     sim: SimTargetSpec = Field(default_factory=SimTargetSpec, title="Simulator settings",
                                description="Used when kind is sim.")
+    local: LocalTargetSpec = Field(default_factory=LocalTargetSpec, title="Local engine settings",
+                                   description="Used when kind is local.")
     kubernetes: KubernetesTargetSpec = Field(default_factory=KubernetesTargetSpec, title="Kubernetes settings",
                                              description="Used when kind is kubernetes.")

@@ -123,7 +123,7 @@ def kv_moved(spec: ExperimentSpec, config: ConfigurationSpec, deltas: dict[str, 
     its replicated KV heads included (ModelSpec.kv_bytes_per_token_at)."""
     if config.topology == "aggregated":
         return None
-    kv = kv_expectation(records, spec.model.kv_bytes_per_token_at(config.role("decode").tp))
+    kv = kv_expectation(records, spec.model.kv_bytes_per_token_at(config.role("decode").tp), spec.kv_block_tokens)
     if config.kv_connector == "nixl":
         got = deltas.get("decode") or {}
         kv.update({"transfers": got.get("nixl_transfers"), "bytes": got.get("nixl_bytes_transferred")})
@@ -142,7 +142,8 @@ def kv_transport(dep: Deployment, spec: ExperimentSpec, config: ConfigurationSpe
     kv = kv_moved(spec, config, deltas, records)
     if config.kv_connector == "nixl" and config.topology != "aggregated":
         pods = {p.name: nixl_of_pod(iter_lines(p.log_path)) for p in kv_pods}
-        return verify_nixl(config.kv_transport, pods, roles=roles, kv=kv, tcp_mb_s=tcp_mb_s)
+        return verify_nixl(config.kv_transport, pods, roles=roles, kv=kv, tcp_mb_s=tcp_mb_s,
+                           same_host=spec.target.kind == "local")
     pods = {p.name: transport_of_pod(iter_lines(p.log_path)) for p in kv_pods}
     return verify_transport(config.kv_transport, pods, roles=roles, kv=kv, tcp_mb_s=tcp_mb_s)
 

@@ -37,6 +37,7 @@ from epdbench.tasks.publish_state import (OPTIONAL_ARTIFACTS, PARENT_ARTIFACTS, 
                                           comparison_fingerprint, config_fingerprint, config_key, folder_configs,
                                           load_state, pending, read_json, resolve_tracking_uri, save_state,
                                           store_id)
+from epdbench.reports.environment import engine_image
 from epdbench.reports.mlflow_names import valid_keys
 from epdbench.tasks.tracking import KEY_TAG, Tracker, failure_reason, is_unreachable
 
@@ -144,7 +145,7 @@ def publish_configuration(tracker: Tracker, parent: str, spec: ExperimentSpec, c
         params={"topology": config.topology, "roles": roles_text(config), "gpus": config.gpus,
                 "tp": ",".join(f"{r.role}={r.tp}" for r in config.roles), "transport": config.kv_transport,
                 "connectors": kv_connector_name(config), "ec_transport": config.ec_expected,
-                "image": "epdbench-sim" if spec.target.kind == "sim" else spec.target.kubernetes.engine.image,
+                "image": "epdbench-sim" if spec.target.kind == "sim" else engine_image(spec),
                 "engine_args": spec.engine.model_dump_json()},
         metrics={"transport_verified": 1.0 if t.get("verdict") == "verified" else 0.0,
                  "stages_verified": 1.0 if st.get("verdict") == "verified" else 0.0,

@@ -57,3 +57,22 @@ def test_a_folder_named_like_a_preset_does_not_shadow_it(in_tmp, capsys, compare
 def test_the_virtual_clock_is_the_simulators_alone(in_tmp, capsys, compare_started):
     err = refused(capsys, "compare", "--clock", "virtual", "--target", "kubernetes")
     assert err == "error: --clock virtual: applies to --target sim only (a cluster runs in real time)"
+
+
+def test_an_engine_python_that_cannot_import_vllm_is_refused_before_anything_starts(in_tmp, capsys, compare_started):
+    import sys
+
+    err = refused(capsys, "compare", "--target", "local", "--spec", "cpu-tiny", "--vllm-python", sys.executable)
+    assert err.startswith(f"error: --vllm-python {sys.executable} cannot import vllm (ModuleNotFoundError")
+    assert err.endswith("or make one with: epdbench engine-env")
+    err = refused(capsys, "compare", "--target", "local", "--spec", "cpu-tiny", "--vllm-python", "no/python")
+    assert err == ("error: --vllm-python no/python: no such file; give the interpreter of a Python environment with "
+                   "vLLM (make one with: epdbench engine-env)")
+    assert not (in_tmp / "results").exists()
+
+
+def test_vllm_python_and_the_local_targets_limits_are_said_in_one_line(in_tmp, capsys, compare_started):
+    err = refused(capsys, "compare", "--vllm-python", "/usr/bin/python3")
+    assert err == "error: --vllm-python: applies to --target local only (this run's target is sim)"
+    err = refused(capsys, "compare", "--target", "local", "--spec", "smoke")
+    assert "MooncakeConnector does not start without an accelerator" in err and "use kv_connector nixl" in err

@@ -23,7 +23,7 @@ from epdbench.cli.parser import build_parser
 COMMANDS = {"compare": commands.cmd_compare, "report": commands.cmd_report, "history": commands.cmd_history,
             "plan": commands.cmd_plan, "up": commands.cmd_up, "down": commands.cmd_down, "sync": commands.cmd_sync,
             "verify-transport": commands.cmd_verify_transport, "manifests": commands.cmd_manifests,
-            "cleanup": commands.cmd_cleanup, "loadgen": commands.cmd_loadgen,
+            "cleanup": commands.cmd_cleanup, "loadgen": commands.cmd_loadgen, "engine-env": commands.cmd_engine_env,
             "whatif": planning.cmd_whatif, "calibrate": planning.cmd_calibrate}
 
 
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         # Teardown already ran in the flow's finally blocks; stop any straggler (simulator processes,
         # Prefect's temporary server), then leave without waiting on background threads, which can hang
         # once their server is gone.
-        from epdbench.tasks.sim_target import stop_all
+        from epdbench.tasks.processes import stop_all
         stop_all()
         terminate_children()
         rdir, note = INTERRUPTED_RUN.get("dir"), INTERRUPTED_RUN.get("note")

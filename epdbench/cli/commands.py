@@ -404,3 +404,17 @@ def cmd_loadgen(args) -> int:
         raise CliError(str(e)) from None
     return EXIT_OK
 
+
+
+def cmd_engine_env(args) -> int:
+    """Make (or check) vLLM's CPU environment; its python on stdout, progress on stderr."""
+    from epdbench.tasks.engine_env import EngineEnvError, ensure_engine_env
+
+    try:
+        python = ensure_engine_env(Path(args.dir) if args.dir else None,
+                                   say=lambda line: print(line, file=sys.stderr, flush=True))
+    except EngineEnvError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAILURES
+    print(python)
+    return EXIT_OK

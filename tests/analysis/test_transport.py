@@ -146,6 +146,15 @@ def test_kv_expectation_counts_uncached_prompt_tokens():
     assert (kv["expected_bytes_min"], kv["expected_bytes_max"]) == (4 * 800 * 100, 4 * 800 * 100 + 1000 * 100)
 
 
+def test_kv_moves_in_whole_blocks_so_the_high_end_rounds_each_request_up():
+    # vLLM's CPU build: 128-token blocks; a 139-token prompt moves two of them (tests/data/logs/vllm-cpu)
+    kv = kv_expectation(records(4, prompt=139, warmups=0), kv_bytes_per_token=512, block_tokens=128)
+    assert (kv["expected_bytes_min"], kv["expected_bytes_max"]) == (4 * 139 * 512, 4 * 256 * 512)
+    assert check_kv_volume({**kv, "transfers": 4, "bytes": 4 * 256 * 512}) == []
+    exact = kv_expectation(records(4, prompt=139, warmups=0), kv_bytes_per_token=512)
+    assert check_kv_volume({**exact, "transfers": 4, "bytes": 4 * 256 * 512})     # read per token: a false mismatch
+
+
 def test_responses_without_cached_tokens_bound_the_kv_from_above_only():
     # vLLM without --enable-prompt-tokens-details: the decode side may have held a shared image prefix of 900 of
     # each 1000-token prompt and pulled only the rest; held to the whole prompts, that was a mismatch

@@ -4,7 +4,7 @@ from collections import deque
 
 import pytest
 
-from epdbench.tasks import sim_target
+from epdbench.tasks import processes
 from epdbench.tasks.deployment import ProvisionError
 
 
@@ -33,22 +33,22 @@ class KernelPorts:
 @pytest.fixture
 def issued(monkeypatch):
     ports: deque = deque(maxlen=4096)
-    monkeypatch.setattr(sim_target, "ISSUED_PORTS", ports)
+    monkeypatch.setattr(processes, "ISSUED_PORTS", ports)
     return ports
 
 
 def test_a_port_the_kernel_hands_out_again_is_skipped(monkeypatch, issued):
-    monkeypatch.setattr(sim_target.socket, "socket", KernelPorts([5001, 5001, 5001, 5002]))
-    assert [sim_target.free_port("127.0.0.1"), sim_target.free_port("127.0.0.1")] == [5001, 5002]
+    monkeypatch.setattr(processes.socket, "socket", KernelPorts([5001, 5001, 5001, 5002]))
+    assert [processes.free_port("127.0.0.1"), processes.free_port("127.0.0.1")] == [5001, 5002]
 
 
 def test_no_new_port_in_64_tries_is_a_provisioning_error(monkeypatch, issued):
-    monkeypatch.setattr(sim_target.socket, "socket", KernelPorts([5001] * 65))
-    assert sim_target.free_port("127.0.0.1") == 5001
+    monkeypatch.setattr(processes.socket, "socket", KernelPorts([5001] * 65))
+    assert processes.free_port("127.0.0.1") == 5001
     with pytest.raises(ProvisionError, match="64 tries"):
-        sim_target.free_port("127.0.0.1")
+        processes.free_port("127.0.0.1")
 
 
 def test_real_ports_are_distinct_over_thousands_of_calls(issued):
-    ports = [sim_target.free_port("127.0.0.1") for _ in range(3000)]   # bind(0) repeats ~1 in 20,000 calls
+    ports = [processes.free_port("127.0.0.1") for _ in range(3000)]   # bind(0) repeats ~1 in 20,000 calls
     assert len(set(ports)) == len(ports)

@@ -1,0 +1,79 @@
+"""The real-engine lane: `epdbench compare --target local --spec cpu-tiny` against real vLLM CPU engines, the real
+vllm-router and NIXL over UCX on this host (a few minutes on 2 cores). Skipped without vLLM's environment
+(`epdbench engine-env`, or EPDBENCH_VLLM_PYTHON naming another interpreter with vLLM)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from epdbench.tasks.engine_env import default_env_dir, env_python, installed
+from epdbench.tasks.runstate import leftovers
+
+pytestmark = [pytest.mark.realengine, pytest.mark.timeout(1500)]
+RUN_TIMEOUT_S = 1200     # cpu-tiny took 183 s on the 2-core development VM
+
+
+def engine_python() -> str | None:
+    given = os.environ.get("EPDBENCH_VLLM_PYTHON")
+    if given:
+        return given
+    env = default_env_dir()
+    return str(env_python(env)) if installed(env) else None
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory):
+    python = engine_python()
+    if python is None:
+        pytest.skip("no vLLM environment: make one with `epdbench engine-env` (or set EPDBENCH_VLLM_PYTHON)")
+    where = tmp_path_factory.mktemp("local")
+    out, uri = where / "run", f"sqlite:///{where / 'mlflow.db'}"
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "epdbench.cli", "compare", "--target", "local", "--spec", "cpu-tiny",
+                           "--vllm-python", python, "--out", str(out), "--tracking-uri", uri],
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=where, stdin=subprocess.DEVNULL)
+    print(f"epdbench compare --target local --spec cpu-tiny: exit {done.returncode} in "
+          f"{time.monotonic() - start:.0f} s")
+    return done, out, uri
+
+
+def test_cpu_tiny_runs_real_engines_end_to_end_and_verifies_pd_from_their_own_output(local_run):
+    done, out, _ = local_run
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    outcome = json.loads((out / "outcome.json").read_text())
+    assert outcome["all_verified"]
+    assert outcome["configs"]["pd-nixl-tcp"]["transport"] == "verified"
+    assert {c["stages"] for c in outcome["configs"].values()} == {"verified"}
+    transport = json.loads((out / "evidence" / "pd-nixl-tcp" / "transport.json").read_text())
+    assert transport["reasons"][0].startswith("every KV pod and UCX worker")
+    assert {p["observed"] for p in transport["pods"].values()} == {"tcp"}
+    assert not any(p["emulated"] for p in transport["pods"].values())
+    kv = transport["kv_check"]         # from the decode engine's vllm:nixl_bytes_transferred and transfer count
+    assert kv["bytes"] > 0 and kv["transfers"] >= kv["measured_requests"] > 0
+    assert leftovers(out) == []        # every engine, engine core and router the run started is gone
+
+
+def test_the_report_and_mlflow_say_local(local_run):
+    done, out, uri = local_run
+    assert done.returncode == 0
+    report = (out / "report.md").read_text()
+    assert report.startswith("# epdbench: cpu-tiny on local vLLM engines (CPU)") and "target `local`" in report
+    import mlflow
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                              filter_string="tags.`epdbench.kind` = 'comparison'")
+    assert [r.data.tags["epdbench.target"] for r in runs] == ["local"]
+
+
+def test_the_same_engines_logs_read_expecting_rdma_name_the_tcp_lanes(local_run):
+    _, out, _ = local_run
+    ev = out / "evidence" / "pd-nixl-tcp"
+    done = subprocess.run([sys.executable, "-m", "epdbench.cli", "verify-transport", str(ev / "prefill-0.log"),
+                           str(ev / "decode-0.log"), "--expect", "rdma"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3
+    assert done.stdout.startswith("mismatch: expected rdma;") and "tcp/lo" in done.stdout.splitlines()[0]
