@@ -14,7 +14,7 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from epdbench.physics.costmodel import image_tokens
-from epdbench.specs.base import KvTransport, RoleName, Strict, Topology
+from epdbench.specs.base import KvTransport, RoleName, Strict, Topology, dump_yaml
 from epdbench.specs.node import EngineSpec, HardwareSpec, ModelSpec, VisionSpec
 from epdbench.specs.suites import (CellCounts, FixedSuite, ImageCell, MixedSuite, MultimodalSuite, RateSuite, Shape,
                                    Slo, StreamSpec, Suite, sends_images)
@@ -288,4 +288,4 @@ def resume_changes(stored: ExperimentSpec, spec: ExperimentSpec) -> list[str]:
 
 
 def spec_to_yaml(spec: ExperimentSpec) -> str:
-    return yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)
+    return dump_yaml(spec.model_dump(mode="json"))
