@@ -264,10 +264,10 @@ class FitResult:
 
 def pinned(values: dict[str, float]) -> dict[str, str]:
     """The fitted constants the search left at a bound it could not pass, as "upper" or "lower": an efficiency or
-    a measured speed factor at either end (a run beyond the datasheet, or 20 times below it), any constant at its upper end. A latency at
-    its lower end (1 µs) is a latency too small to matter, not a bound hit. Such a fit is the best the bounds
-    allow, not a match: the units of the table, or a spec that is not the run's (GPU, model), are the usual
-    cause."""
+    a measured speed factor at either end (a run beyond the datasheet or ten times the measurement, or 20 times
+    below it), any constant at its upper end. A latency at its lower end (1 µs) is a latency too small to
+    matter, not a bound hit. Such a fit is the best the bounds allow, not a match: the units of the table, or a
+    spec that is not the run's (GPU, model), are the usual cause."""
     out = {}
     for name, v in values.items():
         low, high = BOUNDS[name]

@@ -184,7 +184,8 @@ def markdown(rows: list[OpRow], csv: Path = CSV) -> str:
         return f"{r[0]:.2f} ({r[1]:.2f}–{r[2]:.2f})" if r else "–"
     lines = ["| operator class | cases | measured / roofline model | measured / measured-law model |",
              "| --- | ---: | --- | --- |"]
-    lines += [f"| {s['cls']} | {s['cases']} | {cell(s['roofline'])} | {cell(s['measured'])} |" for s in summary(rows, csv)]
+    lines += [f"| {s['cls']} | {s['cases']} | {cell(s['roofline'])} | {cell(s['measured'])} |"
+              for s in summary(rows, csv)]
     return "\n".join(lines)
 
 

@@ -10,7 +10,8 @@ the vision tower) follow one of two laws, by hardware.op_laws:
 - Prefill is compute-bound: 2·P FLOPs per token plus causal attention, over achievable FLOP/s × TP.
 - Decode is bandwidth-bound: weights plus the KV of every running sequence read once per step,
   over achievable HBM bandwidth × TP.
-- A step costs the larger of the two (roofline; measured: its operators' laws), plus TP all-reduces over NVLink, plus a fixed overhead.
+- A step costs the larger of the two (roofline; measured: its operators' laws), plus TP all-reduces over NVLink,
+  plus a fixed overhead.
 - A TP all-reduce is a ring (NCCL): NCCL's latency for the ring's 2·(TP−1) steps, plus 2·(TP−1)/TP of the
   activations over the per-direction NVLink bandwidth; two per layer per step.
 - A KV transfer costs a setup (over Mooncake TCP per transfer and per descriptor, measured) and its bytes over

@@ -9,6 +9,7 @@ parts as measured, the memory-bound ones by 4.8 / 3.35 TB/s.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -90,12 +91,17 @@ class EngineLaws:
         """decode_s for `n` decodes as a function of their context sum (sim.fused evaluates it step by step)."""
         tp = self._tps[3]
         law, residual, share = self.tables.decode_step[tp], self.tables.residual_s[tp], tp / self.tp
-        where, node = law.bracket(n), self.node
+        efficiency, log_n = law.efficiency_curve(law.bracket(n)), math.log(n)
+        peak_flops, peak_bytes = law.peaks.flops_s, law.peaks.bytes_s      # seconds at the source: a + b·S
+        f0, f1 = law.flops[0] * n / peak_flops, law.flops[1] / peak_flops
+        b0, b1 = law.bytes[0] / peak_bytes, law.bytes[1] / peak_bytes
+        compute, memory = self.node.compute, self.node.memory
 
-        def seconds(context_sum: float) -> float:
-            f, b = law.roofline(n, context_sum)
-            measured = max(f, b) / law.efficiency(where, context_sum / n)
-            return residual + (measured - residual) * node.ratio(f, b) * share
+        def seconds(context_sum: float) -> float:       # GridLaw.seconds with the node's ratio, inlined
+            f, b = f0 + f1 * context_sum, b0 + b1 * context_sum
+            here = max(f, b)
+            measured = here / efficiency.at(math.log(max(context_sum, n)) - log_n)
+            return residual + (measured - residual) * max(f * compute, b * memory) / here * share
         return seconds
 
     def step_s(self, decode_contexts: Sequence[int], prefill: Sequence) -> float:
@@ -153,4 +159,4 @@ def describe(model: ModelSpec, hw: HardwareSpec) -> str:
               f"{peaks.flops_s / 1e12:g} and {peaks.bytes_s / 1e12:g}")
     vision = ("" if model.vision is None or t.vision is not None
               else "; the vision tower on the roofline (no vision rows)")
-    return f"operator laws measured on {gpu} ({name}), {scaled}{vision}"
+    return f"measured on {gpu} ({name}), {scaled}{vision}"

@@ -130,9 +130,9 @@ class GemmLaw:
 @dataclass(frozen=True)
 class PrefillAttentionLaw:
     """One layer's causal attention of q new tokens over a context of c (q ≤ c): time per unit of work
-    q·(c − q/2) by log c from the full prefills (q = c; a power law between them, as the rate climbs steeply), times 1 + (1 − q/c)·loss, the loss of a chunk (q < c)
-    interpolated between the measured chunks in log c at each measured q, then in log q; never below the
-    fastest row (a kernel's fixed cost)."""
+    q·(c − q/2) by log c from the full prefills (q = c; a power law between them, as the rate climbs steeply),
+    times 1 + (1 − q/c)·loss, the loss of a chunk (q < c) interpolated between the measured chunks in log c at
+    each measured q, then in log q; never below the fastest row (a kernel's fixed cost)."""
     per_work: Curve
     chunk_loss: tuple[tuple[float, Curve], ...]      # (log q, loss by log c)
     floor_s: float
@@ -181,6 +181,15 @@ class GridLaw:
             j = min(i, len(self.batches) - 1)
             return j, j, 0.0
         return i - 1, i, (lb - self.batches[i - 1]) / (self.batches[i] - self.batches[i - 1])
+
+    def efficiency_curve(self, where: tuple[int, int, float]) -> Curve:
+        """The efficiency by log C at a batch between two measured ones (`where`: bracket), as one curve."""
+        i, j, w = where
+        if w == 0:
+            return self.by_context[i]
+        low, high = self.by_context[i], self.by_context[j]
+        xs = sorted(set(low.xs) | set(high.xs))
+        return Curve(tuple(xs), tuple((1 - w) * low.at(x) + w * high.at(x) for x in xs))
 
     def efficiency(self, where: tuple[int, int, float], mean_context: float) -> float:
         i, j, w = where

@@ -17,7 +17,7 @@ from pydantic import Field, TypeAdapter, ValidationError, field_validator, model
 
 from epdbench.specs.base import Strict, dump_yaml
 from epdbench.specs.models import (ExperimentSpec, HardwareSpec, SpecError, describe_validation_error, parse_spec,
-                                   spec_changes)
+                                   roofline_as_before, spec_changes)
 from epdbench.specs.node import OperatorTimings
 
 HOLDOUT_VERDICTS = ("better", "worse", "no clear difference", "too few cells")   # analysis.holdout
@@ -157,6 +157,7 @@ def cell_fingerprints(spec: ExperimentSpec) -> dict[str, str]:
     deployment (not its name) and the suite. The same fingerprint: the same cells, whatever the spec's name,
     target, trials or free constants."""
     common = spec.model_dump(mode="json", include={"seed", "model", "engine", "hardware"})
+    roofline_as_before(common["hardware"])        # profiles fitted before the measured laws keep their cells
     for name in FREE_CONSTANTS:
         common["hardware"].pop(name, None)
     out = {}

@@ -80,7 +80,8 @@ def cmd_calibrate_ops(args) -> int:
         print(f"  {model}: {', '.join(sorted(laws[model])) or 'no law'} ({state})")
     if spec is not None:
         applied = apply_profile(spec, profile.model_dump(mode="json"))
-        print(f"  on spec {spec.name} ({spec.hardware.gpu}, the GPU measured): {describe(applied.model, applied.hardware)}")
+        print(f"  on spec {spec.name} ({spec.hardware.gpu}, the GPU measured): "
+              f"{describe(applied.model, applied.hardware)}")
     else:
         print("  no --spec: the timings are taken as made on the GPU of whatever spec the profile is applied to "
               "(no datasheet scaling)")
