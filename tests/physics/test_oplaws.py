@@ -7,13 +7,14 @@ from __future__ import annotations
 import statistics
 
 import pytest
+import yaml
 
 from epdbench.physics.costmodel import CostModel, PrefillChunk
 from epdbench.physics.gpu_ops import read_ops_csv
 from epdbench.physics.measured import describe, law_sources, source, tables
 from epdbench.physics.oplaws import LAYER_GEMMS, SOURCE_BF16_TFLOPS, SOURCE_CSV, SOURCE_HBM_TB_S, digest
 from epdbench.physics.oplaws_check import held_out, predict_s, row_class
-from epdbench.specs.models import SpecError, load_spec, parse_spec
+from epdbench.specs.models import SpecError, load_spec, parse_spec, spec_to_yaml
 from epdbench.specs.node import OperatorTimings
 
 ROWS = read_ops_csv(SOURCE_CSV)
@@ -210,6 +211,8 @@ def test_operator_timings_carried_in_a_spec_are_checked_and_drive_the_laws():
     data["hardware"]["op_timings"] = timings
     spec = parse_spec(data)
     assert source(spec.hardware)[1:3] == ("mine.csv", "NVIDIA H200")
+    written = spec_to_yaml(spec)                     # as a run's spec.yaml keeps it: the CSV as a literal block
+    assert "    csv: |\n      gpu,driver," in written and parse_spec(yaml.safe_load(written)) == spec
     assert CostModel(spec.model, spec.hardware).decode_step_seconds(1, 512) == pytest.approx(     # no datasheet
         (5.496 + spec.hardware.step_overhead_ms) / 1e3, rel=1e-3)                              # scaling: as measured
     for change, message in ((dict(sha256="0" * 64), "sha256 is not the digest of csv"),
