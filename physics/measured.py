@@ -87,8 +87,18 @@ class EngineLaws:
         """A step of `n` decodes whose contexts add up to `context_sum` and nothing else."""
         return self.decode_fn(n)(context_sum) if n else 0.0
 
+    @functools.cached_property
+    def _decode_fns(self) -> dict:
+        return {}
+
     def decode_fn(self, n: int):
-        """decode_s for `n` decodes as a function of their context sum (sim.fused evaluates it step by step)."""
+        """decode_s for `n` decodes as a function of their context sum (sim.fused evaluates it step by step),
+        kept per n."""
+        if (fn := self._decode_fns.get(n)) is None:
+            fn = self._decode_fns[n] = self._decode_fn(n)
+        return fn
+
+    def _decode_fn(self, n: int):
         tp = self._tps[3]
         law, residual, share = self.tables.decode_step[tp], self.tables.residual_s[tp], tp / self.tp
         efficiency, log_n = law.efficiency_curve(law.bracket(n)), math.log(n)
