@@ -16,7 +16,8 @@ together:
   recover seven constants of a synthetic law (tests/analysis/test_fit.py) that this recovers in a few dozen;
 - identifiability: a constant is fitted only if the run has a configuration that uses it (TCP figures need a
   TCP or EPD configuration, RDMA figures an RDMA one, the all-reduce latency a role with TP > 1, the image
-  preprocessing cost a cell that sends images) and moving
+  preprocessing cost a cell that sends images; the roofline's efficiencies the roofline laws, the measured
+  factors the measured ones: hardware.op_laws, physics.measured.law_sources) and moving
   it by STEP_RATIO, or failing that by WIDE_RATIO, moves some observed figure by at least MIN_EFFECT —
   otherwise it is left as the spec has it, and the result says why (the probe that identified it starts the
   search);
@@ -33,6 +34,7 @@ import pandas as pd
 
 from epdbench.analysis import table_check
 from epdbench.analysis.dfo import BudgetExhausted, least_squares_dfo
+from epdbench.physics.measured import law_sources
 from epdbench.specs.models import ExperimentSpec
 from epdbench.specs.profile import FREE_CONSTANTS
 from epdbench.specs.suites import sends_images as suite_sends_images
@@ -47,6 +49,8 @@ FIT_METRICS = ("ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "tpot_p50_ms", "itl_
 BOUNDS: dict[str, tuple[float, float]] = {
     "compute_efficiency": (0.05, 1.0),
     "hbm_efficiency": (0.05, 1.0),
+    "measured_compute_factor": (0.05, 10.0),
+    "measured_hbm_factor": (0.05, 10.0),
     "rdma_efficiency": (0.05, 1.0),
     "step_overhead_ms": (1e-3, 1e3),
     "allreduce_latency_us": (1e-3, 1e4),
@@ -70,6 +74,8 @@ GRID = 1e-6
 SNAP_DIGITS = 6
 
 LINK_CONSTANTS = {"tcp": ("tcp_gb_s", "tcp_latency_ms"), "rdma": ("rdma_efficiency", "rdma_latency_ms")}
+LAW_CONSTANTS = {"roofline": ("compute_efficiency", "hbm_efficiency"),
+                 "measured": ("measured_compute_factor", "measured_hbm_factor")}
 
 
 class FitInputError(ValueError):
@@ -232,6 +238,10 @@ def structural_constants(spec: ExperimentSpec) -> tuple[list[str], dict[str, str
         left["allreduce_latency_us"] = "no role of the run is tensor-parallel: tp is 1 throughout"
     if not sends_images(spec):
         left["image_preprocess_ms_per_mp"] = "no cell of the run sends images"
+    laws = law_sources(spec.model, spec.hardware, sends_images(spec))
+    for name in LAW_CONSTANTS.keys() - laws:
+        left.update({n: f"the spec's operators follow the {' and '.join(sorted(laws))} laws (hardware.op_laws), "
+                        f"not the {name} ones it acts on" for n in LAW_CONSTANTS[name]})
     return [n for n in FREE_CONSTANTS if n not in left], left
 
 
@@ -253,17 +263,17 @@ class FitResult:
 
 
 def pinned(values: dict[str, float]) -> dict[str, str]:
-    """The fitted constants the search left at a bound it could not pass, as "upper" or "lower": an efficiency at
-    either end (a run beyond the datasheet, or 20 times below it), any constant at its upper end. A latency at
-    its lower end (1 µs) is a latency too small to matter, not a bound hit. Such a fit is the best the bounds
-    allow, not a match: the units of the table, or a spec that is not the run's (GPU, model), are the usual
-    cause."""
+    """The fitted constants the search left at a bound it could not pass, as "upper" or "lower": an efficiency or
+    a measured speed factor at either end (a run beyond the datasheet or ten times the measurement, or 20 times
+    below it), any constant at its upper end. A latency at its lower end (1 µs) is a latency too small to
+    matter, not a bound hit. Such a fit is the best the bounds allow, not a match: the units of the table, or a
+    spec that is not the run's (GPU, model), are the usual cause."""
     out = {}
     for name, v in values.items():
         low, high = BOUNDS[name]
         if abs(math.log(v / high)) <= XTOL:
             out[name] = "upper"
-        elif abs(math.log(v / low)) <= XTOL and name.endswith("_efficiency"):
+        elif abs(math.log(v / low)) <= XTOL and name.endswith(("_efficiency", "_factor")):
             out[name] = "lower"
     return out
 

@@ -27,8 +27,10 @@ and bytes are the work counted per call (bytes: each operand read once, the outp
 
     python3 benchmarks/gpu_ops.py --out gpu_ops.csv [--quick] [--only peaks,gemm,prefill,decode,step,vision]
 
-The checked-in benchmarks/data/gpu_ops_h200.csv was made so on an H200 (benchmarks/data/README.md: the exact
-command, the machine, the log). --quick is a smoke check (under a minute). Needs a CUDA GPU and PyTorch (2.5 or
+The checked-in physics/data/gpu_ops_h200.csv, the source of the cost model's measured operator laws
+(physics.oplaws), was made so on an H200 (benchmarks/data/README.md: the exact command, the machine, the log).
+`epdbench calibrate --ops CSV --out PROFILE` turns a CSV made on your GPU into a profile that compare and whatif
+accept. --quick is a smoke check (under a minute). Needs a CUDA GPU and PyTorch (2.5 or
 later; run with 2.11), never runs in CI. One file beside physics/gpu_ops.py, so that a bare GPU machine needs
 these two copied and nothing installed.
 """

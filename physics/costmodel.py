@@ -1,10 +1,17 @@
 """Physical cost model of one engine step, one KV transfer and one image encode.
 
-Pure functions of the model and hardware figures in the spec: no fitting to any benchmark.
+Pure functions of the model and hardware figures in the spec. The GPU operators (GEMMs, attention, decode steps,
+the vision tower) follow one of two laws, by hardware.op_laws:
+- measured (the default): interpolated from operator timings measured on a GPU, by default an H200's
+  (physics/data/gpu_ops_h200.csv, benchmarks/gpu_ops.py), scaled to the node's datasheet figures — for the
+  presets' H100 the same compute, memory-bound parts at 3.35 instead of 4.8 TB/s (physics.oplaws,
+  physics.measured); a model the timings lack keeps the roofline below;
+- roofline, as follows.
 - Prefill is compute-bound: 2·P FLOPs per token plus causal attention, over achievable FLOP/s × TP.
 - Decode is bandwidth-bound: weights plus the KV of every running sequence read once per step,
   over achievable HBM bandwidth × TP.
-- A step costs the larger of the two (roofline), plus TP all-reduces over NVLink, plus a fixed overhead.
+- A step costs the larger of the two (roofline; measured: its operators' laws), plus TP all-reduces over NVLink,
+  plus a fixed overhead.
 - A TP all-reduce is a ring (NCCL): NCCL's latency for the ring's 2·(TP−1) steps, plus 2·(TP−1)/TP of the
   activations over the per-direction NVLink bandwidth; two per layer per step.
 - A KV transfer costs a setup (over Mooncake TCP per transfer and per descriptor, measured) and its bytes over
@@ -23,6 +30,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from epdbench.physics.measured import EngineLaws, engine_laws
 from epdbench.specs.node import EngineSpec, HardwareSpec, ModelSpec, VisionSpec
 
 RGB_CHANNELS = 3   # Qwen2.5-VL vision_config.in_channels
@@ -193,6 +201,10 @@ class CostModel:
         n_tokens = len(decode_contexts) + sum(c.tokens for c in prefill)
         if n_tokens == 0 and not any(encoder_images):
             return 0.0
+        if self.laws is not None:
+            gpu = self.laws.step_s(decode_contexts, prefill) if n_tokens else 0.0
+            return (gpu + self.allreduce_s(n_tokens) + self.encode_seconds(encoder_images)
+                    + self.hw.step_overhead_ms / 1e3)
         flops = 2.0 * m.params_b * 1e9 * n_tokens
         flops += sum(self.attention_flops(c.start, c.tokens) for c in prefill)
         flops += self.decode_attention_flops(len(decode_contexts), sum(decode_contexts))
@@ -203,27 +215,39 @@ class CostModel:
         return (max(compute_s, memory_s) + self.allreduce_s(n_tokens)
                 + self.encode_seconds(encoder_images) + self.hw.step_overhead_ms / 1e3)
 
-    def decode_step_seconds(self, n: int, context_sum: int) -> float:
-        """step_seconds of a step of `n` decodes whose contexts add up to `context_sum` and nothing else (the
-        roofline of decode_law); sim.fused evaluates the same law for a run of such steps."""
-        if n == 0:
-            return 0.0
-        a, b, c, d, tail = self.decode_law(n)
-        return max(a + b * context_sum, c + d * context_sum) + tail
+    @functools.cached_property
+    def laws(self) -> EngineLaws | None:
+        """The measured operator laws of this engine (physics.measured), or None: the roofline."""
+        return engine_laws(self.model, self.hw, self.tp)
 
-    def decode_law(self, n: int) -> tuple[float, float, float, float, float]:
-        """A decode-only step of `n` sequences as a function of their context sum S: compute a + b·S (weights'
-        FLOPs and one query's attention over each context, decode_attention_flops), memory c + d·S (the weights
-        and every context's KV read once, replicated KV heads on every GPU that holds them), plus tail (TP
-        all-reduces and the step overhead); kept per n."""
+    def decode_step_seconds(self, n: int, context_sum: int) -> float:
+        """step_seconds of a step of `n` decodes whose contexts add up to `context_sum` and nothing else
+        (decode_law); sim.fused evaluates the same law for a run of such steps."""
+        return self.decode_law(n)(context_sum) if n else 0.0
+
+    def decode_law(self, n: int):
+        """A decode-only step of `n` sequences as a function of their context sum S, kept per n. Measured: the
+        decode-step law (physics.measured). Roofline: the larger of compute a + b·S (weights' FLOPs and one
+        query's attention over each context, decode_attention_flops) and memory c + d·S (the weights and every
+        context's KV read once, replicated KV heads on every GPU that holds them). Plus TP all-reduces and the
+        step overhead."""
         law = self._decode_laws.get(n)
         if law is None:
-            m = self.model
-            attention = 4.0 * m.n_layers * m.n_heads * m.head_dim
-            law = ((2.0 * m.params_b * 1e9 * n + attention * 0.5 * n) / self.flops_per_s,
-                   attention / self.flops_per_s, m.weight_bytes / self.bytes_per_s,
-                   self.kv_bytes_held_per_token / self.bytes_per_s,
-                   self.allreduce_s(n) + self.hw.step_overhead_ms / 1e3)
+            tail = self.allreduce_s(n) + self.hw.step_overhead_ms / 1e3
+            if self.laws is not None:
+                gpu = self.laws.decode_fn(n)
+
+                def law(s: float) -> float:
+                    return gpu(s) + tail
+            else:
+                m = self.model
+                attention = 4.0 * m.n_layers * m.n_heads * m.head_dim
+                a = (2.0 * m.params_b * 1e9 * n + attention * 0.5 * n) / self.flops_per_s
+                b, c = attention / self.flops_per_s, m.weight_bytes / self.bytes_per_s
+                d = self.kv_bytes_held_per_token / self.bytes_per_s
+
+                def law(s: float) -> float:
+                    return max(a + b * s, c + d * s) + tail
             self._decode_laws[n] = law
         return law
 
@@ -232,7 +256,9 @@ class CostModel:
         return {}
 
     def encode_seconds(self, image_tokens: int | Iterable[int]) -> float:
-        """One vision-tower pass over images of these LM-token counts (an int: one image): their FLOPs
+        """One vision-tower pass over images of these LM-token counts (an int: one image). Measured: the vision
+        tower's law (physics.measured: a fixed cost per pass, what grows with the pass's tokens, each image's
+        full attention, the launch floor). Roofline: their FLOPs
         (vision_flops) at the achievable FLOP/s, or reading the tower's weights once at the achievable HBM
         bandwidth if that is longer (the roofline of a step). Each image attends only within itself (vLLM's
         cu_seqlens), so full attention grows with each image's area squared, not with the batch's."""
@@ -240,6 +266,8 @@ class CostModel:
         counts = [image_tokens] if isinstance(image_tokens, int) else [n for n in image_tokens if n]
         if v is None or not any(counts):
             return 0.0
+        if self.laws is not None and self.laws.has_vision:
+            return self.laws.encode_s([n for n in counts if n])
         flops = sum(vision_flops(v, *token_grid(n)) for n in counts if n)
         weights = v.params_b * 1e9 * self.model.dtype_bytes
         return max(flops / self.flops_per_s, weights / self.bytes_per_s)

@@ -3,15 +3,16 @@ placement, and per configuration its roles, connectors and transport. Every figu
 the simulator the calibration profile its constants came from (`compare --profile`), with its error bar."""
 from __future__ import annotations
 
+from epdbench.physics.measured import describe
 from epdbench.specs.commands import ENGINE_PORT, VLLM_SERVER_MODULE, engine_args, kv_transfer_config, local_engine_args
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
-from epdbench.specs.profile import error_bar
+from epdbench.specs.profile import error_bar, profile_origin
 
 
 def hardware_text(spec: ExperimentSpec) -> str:
     hw = spec.hardware
-    node = (f"{hw.gpus_per_node} × {hw.gpu}: {hw.bf16_tflops:g} TFLOP/s BF16 (×{hw.compute_efficiency:g} achievable), "
-            f"HBM {hw.hbm_tb_s:g} TB/s (×{hw.hbm_efficiency:g}), NVLink {hw.nvlink_gb_s:g} GB/s per GPU; "
+    node = (f"{hw.gpus_per_node} × {hw.gpu}: {hw.bf16_tflops:g} TFLOP/s BF16, HBM {hw.hbm_tb_s:g} TB/s, "
+            f"NVLink {hw.nvlink_gb_s:g} GB/s per GPU; GPU operators: {describe(spec.model, hw)}; "
             f"KV over TCP {hw.tcp_gb_s:g} GB/s + {hw.tcp_setup_ms + hw.tcp_latency_ms:g} ms + "
             f"{hw.tcp_descriptor_ms:g} ms per further descriptor, over RDMA {hw.rdma_nic_gbit_s:g} Gbit/s "
             f"(×{hw.rdma_efficiency:g}) + {hw.rdma_latency_ms:g} ms")
@@ -85,11 +86,7 @@ def calibration_text(spec: ExperimentSpec, profile: dict | str | None) -> str | 
         return None
     if isinstance(profile, str):
         return f"from a calibration profile whose copy in the run could not be read ({profile})"
-    fitted = ", ".join(f"{name} {value:.3g}" for name, value in profile["hardware"].items())
-    on = ", ".join(x for x in (profile.get("gpu"), profile.get("model")) if x)
-    return (f"from calibration profile profile.yaml, fitted to a run of spec {profile['spec']}"
-            + (f" ({on})" if on else "") + f" ({profile['source']}, {profile['created']}): {fitted}; "
-            f"model error: {error_bar(profile, spec)}")
+    return f"from calibration profile profile.yaml, {profile_origin(profile)}; model error: {error_bar(profile, spec)}"
 
 
 def environment(spec: ExperimentSpec, profile: dict | str | None = None) -> dict:

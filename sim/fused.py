@@ -40,9 +40,8 @@ def decode_stretch(cost: CostModel, kv: list[int], remaining: list[int], free_bl
         free_blocks -= needs
         if free_blocks >= n * ((steps - i) // BLOCK_TOKENS + 1):
             break       # every later step's blocks fit: a decode needs one per BLOCK_TOKENS steps
-    a, b, c, d, tail = cost.decode_law(n)   # CostModel.decode_step_seconds, evaluated inline
+    law = cost.decode_law(n)   # CostModel.decode_step_seconds
     context_sum = sum(kv)
-    durations = [first_duration] + [max(a + b * s, c + d * s) + tail
-                                    for s in range(context_sum + n, context_sum + steps * n, n)]
+    durations = [first_duration] + [law(s) for s in range(context_sum + n, context_sum + steps * n, n)]
     ends = list(itertools.accumulate((duration * time_scale for duration in durations[1:]), initial=first_end))
     return ends, durations

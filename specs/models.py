@@ -14,7 +14,7 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from epdbench.physics.costmodel import image_tokens
-from epdbench.specs.base import KvTransport, RoleName, Strict, Topology
+from epdbench.specs.base import KvTransport, RoleName, Strict, Topology, dump_yaml
 from epdbench.specs.node import CPU_BLOCK_TOKENS, GPU_BLOCK_TOKENS, EngineSpec, HardwareSpec, ModelSpec, VisionSpec
 from epdbench.specs.suites import (CellCounts, FixedSuite, ImageCell, MixedSuite, MultimodalSuite, RateSuite, Shape,
                                    Slo, StreamSpec, Suite, sends_images)
@@ -256,9 +256,24 @@ def select_configurations(spec: ExperimentSpec, names: list[str] | None) -> Expe
 NOT_COMPARED = {"tracking", "description"}    # where results are logged, and prose: two runs compare without them
 
 
+LAW_FIELDS = ("op_laws", "op_timings", "measured_compute_factor", "measured_hbm_factor")
+
+
+def roofline_as_before(hardware: dict) -> dict:
+    """A hardware section (as JSON) on the roofline laws with the measured laws' fields at their defaults loses
+    those fields, in place: its physics is the one before them, and so is its fingerprint."""
+    if hardware.get("op_laws") == "roofline" and hardware.get("op_timings") is None and all(
+            hardware.get(f) == HardwareSpec.model_fields[f].default for f in LAW_FIELDS[2:]):
+        for field in LAW_FIELDS:
+            hardware.pop(field, None)
+    return hardware
+
+
 def spec_fingerprint(spec: ExperimentSpec) -> str:
     """What makes two runs comparable: the resolved spec less where results are logged and its prose
-    (tracking, description). Regression history matches on it, not only on the spec's name."""
+    (tracking, description). Regression history matches on it, not only on the spec's name. The measured
+    operator laws (hardware.op_laws, the default) gave every preset a new one: runs on the roofline laws before
+    them are other physics; a spec on the roofline laws keeps the fingerprint it had."""
     data = spec.model_dump(mode="json", exclude=NOT_COMPARED)
     if data["target"]["sim"]["clock"] == "real":   # the default: fingerprints of runs before the clock stay equal
         del data["target"]["sim"]["clock"]
@@ -266,6 +281,7 @@ def spec_fingerprint(spec: ExperimentSpec) -> str:
         del data["target"]["local"]
     if data["engine"]["block_size"] is None:   # vLLM's default block: fingerprints stay as before the field
         del data["engine"]["block_size"]
+    roofline_as_before(data["hardware"])
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -322,4 +338,4 @@ def resume_changes(stored: ExperimentSpec, spec: ExperimentSpec) -> list[str]:
 
 
 def spec_to_yaml(spec: ExperimentSpec) -> str:
-    return yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)
+    return dump_yaml(spec.model_dump(mode="json"))

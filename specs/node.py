@@ -1,8 +1,13 @@
 """The served model, the GPU node and vLLM's engine limits."""
 from __future__ import annotations
 
+import functools
+import hashlib
+from typing import Literal
+
 from pydantic import Field, model_validator
 
+from epdbench.physics.gpu_ops import GpuOpsError, parse_ops_csv
 from epdbench.specs.base import Strict
 
 
@@ -133,6 +138,42 @@ UCX_TCP_SETUP_MS = 0.022
 UCX_TCP_DESCRIPTOR_MS = 0.0
 
 
+@functools.lru_cache(maxsize=16)
+def _csv_gpus(text: str) -> tuple[str, ...]:
+    """The GPUs a gpu_ops CSV names (physics.gpu_ops.parse_ops_csv: GpuOpsError on a bad cell)."""
+    return tuple(sorted({r.gpu for r in parse_ops_csv(text, "op_timings.csv")}))
+
+
+class OperatorTimings(Strict):
+    """Operator timings measured on a GPU by benchmarks/gpu_ops.py, carried whole: the measured operator laws
+    (hardware.op_laws) are derived from them (physics.oplaws). `epdbench calibrate --ops CSV` writes them into
+    a profile."""
+    source: str = Field(title="Source", description="The gpu_ops CSV the timings were read from.")
+    gpu: str = Field(title="Measured GPU", description="The GPU the CSV's rows name (its gpu column).")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", title="CSV digest", description="sha256 of the CSV's text.")
+    bf16_tflops: float | None = Field(None, gt=0, title="Measured GPU's peak dense BF16 TFLOP/s",
+                                      description="From its datasheet: the laws' compute-bound parts scale by "
+                                                  "this node's figure over it. Absent: the node's own "
+                                                  "(bf16_tflops), the timings being taken as made on it.")
+    hbm_tb_s: float | None = Field(None, gt=0, title="Measured GPU's HBM bandwidth (TB/s)",
+                                   description="From its datasheet: the laws' memory-bound parts scale by this "
+                                               "node's figure over it. Absent: the node's own (hbm_tb_s).")
+    csv: str = Field(title="CSV", description="The CSV's text, as benchmarks/gpu_ops.py wrote it.")
+
+    @model_validator(mode="after")
+    def _csv_agrees(self) -> OperatorTimings:
+        try:
+            gpus = _csv_gpus(self.csv)
+        except GpuOpsError as e:
+            raise ValueError(str(e)) from None
+        if hashlib.sha256(self.csv.encode()).hexdigest() != self.sha256:
+            raise ValueError("sha256 is not the digest of csv: the timings were edited; write them again with "
+                             "epdbench calibrate --ops")
+        if gpus != (self.gpu,):
+            raise ValueError(f"gpu {self.gpu!r} is not the GPU of the CSV's rows ({', '.join(gpus)})")
+        return self
+
+
 class HardwareSpec(Strict):
     gpu: str = Field(title="GPU", description="GPU model of the node, e.g. H100-SXM5-80GB.")
     gpus_per_node: int = Field(8, ge=1, le=16, title="GPUs on the node",
@@ -152,10 +193,33 @@ class HardwareSpec(Strict):
                                          description="Added per step of the ring (2·(TP−1) steps per all-reduce): "
                                                      "NCCL's hwLatencies[NVLINK][Ring][LL] (src/graph/tuning.cc, "
                                                      "same in NCCL 2.21 to 2.30).")
+    op_laws: Literal["measured", "roofline"] = Field(
+        "measured", title="Operator laws",
+        description="How the cost model times GEMMs, attention, decode steps and the vision tower. measured: "
+                    "interpolated from operator timings measured on a GPU (op_timings; by default an H200's, "
+                    "physics/data/gpu_ops_h200.csv), scaled to this node's datasheet figures (physics.oplaws); a "
+                    "model they lack keeps the roofline. roofline: FLOPs and bytes over the datasheet figures × "
+                    "compute_efficiency and hbm_efficiency.")
+    op_timings: OperatorTimings | None = Field(
+        None, title="Operator timings",
+        description="The gpu_ops measurement the measured laws come from; absent: the H200's checked in with "
+                    "epdbench (physics/data/gpu_ops_h200.csv). A profile of `epdbench calibrate --ops` sets it.")
+    measured_compute_factor: float = Field(1.0, gt=0, le=10, title="Measured compute speed factor",
+                                           description="Speed of the measured laws' compute-bound parts as a "
+                                                       "multiple of the measurement's, scaled to this node (1: as "
+                                                       "measured); op_laws measured only. epdbench calibrate "
+                                                       "fits it.")
+    measured_hbm_factor: float = Field(1.0, gt=0, le=10, title="Measured memory speed factor",
+                                       description="Speed of the measured laws' memory-bound parts as a multiple "
+                                                   "of the measurement's, scaled to this node (1: as measured); "
+                                                   "op_laws measured only. epdbench calibrate fits it.")
     compute_efficiency: float = Field(0.5, gt=0, le=1, title="Achievable fraction of peak FLOP/s",
-                                      description="Model FLOPs utilisation assumed for prefill (compute-bound).")
+                                      description="Model FLOPs utilisation assumed for prefill (compute-bound) by "
+                                                  "the roofline laws (op_laws roofline, or a model the measured "
+                                                  "laws lack).")
     hbm_efficiency: float = Field(0.8, gt=0, le=1, title="Achievable fraction of HBM bandwidth",
-                                  description="Assumed for decode (bandwidth-bound).")
+                                  description="Assumed for decode (bandwidth-bound) by the roofline laws (op_laws "
+                                              "roofline, or a model the measured laws lack).")
     step_overhead_ms: float = Field(1.0, ge=0, title="Per-step overhead (ms)",
                                     description="Scheduling and launch overhead of one engine step.")
     # Measured by benchmarks/image_preprocess.py on the development host (AMD EPYC, one thread; Python 3.11,

@@ -13,18 +13,21 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import Field, TypeAdapter, ValidationError, field_validator
+from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
 
-from epdbench.specs.base import Strict
+from epdbench.specs.base import Strict, dump_yaml
 from epdbench.specs.models import (ExperimentSpec, HardwareSpec, SpecError, describe_validation_error, parse_spec,
-                                   spec_changes)
+                                   roofline_as_before, spec_changes)
+from epdbench.specs.node import OperatorTimings
 
 HOLDOUT_VERDICTS = ("better", "worse", "no clear difference", "too few cells")   # analysis.holdout
 
 # The hardware fields the cost model reads that no datasheet gives: what calibration fits.
 # (The per-ring-step NVLink latency is left out: for a given TP it only adds to the all-reduce's base latency.)
-FREE_CONSTANTS = ("compute_efficiency", "hbm_efficiency", "step_overhead_ms", "allreduce_latency_us", "tcp_gb_s",
-                  "tcp_latency_ms", "rdma_efficiency", "rdma_latency_ms", "image_preprocess_ms_per_mp", "request_hop_ms")
+# The efficiencies act under the roofline laws, the measured factors under the measured ones (hardware.op_laws).
+FREE_CONSTANTS = ("compute_efficiency", "hbm_efficiency", "measured_compute_factor", "measured_hbm_factor",
+                  "step_overhead_ms", "allreduce_latency_us", "tcp_gb_s", "tcp_latency_ms", "rdma_efficiency",
+                  "rdma_latency_ms", "image_preprocess_ms_per_mp", "request_hop_ms")
 
 
 def check_constant(name: str, value: float) -> float:
@@ -39,10 +42,13 @@ def check_constant(name: str, value: float) -> float:
 
 
 class CalibrationProfile(Strict):
-    spec: str = Field(title="Spec", description="Name of the spec the profile was fitted for.")
-    spec_fingerprint: str = Field(title="Spec fingerprint",
-                                  description="specs.models.spec_fingerprint of that spec (as the run used it).")
-    source: str = Field(title="Source", description="The summary.csv or records.parquet the constants were fitted to.")
+    spec: str | None = Field(title="Spec", description="Name of the spec the profile was fitted for; absent in a "
+                                                        "profile of operator timings made without --spec.")
+    spec_fingerprint: str | None = Field(title="Spec fingerprint",
+                                         description="specs.models.spec_fingerprint of that spec (as the run used "
+                                                     "it); absent with the spec.")
+    source: str = Field(title="Source", description="The summary.csv or records.parquet the constants were fitted "
+                                                    "to, or the gpu_ops CSV of the operator timings.")
     gpu: str | None = Field(None, title="GPU",
                             description="The GPU of the fitted run (its spec's hardware.gpu): the efficiencies are "
                                         "fractions of that GPU's datasheet figures. Absent in profiles written "
@@ -78,6 +84,15 @@ class CalibrationProfile(Strict):
                     "the virtual-time core reproduces of its cells (cell_fingerprints), so that a prediction for "
                     "other cells — another seed, shape, deployment or node — says its error was not measured. "
                     "Absent in profiles written before it was recorded.")
+    op_laws: Literal["measured", "roofline"] = Field(
+        "roofline", title="Operator laws",
+        description="The cost model's operator laws the constants were fitted on (hardware.op_laws): applying the "
+                    "profile sets them, so its constants act as they were fitted. Absent in profiles written before "
+                    "the measured laws: roofline.")
+    op_timings: OperatorTimings | None = Field(
+        None, title="Operator timings",
+        description="The gpu_ops measurement the measured laws come from (epdbench calibrate --ops, or the fitted "
+                    "run's own): applying the profile sets hardware.op_timings. Absent: the spec's own.")
     holdout_verdict: dict[str, Literal[HOLDOUT_VERDICTS]] = Field(
         default_factory=dict, title="Hold-out verdict",
         description="Per metric: whether the fitted constants predict the held-out cells better or worse than the "
@@ -88,6 +103,12 @@ class CalibrationProfile(Strict):
     @classmethod
     def _check_hardware(cls, values: dict[str, float]) -> dict[str, float]:
         return {name: check_constant(name, v) for name, v in values.items()}
+
+    @model_validator(mode="after")
+    def _timings_need_measured_laws(self) -> CalibrationProfile:
+        if self.op_timings is not None and self.op_laws != "measured":
+            raise ValueError("op_timings: operator timings need op_laws: measured")
+        return self
 
     @field_validator("left_as_in_spec")
     @classmethod
@@ -136,6 +157,7 @@ def cell_fingerprints(spec: ExperimentSpec) -> dict[str, str]:
     deployment (not its name) and the suite. The same fingerprint: the same cells, whatever the spec's name,
     target, trials or free constants."""
     common = spec.model_dump(mode="json", include={"seed", "model", "engine", "hardware"})
+    roofline_as_before(common["hardware"])        # profiles fitted before the measured laws keep their cells
     for name in FREE_CONSTANTS:
         common["hardware"].pop(name, None)
     out = {}
@@ -181,6 +203,9 @@ def error_bar(profile: dict | None, spec: ExperimentSpec | None = None) -> str:
 
 
 def _error_bar(profile: dict, spec: ExperimentSpec | None) -> str:
+    if profile.get("op_timings") is not None and not profile.get("hardware"):
+        return ("operator timings, no fitted run: each operator within the measured laws' stated error of its "
+                "timing (docs/simulator.md, Operator laws); no served run's error measured")
     held = {k: v for k, v in (profile.get("holdout_error") or {}).items() if v is not None}
     measured = ", ".join(f"{k} {v:.1%}" for k, v in held.items())
     moved = fitted_elsewhere(spec, profile) if spec is not None else []
@@ -226,15 +251,33 @@ def _worse_than_spec(profile: dict) -> str:
 
 
 def apply_profile(spec: ExperimentSpec, profile: dict) -> ExperimentSpec:
-    """A copy of `spec` whose hardware fields are replaced by the profile's fitted constants."""
+    """A copy of `spec` whose hardware fields are replaced by the profile's fitted constants, on the operator laws
+    they were fitted on (and the profile's operator timings, if it carries some)."""
+    profile = parse_profile(profile)
     data = spec.model_dump(mode="json")
-    data["hardware"].update(parse_profile(profile)["hardware"])
+    data["hardware"].update(profile["hardware"], op_laws=profile["op_laws"])
+    if profile["op_timings"] is not None:
+        data["hardware"]["op_timings"] = profile["op_timings"]
     return parse_spec(data, "spec with profile")
+
+
+def profile_origin(profile: dict) -> str:
+    """Where a profile's figures come from, in words: a gpu_ops CSV's operator timings, or a fitted run (and its
+    constants), and the operator laws they act on."""
+    fitted = ", ".join(f"{name} {value:.3g}" for name, value in profile["hardware"].items())
+    timings = profile.get("op_timings")
+    if timings is not None and not fitted:
+        return (f"operator timings measured on {timings['gpu']} ({profile['source']}, {profile['created']}), "
+                "the measured laws derived from them")
+    on = ", ".join(x for x in (profile.get("gpu"), profile.get("model")) if x)
+    laws = "roofline laws" if profile.get("op_laws", "roofline") == "roofline" else "measured laws"
+    return (f"fitted to a run of spec {profile['spec']}" + (f" ({on})" if on else "")
+            + f" ({profile['source']}, {profile['created']}) on the {laws}: {fitted or 'no constant'}")
 
 
 def profile_to_yaml(profile: dict | CalibrationProfile) -> str:
     """The profile as YAML (validated first), with a header saying what it is."""
     data = profile.model_dump(mode="json") if isinstance(profile, CalibrationProfile) else parse_profile(profile)
-    header = ("# epdbench calibration profile: simulator constants fitted to a run.\n"
-              "# Use with: epdbench compare --profile THIS | epdbench whatif --profile THIS\n")
-    return header + yaml.safe_dump(data, sort_keys=False)
+    header = ("# epdbench calibration profile: simulator constants fitted to a run, or operator timings to derive its "
+              "laws from.\n# Use with: epdbench compare --profile THIS | epdbench whatif --profile THIS\n")
+    return header + dump_yaml(data)

@@ -16,7 +16,8 @@ from epdbench.specs.profile import load_profile
 from epdbench.tasks.results import append_records
 from epdbench.tasks.vrun import simulate_records, simulate_summary
 
-HIDDEN = {"compute_efficiency": 0.35, "hbm_efficiency": 0.65, "step_overhead_ms": 2.0, "tcp_gb_s": 1.5}
+# On the default, measured operator laws: their speed factors (the roofline's efficiencies act on nothing there).
+HIDDEN = {"measured_compute_factor": 0.7, "measured_hbm_factor": 0.8, "step_overhead_ms": 2.0, "tcp_gb_s": 1.5}
 
 
 def tiny_spec_data() -> dict:
@@ -52,7 +53,8 @@ def test_calibration_recovers_the_hidden_constants(run, tmp_path, capsys):
     for name, hidden in HIDDEN.items():
         assert profile["hardware"][name] == pytest.approx(hidden, rel=0.05), name
     assert set(profile["left_as_in_spec"]) == {"rdma_efficiency", "rdma_latency_ms", "allreduce_latency_us",
-                                               "image_preprocess_ms_per_mp"}
+                                               "image_preprocess_ms_per_mp", "compute_efficiency", "hbm_efficiency"}
+    assert profile["op_laws"] == "measured" and profile["op_timings"] is None     # the spec's own: the H200's
     assert "no cell of the run sends images" in printed
     assert "no configuration of the run moves data over RDMA" in printed
     assert max(profile["fit_error"].values()) < 0.02 and max(profile["holdout_error"].values()) < 0.03
@@ -76,7 +78,8 @@ def test_a_published_table_with_some_metric_columns_is_fitted_on_those(run, tmp_
     assert code == 0, printed
     profile = load_profile(tmp_path / "p.yaml")
     assert set(profile["fit_error"]) == set(profile["holdout_error"]) == {"ttft_p50_ms", "tpot_p50_ms", "output_tok_s"}
-    assert profile["hardware"]["compute_efficiency"] == pytest.approx(HIDDEN["compute_efficiency"], rel=0.05)
+    assert profile["hardware"]["measured_compute_factor"] == pytest.approx(HIDDEN["measured_compute_factor"],
+                                                                           rel=0.05)
     assert "metrics ttft_p50_ms, tpot_p50_ms, output_tok_s" in printed
 
 
@@ -101,16 +104,17 @@ def test_rows_and_figures_left_out_are_said(run, tmp_path, capsys):
 
 
 def test_a_fit_left_at_the_edge_of_its_range_says_so(run, tmp_path, capsys):
-    """Seconds written in the _ms columns: no efficiency up to the datasheet's reaches them."""
+    """Seconds written in the _ms columns: no speed up to ten times the measured one reaches them."""
     table = pd.read_csv(run[1])[fit.MATCH_KEYS + ["ttft_p50_ms", "tpot_p50_ms"]]
     table[["ttft_p50_ms", "tpot_p50_ms"]] /= 1000
     table.to_csv(tmp_path / "seconds.csv", index=False)
     assert main(["calibrate", "--spec", str(run[0]), "--from", str(tmp_path / "seconds.csv"),
                  "--out", str(tmp_path / "p.yaml"), "--evaluations", "40"]) == 0
     printed = capsys.readouterr().out
-    assert ("warning: compute_efficiency (1, its upper bound), hbm_efficiency (1, its upper bound) ended at the edge "
-            "of the search range: the fit is the best the range allows, not a match — check the table's "
-            "units") in printed
+    assert ("warning: measured_compute_factor (10, its upper bound), measured_hbm_factor (10, its upper "
+            "bound)") in printed
+    assert ("ended at the edge of the search range: the fit is the best the range allows, not a match — check the "
+            "table's units") in printed
     assert "ended at the edge" not in main_output_of_a_good_fit(run, tmp_path, capsys)
 
 
@@ -220,7 +224,7 @@ def test_the_runs_own_spec_yaml_is_the_spec_and_a_simulator_run_is_named_as_one(
 def profile_file(tmp_path, run) -> str:
     path = tmp_path / "profile.yaml"
     path.write_text(yaml.safe_dump({"spec": "calib-tiny", "spec_fingerprint": "0" * 16, "source": "x.csv",
-                                    "created": "2026-12-01", "hardware": HIDDEN}))
+                                    "created": "2026-12-01", "hardware": HIDDEN, "op_laws": "measured"}))
     return str(path)
 
 

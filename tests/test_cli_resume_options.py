@@ -21,7 +21,8 @@ def folder(tmp_path, tiny_spec_path):
 def profile(tmp_path, **hardware) -> str:
     path = tmp_path / "profile.yaml"
     path.write_text(yaml.safe_dump({"spec": "tiny", "spec_fingerprint": "0" * 16, "source": "x.csv",
-                                    "created": "2026-12-01", "hardware": hardware}))
+                                    "created": "2026-12-01", "hardware": hardware,
+                                    "op_laws": "measured"}))     # fitted on the laws the run's spec.yaml has
     return str(path)
 
 

@@ -39,7 +39,7 @@ def leftovers(marker: str) -> list[str]:
 PROFILE = {"spec": "tiny", "spec_fingerprint": "0" * 16, "source": "hardware/summary.csv", "created": "2026-12-01",
            "gpu": "H100-SXM5-80GB", "model": "Qwen/Qwen2.5-VL-7B-Instruct",
            "hardware": {"compute_efficiency": 0.5, "tcp_gb_s": 3.0}, "holdout_seed": 0,
-           "holdout_error": {"ttft_p50_ms": 0.031}}
+           "holdout_error": {"ttft_p50_ms": 0.031}, "op_laws": "measured"}
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +77,8 @@ def test_the_run_keeps_the_calibration_profile_its_constants_came_from(run):
     for report in ("report.md", "report.html"):
         text = html.unescape((out / report).read_text())
         assert ("Simulator constants from calibration profile profile.yaml, fitted to a run of spec tiny "
-                "(H100-SXM5-80GB, Qwen/Qwen2.5-VL-7B-Instruct) (hardware/summary.csv, 2026-12-01): "
-                "compute_efficiency 0.5, tcp_gb_s 3; model error: its predictions' measured error on cells it was "
+                "(H100-SXM5-80GB, Qwen/Qwen2.5-VL-7B-Instruct) (hardware/summary.csv, 2026-12-01) on the measured "
+                "laws: compute_efficiency 0.5, tcp_gb_s 3; model error: its predictions' measured error on cells it was "
                 "not fitted to (median |predicted/observed − 1|): ttft_p50_ms 3.1%") in text, report
 
 

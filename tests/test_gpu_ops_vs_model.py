@@ -1,5 +1,6 @@
-"""benchmarks/gpu_ops_vs_model.py: every operator class of the checked-in H200 CSV is set beside the cost model, the
-model's figure for a case is the cost model's own, and a bad CSV ends in one line and exit 2."""
+"""benchmarks/gpu_ops_vs_model.py: every operator class of the checked-in H200 CSV is set beside the cost model under
+both its operator laws, the model's figure for a case is the cost model's own, and a bad CSV ends in one line and
+exit 2."""
 import importlib.util
 import math
 from pathlib import Path
@@ -22,14 +23,23 @@ def bench():
 
 @pytest.fixture(scope="module")
 def every(bench):
-    return bench.comparisons(read_ops_csv(bench.CSV), full=True)
+    return {laws: bench.comparisons(read_ops_csv(bench.CSV), True, laws) for laws in bench.LAWS}
 
 
 def test_every_class_is_compared_and_every_ratio_is_a_finite_quotient(bench, every):
-    assert {c["cls"] for c in every} == set(bench.CLASSES)
-    for c in every:
+    assert {c["cls"] for c in every["roofline"]} == set(bench.CLASSES)
+    assert {c["cls"] for c in every["measured"]} == set(bench.CLASSES) - {"ceiling"}     # no one rate to compare
+    for c in every["roofline"] + every["measured"]:
         assert c["measured_ms"] > 0 and c["model_ms"] > 0
         assert math.isclose(c["ratio"], c["measured_ms"] / c["model_ms"])
+
+
+def test_the_summary_sets_both_laws_side_by_side_and_the_measured_ones_match_their_source(bench, capsys):
+    assert bench.main(["--markdown"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert "| operator class | cases | measured / roofline model | measured / measured-law model |" in table
+    decode = next(line for line in table if line.startswith("| decode step |"))
+    assert decode.endswith("| 1.00 (1.00–1.00) |")          # the law holds every measured step
 
 
 def test_the_model_runs_on_h200_datasheet_figures(bench):
@@ -38,10 +48,13 @@ def test_the_model_runs_on_h200_datasheet_figures(bench):
                                                                  bench.H200["hbm_gb"])
 
 
-def test_a_prefill_case_carries_the_cost_models_step_less_its_tail(bench, every):
-    case = next(c for c in every if c["cls"] == "prefill (composite)" and c["case"].startswith("Qwen3-32B tp2 2048"))
-    cm = bench.cost_model("Qwen/Qwen3-32B", 2)
+@pytest.mark.parametrize("laws", ["roofline", "measured"])
+def test_a_prefill_case_carries_the_cost_models_step_less_its_tail(bench, every, laws):
+    case = next(c for c in every[laws] if c["cls"] == "prefill (composite)"
+                and c["case"].startswith("Qwen3-32B tp2 2048"))
+    cm = bench.cost_model("Qwen/Qwen3-32B", 2, laws)
     expected = cm.step_seconds([], [PrefillChunk(0, 2048)]) - cm.allreduce_s(2048) - cm.hw.step_overhead_ms / 1e3
+    expected -= cm.laws.residual_s if laws == "measured" else 0.0       # norms, rotary, activations: no GPU row
     assert case["model_ms"] == pytest.approx(expected * 1e3)
 
 

@@ -113,7 +113,8 @@ def test_a_profiles_error_bar_says_which_variants_it_was_not_measured_on(tiny_sp
 
     path = small_spec(tiny_spec_path, tmp_path)
     spec = load_spec(str(path))
-    profile = a_profile(gpu=spec.hardware.gpu, model=spec.model.name, cells_fitted=cell_fingerprints(spec))
+    profile = a_profile(gpu=spec.hardware.gpu, model=spec.model.name, cells_fitted=cell_fingerprints(spec),
+                        op_laws=spec.hardware.op_laws)
     (tmp_path / "p.yaml").write_text(profile_to_yaml(profile))
     assert main(["whatif", "--spec", str(path), "--profile", str(tmp_path / "p.yaml"), "--configs", "aggregated",
                  "--replicas", "1,2", "--window", "2", "--refine", "1", "--workers", "1",

@@ -57,11 +57,16 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core)")
     w.add_argument("--out", default=None, help="folder for the tables and plots (default: results/whatif-<spec>-<time>)")
 
-    cal = sub.add_parser("calibrate", help="fit the simulator's free constants to a hardware run")
+    cal = sub.add_parser("calibrate", help="fit the simulator's free constants to a hardware run, or ground its "
+                                           "operator laws on a gpu_ops CSV of your GPU (--ops)")
     cal.add_argument("--spec", default=None, help="spec YAML path or preset name the run used (default: the "
-                                                   "spec.yaml of the run's folder, beside --from)")
-    cal.add_argument("--from", dest="source", required=True,
+                                                   "spec.yaml of the run's folder, beside --from); with --ops, the "
+                                                   "spec whose hardware is the GPU the CSV was measured on")
+    cal.add_argument("--from", dest="source", default=None,
                      help="the run's results folder, or its summary.csv or records.parquet, or a published table")
+    cal.add_argument("--ops", default=None, metavar="CSV",
+                     help="a CSV of benchmarks/gpu_ops.py run on your GPU: the profile carries its operator laws "
+                          "instead of fitting a run")
     cal.add_argument("--out", required=True, help="where to write the profile (YAML)")
     cal.add_argument("--evaluations", type=int, default=100,
                      help="simulator runs each fit may use (default: 100; the hold-out check fits again)")

@@ -16,6 +16,14 @@ def cmd_calibrate(args) -> int:
     from epdbench.specs.profile import CalibrationProfile, cell_fingerprints, profile_to_yaml
     from epdbench.tasks.vrun import simulate_summary
 
+    if args.ops is not None:
+        if args.source is not None:
+            raise CliError("--ops and --from: give one, a gpu_ops CSV to carry or a run to fit")
+        from epdbench.cli.ops import cmd_calibrate_ops
+        return cmd_calibrate_ops(args)
+    if args.source is None:
+        raise CliError("--from: give the run to fit (its results folder, summary.csv or records.parquet), or --ops "
+                       "with a gpu_ops CSV")
     metrics, out = _calibrate_flags(args)
     args.source = _run_file(args.source)
     signal.signal(signal.SIGTERM, signal.default_int_handler)     # SIGTERM stops it as Ctrl-C does
@@ -81,7 +89,8 @@ def cmd_calibrate(args) -> int:
         created=date.today(), hardware=full.values, left_as_in_spec=sorted(full.left),
         evaluations=full.evaluations, fit_error=fit_error, holdout_seed=args.holdout_seed if holdout_error else None,
         holdout_error=holdout_error, holdout_spec_error=holdout_spec_error, cells_fitted=fitted_pairs,
-        holdout_verdict={m: c["verdict"] for m, c in checks.items()})
+        holdout_verdict={m: c["verdict"] for m, c in checks.items()}, op_laws=run_spec.hardware.op_laws,
+        op_timings=run_spec.hardware.op_timings if run_spec.hardware.op_laws == "measured" else None)
     part = out.with_name(out.name + ".part")      # whole or not at all, even if stopped while writing
     try:
         part.write_text(profile_to_yaml(profile))
@@ -253,7 +262,7 @@ def cmd_whatif(args) -> int:
     from epdbench.analysis.whatif import slo_suites, table_lines, tp_problem, variants
     from epdbench.specs.models import load_spec, select_configurations
 
-    from epdbench.specs.profile import error_bar, fitted_elsewhere
+    from epdbench.specs.profile import error_bar, fitted_elsewhere, profile_origin
 
     spec = load_spec(args.spec)
     profile = None
@@ -262,9 +271,7 @@ def cmd_whatif(args) -> int:
         from epdbench.specs.profile import apply_profile, load_profile
         profile = load_profile(args.profile)
         spec = apply_profile(spec, profile)
-        fitted = ", ".join(f"{k} {v:.3g}" for k, v in profile["hardware"].items())
-        origin = (f", profile {args.profile} (fitted to a run of spec {profile.get('spec')}"
-                  f" from {profile.get('source')}: {fitted})")
+        origin = f", profile {args.profile} ({profile_origin(profile)})"
         if moved := fitted_elsewhere(spec, profile):
             origin += f" — fitted on another {' and '.join(moved)}"
     configs = config_names(args.configs)

@@ -1,5 +1,7 @@
 """Fitting the simulator's constants (analysis.fit) with a synthetic predictor whose figures are a known
-function of the constants: no simulator, each fit in well under a second."""
+function of the constants: no simulator, each fit in well under a second. The synthetic law is a roofline's, so
+the specs fitted run on the roofline laws (hardware.op_laws roofline), whose efficiencies it reads; under the
+measured laws the measured speed factors take their place."""
 from __future__ import annotations
 
 import math
@@ -46,9 +48,15 @@ def synthetic_summary(spec) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def roofline(name: str):
+    """Preset `name` on the roofline laws, whose efficiencies the synthetic law reads."""
+    spec = load_spec(name)
+    return spec.model_copy(update={"hardware": spec.hardware.model_copy(update={"op_laws": "roofline"})})
+
+
 @pytest.fixture(scope="module")
 def smoke():
-    return select_configurations(load_spec("smoke"), ["aggregated", "pd-tcp", "pd-rdma"])
+    return select_configurations(roofline("smoke"), ["aggregated", "pd-tcp", "pd-rdma"])
 
 
 def run_of(spec, values: dict) -> pd.DataFrame:
@@ -58,7 +66,8 @@ def run_of(spec, values: dict) -> pd.DataFrame:
 def test_fitting_recovers_the_hidden_constants(smoke):
     observed = fit.observed_cells(run_of(smoke, HIDDEN))
     result = fit.fit_constants(smoke, observed, synthetic_summary, max_evaluations=100)
-    assert list(result.left) == ["allreduce_latency_us"]          # smoke runs every role at TP 1
+    # smoke runs every role at TP 1; on the roofline laws the measured factors act on nothing
+    assert set(result.left) == {"allreduce_latency_us", *fit.LAW_CONSTANTS["measured"]}
     for name, hidden in HIDDEN.items():
         assert result.values[name] == pytest.approx(hidden, rel=0.03), name
     assert result.loss < 1e-4 < result.start_loss
@@ -92,23 +101,38 @@ def test_no_matching_cell_is_an_input_error(smoke):
 
 
 def test_constants_no_configuration_uses_are_left_as_in_the_spec():
-    spec = select_configurations(load_spec("smoke"), ["aggregated"])
+    spec = select_configurations(roofline("smoke"), ["aggregated"])
     observed = fit.observed_cells(run_of(spec, HIDDEN))
     result = fit.fit_constants(spec, observed, synthetic_summary, max_evaluations=200)
     assert set(result.left) == {"tcp_gb_s", "tcp_latency_ms", "rdma_efficiency", "rdma_latency_ms",
-                                "allreduce_latency_us"}
+                                "allreduce_latency_us", *fit.LAW_CONSTANTS["measured"]}
     assert all("RDMA" in result.left[n] for n in ("rdma_efficiency", "rdma_latency_ms"))
     assert set(result.values) == {"compute_efficiency", "hbm_efficiency", "step_overhead_ms",
                                   "image_preprocess_ms_per_mp", "request_hop_ms"}   # smoke's image cell tells it
 
 
 def test_a_spec_with_tp_tcp_and_rdma_configurations_uses_every_free_constant():
-    used, left = fit.structural_constants(load_spec("pd-text"))
-    assert used == [n for n in fit.FREE_CONSTANTS if n != "image_preprocess_ms_per_mp"]
-    assert left == {"image_preprocess_ms_per_mp": "no cell of the run sends images"}     # pd-text is text only
-    used, left = fit.structural_constants(load_spec("smoke"))
+    used, left = fit.structural_constants(roofline("pd-text"))
+    assert used == [n for n in fit.FREE_CONSTANTS if n not in ("image_preprocess_ms_per_mp",
+                                                                *fit.LAW_CONSTANTS["measured"])]
+    assert left["image_preprocess_ms_per_mp"] == "no cell of the run sends images"       # pd-text is text only
+    used, left = fit.structural_constants(roofline("smoke"))
     assert "tensor-parallel" in left["allreduce_latency_us"] and "image_preprocess_ms_per_mp" in used
     assert fit.sends_images(load_spec("epd-multimodal")) and not fit.sends_images(load_spec("pd-text"))
+
+
+def test_the_operator_laws_of_the_spec_choose_between_the_efficiencies_and_the_measured_factors():
+    used, left = fit.structural_constants(load_spec("pd-text"))       # the default: measured laws
+    assert {"measured_compute_factor", "measured_hbm_factor"} <= set(used)
+    for name in fit.LAW_CONSTANTS["roofline"]:
+        assert left[name] == ("the spec's operators follow the measured laws (hardware.op_laws), not the roofline "
+                              "ones it acts on")
+    _, left = fit.structural_constants(roofline("pd-text"))
+    assert set(fit.LAW_CONSTANTS["measured"]) <= set(left) and not set(fit.LAW_CONSTANTS["roofline"]) & set(left)
+    spec = load_spec("pd-text")                                        # a model the timings lack: the roofline
+    other = spec.model_copy(update={"model": spec.model.model_copy(update={"name": "acme/Own-32B"})})
+    used, left = fit.structural_constants(other)
+    assert set(fit.LAW_CONSTANTS["roofline"]) <= set(used) and set(fit.LAW_CONSTANTS["measured"]) <= set(left)
 
 
 def test_a_constant_that_moves_no_observed_figure_is_not_fitted(smoke):
@@ -117,7 +141,7 @@ def test_a_constant_that_moves_no_observed_figure_is_not_fitted(smoke):
 
     observed = fit.observed_cells(predictor(fit.spec_with(smoke, HIDDEN)))
     result = fit.fit_constants(smoke, observed, predictor, max_evaluations=100)
-    assert set(result.left) == {"rdma_latency_ms", "allreduce_latency_us"}
+    assert set(result.left) == {"rdma_latency_ms", "allreduce_latency_us", *fit.LAW_CONSTANTS["measured"]}
     assert "moves no observed figure" in result.left["rdma_latency_ms"]
     assert result.effects["rdma_latency_ms"] == 0.0 < result.effects["rdma_efficiency"]
 
@@ -209,7 +233,7 @@ def test_contaminated_cells_are_not_fitted():
 
 
 def test_the_spec_is_narrowed_to_what_was_observed_and_unknown_names_are_errors():
-    spec = load_spec("smoke")
+    spec = roofline("smoke")
     observed = fit.observed_cells(run_of(select_configurations(spec, ["pd-tcp"]), HIDDEN))
     narrowed = fit.spec_for_cells(spec, observed)
     assert [c.name for c in narrowed.configurations] == ["pd-tcp"]

@@ -1,4 +1,5 @@
-"""physics/costmodel.py: roofline step times, image tokens, KV transfer times, FCFS chunked prefill."""
+"""physics/costmodel.py: roofline step times (hardware.op_laws roofline; the measured laws: test_oplaws.py), image
+tokens, KV transfer times, FCFS chunked prefill."""
 from __future__ import annotations
 
 import pytest
@@ -14,7 +15,8 @@ GiB = 2 ** 30
 
 @pytest.fixture(scope="module")
 def smoke():
-    return load_spec("smoke")
+    spec = load_spec("smoke")
+    return spec.model_copy(update={"hardware": spec.hardware.model_copy(update={"op_laws": "roofline"})})
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""physics/costmodel.py, what an image costs: the vision tower's FLOPs and time, and the API server's preprocessing."""
+"""physics/costmodel.py, what an image costs: the vision tower's FLOPs and roofline time (hardware.op_laws roofline;
+the measured law: test_oplaws.py), and the API server's preprocessing."""
 from __future__ import annotations
 
 import pytest
@@ -9,7 +10,8 @@ from epdbench.specs.models import VisionSpec, load_spec
 
 @pytest.fixture(scope="module")
 def spec():
-    return load_spec("epd-multimodal")
+    spec = load_spec("epd-multimodal")
+    return spec.model_copy(update={"hardware": spec.hardware.model_copy(update={"op_laws": "roofline"})})
 
 
 @pytest.fixture(scope="module")

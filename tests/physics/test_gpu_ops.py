@@ -11,6 +11,7 @@ import pytest
 from epdbench.physics.costmodel import _window_pairs
 from epdbench.physics.gpu_ops import (COLUMNS, GRIDS, LM_MODELS, OPS, PRESET_TPS, VISION_MODELS, GpuOpsError,
                                       parse_ops_csv, read_ops_csv)
+from epdbench.physics.oplaws import SOURCE_CSV
 from epdbench.specs.models import PRESET_DIR, load_spec
 
 DATA = Path(__file__).parents[2] / "benchmarks" / "data"
@@ -110,8 +111,8 @@ def test_a_valid_csv_reads_back_typed():
 
 
 def test_the_checked_in_h200_csvs_are_valid_and_cover_every_op_and_model():
-    for name in ("gpu_ops_h200.csv", "gpu_ops_h200_repeat.csv"):
-        rows = read_ops_csv(DATA / name)
+    for path in (SOURCE_CSV, DATA / "gpu_ops_h200_repeat.csv"):
+        rows = read_ops_csv(path)
         assert {r.op for r in rows} == set(OPS)
         assert {r.model for r in rows if r.model} == set(LM_MODELS) | set(VISION_MODELS)
         assert {r.gpu for r in rows} == {"NVIDIA H200"}

@@ -202,8 +202,8 @@ def test_the_environment_says_which_calibration_profile_set_the_simulators_const
     profile = a_profile(gpu=tiny_spec.hardware.gpu, model=tiny_spec.model.name)
     text = environment(tiny_spec, profile)["calibration"]
     assert text == (f"from calibration profile profile.yaml, fitted to a run of spec smoke ({tiny_spec.hardware.gpu}, "
-                    f"{tiny_spec.model.name}) (results/run/summary.csv, 2026-12-01): compute_efficiency 0.42, "
-                    f"tcp_gb_s 1.7; model error: {error_bar(profile, tiny_spec)}")
+                    f"{tiny_spec.model.name}) (results/run/summary.csv, 2026-12-01) on the roofline laws: "
+                    f"compute_efficiency 0.42, tcp_gb_s 1.7; model error: {error_bar(profile, tiny_spec)}")
     assert "not fitted to (median" in text
     elsewhere = environment(tiny_spec, a_profile(gpu="A100-SXM4-40GB"))["calibration"]
     assert "model error: no measured error bar: the profile was fitted to a run on GPU A100-SXM4-40GB" in elsewhere
@@ -212,3 +212,16 @@ def test_the_environment_says_which_calibration_profile_set_the_simulators_const
     assert environment(kube, profile)["calibration"] is None                # measured: no simulator constants
     report = render_report(meta("sim"), SUMMARY, VERDICTS, environment(tiny_spec, profile))
     assert f"- Simulator constants {text}" in report
+    timings = a_profile(hardware={}, op_laws="measured", op_timings=None)
+    assert environment(tiny_spec, timings)["calibration"].startswith(
+        "from calibration profile profile.yaml, fitted to a run of spec smoke (results/run/summary.csv, "
+        "2026-12-01) on the measured laws: no constant; model error: ")
+
+
+def test_the_environment_says_which_operator_laws_the_simulated_node_runs(tiny_spec):
+    from epdbench.reports.environment import environment
+    assert ("GPU operators: measured on NVIDIA H200 SXM (physics/data/gpu_ops_h200.csv), scaled to 989 TFLOP/s and "
+            "3.35 TB/s from the measured GPU's 989 and 4.8; ") in environment(tiny_spec)["hardware"]
+    roofline = tiny_spec.model_copy(update={"hardware": tiny_spec.hardware.model_copy(update={"op_laws": "roofline"})})
+    assert "GPU operators: roofline: datasheet 989 TFLOP/s × 0.5, 3.35 TB/s × 0.8; " in environment(
+        roofline)["hardware"]

@@ -324,16 +324,30 @@ def test_spec_changes_names_each_changed_field_with_its_values():
 
 def test_the_clock_leaves_real_clock_fingerprints_as_they_were_before_it_existed():
     """Nightly history matches runs on spec_fingerprint: a spec that does not choose the virtual clock keeps the
-    fingerprint it had before target.sim.clock existed (these are those values), and a virtual run never
-    shares one with a real-clock run."""
+    fingerprint it had before target.sim.clock existed (these are those values, on the roofline laws of then),
+    and a virtual run never shares one with a real-clock run."""
     from epdbench.specs.models import spec_fingerprint
-    assert spec_fingerprint(load_spec("smoke")) == "e6e477e02c20d0f8"
-    assert spec_fingerprint(load_spec("pd-text")) == "0f0776c909fa885a"
-    data = load_spec("smoke").model_dump(mode="json")
+
+    def on_roofline(name: str):     # the physics before the measured operator laws
+        spec = load_spec(name)
+        return spec.model_copy(update={"hardware": spec.hardware.model_copy(update={"op_laws": "roofline"})})
+    assert spec_fingerprint(on_roofline("smoke")) == "e6e477e02c20d0f8"
+    assert spec_fingerprint(on_roofline("pd-text")) == "0f0776c909fa885a"
+    data = on_roofline("smoke").model_dump(mode="json")
     data["target"]["sim"]["clock"] = "virtual"
     virtual = parse_spec(data)
     assert virtual.virtual and virtual.time_scale == 1.0
     assert spec_fingerprint(virtual) != "e6e477e02c20d0f8"
+
+
+def test_the_measured_operator_laws_give_every_preset_a_new_fingerprint():
+    """Physics changed: runs on the roofline laws are not the measured laws' history."""
+    from epdbench.specs.models import spec_fingerprint
+    for name in ("smoke", "pd-text"):
+        spec = load_spec(name)
+        roofline = spec.model_copy(update={"hardware": spec.hardware.model_copy(update={"op_laws": "roofline"})})
+        faster = spec.model_copy(update={"hardware": spec.hardware.model_copy(update={"measured_hbm_factor": 1.1})})
+        assert len({spec_fingerprint(s) for s in (spec, roofline, faster)}) == 3
 
 
 @pytest.mark.parametrize("sim, problem", [
