@@ -56,7 +56,8 @@ def test_a_folder_named_like_a_preset_does_not_shadow_it(in_tmp, capsys, compare
 
 def test_the_virtual_clock_is_the_simulators_alone(in_tmp, capsys, compare_started):
     err = refused(capsys, "compare", "--clock", "virtual", "--target", "kubernetes")
-    assert err == "error: --clock virtual: applies to --target sim only (real engines and clusters run in real time)"
+    assert err == ("error: --clock virtual: applies to --target sim only (real engines and clusters run in real "
+                   "time)")
 
 
 def test_an_engine_python_that_cannot_import_vllm_is_refused_before_anything_starts(in_tmp, capsys, compare_started):

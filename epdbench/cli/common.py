@@ -104,7 +104,8 @@ def load_compare_spec(args) -> tuple:
     spec = with_target(spec, args.target or spec.target.kind, kube_overrides(args), args.spec)
     if getattr(args, "clock", None):
         if spec.target.kind != "sim":
-            raise SpecError(f"--clock {args.clock}: applies to --target sim only (real engines and clusters run in real time)")
+            raise SpecError(f"--clock {args.clock}: applies to --target sim only (real engines and clusters run in "
+                            "real time)")
         data = spec.model_dump(mode="json")
         data["target"]["sim"]["clock"] = args.clock
         spec = parse_spec(data, args.spec)
