@@ -48,7 +48,8 @@ def cmd_calibrate_ops(args) -> int:
     from epdbench.physics.oplaws import digest, law_rows
     from epdbench.specs.models import load_spec, spec_fingerprint
     from epdbench.specs.node import OperatorTimings
-    from epdbench.specs.profile import CalibrationProfile, apply_profile, profile_to_yaml
+    from epdbench.cli.planning import write_profile
+    from epdbench.specs.profile import CalibrationProfile, apply_profile
 
     out = Path(args.out)
     if not out.parent.is_dir():
@@ -85,12 +86,4 @@ def cmd_calibrate_ops(args) -> int:
     else:
         print("  no --spec: the timings are taken as made on the GPU of whatever spec the profile is applied to "
               "(no datasheet scaling)")
-    part = out.with_name(out.name + ".part")
-    try:
-        part.write_text(profile_to_yaml(profile))
-        part.replace(out)
-    except OSError as e:
-        part.unlink(missing_ok=True)
-        raise CliError(f"--out {args.out}: cannot write it ({e.strerror})") from None
-    print(f"wrote {out}: use it with epdbench compare --profile {out} or epdbench whatif --profile {out}")
-    return 0
+    return write_profile(out, profile, args.out)

@@ -13,7 +13,7 @@ def cmd_calibrate(args) -> int:
 
     from epdbench.analysis import fit, holdout
     from epdbench.specs.models import spec_fingerprint
-    from epdbench.specs.profile import CalibrationProfile, cell_fingerprints, profile_to_yaml
+    from epdbench.specs.profile import CalibrationProfile, cell_fingerprints
     from epdbench.tasks.vrun import simulate_summary
 
     if args.ops is not None:
@@ -91,13 +91,21 @@ def cmd_calibrate(args) -> int:
         holdout_error=holdout_error, holdout_spec_error=holdout_spec_error, cells_fitted=fitted_pairs,
         holdout_verdict={m: c["verdict"] for m, c in checks.items()}, op_laws=run_spec.hardware.op_laws,
         op_timings=run_spec.hardware.op_timings if run_spec.hardware.op_laws == "measured" else None)
-    part = out.with_name(out.name + ".part")      # whole or not at all, even if stopped while writing
+    return write_profile(out, profile, args.out)
+
+
+def write_profile(out, profile: dict, flag: str) -> int:
+    """The profile written whole or not at all (even if stopped while writing), and how to use it; one line
+    naming --out when it cannot be written."""
+    from epdbench.specs.profile import profile_to_yaml
+
+    part = out.with_name(out.name + ".part")
     try:
         part.write_text(profile_to_yaml(profile))
         part.replace(out)
     except OSError as e:
         part.unlink(missing_ok=True)
-        raise CliError(f"--out {args.out}: cannot write it ({e.strerror})") from None
+        raise CliError(f"--out {flag}: cannot write it ({e.strerror})") from None
     print(f"wrote {out}: use it with epdbench compare --profile {out} or epdbench whatif --profile {out}")
     return 0
 
