@@ -1,6 +1,6 @@
 """The records' per-chunk list columns (chunk_offsets_ns, chunk_tokens, chunk_arrival_ns) as flat arrays (pure).
 
-tasks.results.read_records keeps them Arrow-backed (pd.ArrowDtype); records built in memory hold Python lists
+tasks.rundir.results.read_records keeps them Arrow-backed (pd.ArrowDtype); records built in memory hold Python lists
 or NumPy arrays. Either way the lists of a set of rows come out laid end to end, with each row's length; a
 missing list (None, NaN, null) counts as empty.
 """

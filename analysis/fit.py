@@ -1,6 +1,6 @@
 """Fitting the simulator's free constants to a run (pure: the simulator is injected, no I/O).
 
-`predict(spec) -> summary frame` runs a spec in the simulator (tasks.vrun.simulate_summary) and returns the
+`predict(spec) -> summary frame` runs a spec in the simulator (tasks.sim.vrun.simulate_summary) and returns the
 summary columns of a run. The fit compares it with an observed summary (a run's summary.csv, or a published
 table with only some metric columns) cell by cell — cells matched on config, suite, workload, concurrency and
 stream, trials averaged — and moves the hardware constants of specs.profile.FREE_CONSTANTS to bring the two

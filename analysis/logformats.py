@@ -17,7 +17,7 @@ from dataclasses import dataclass
 EMULATED_MARK = "[emulated by epdbench sim: no GPU, no NIC]"
 # The one field the simulator adds to a vLLM stream chunk: the CLOCK_MONOTONIC time (ns) at which the step that
 # emitted the token was modelled to end. Clients ignore unknown fields; epdbench's load generator times tokens
-# by it on the simulator and checks it against their arrival (tasks/loadgen.py).
+# by it on the simulator and checks it against their arrival (tasks/load/loadgen.py).
 MODELLED_FIELD = "epdbench_modelled_ns"
 _PREFIXES = re.compile(r"^((?:\([A-Za-z_][\w.-]* pid=\d+\) )*)")
 _ONE_PREFIX = re.compile(r"\(([A-Za-z_][\w.-]*) pid=(\d+)\) ")

@@ -26,7 +26,8 @@ SUMMARY_COLUMNS = CELL_KEYS + ["requests_ok", "requests_total", "requests_failed
                                "gpus", "output_tok_s_per_gpu", "timing", "emulation_lag_p99_ms", "loop_lag_p99_ms",
                                "delivery_lag_p99_ms", "coalesced_share", "contaminated"] + [
                                    *SAMPLE_CI_COLUMNS]
-# The record columns summarize reads (tasks.results.read_records(path, RECORD_COLUMNS) leaves the others on disk).
+# The record columns summarize reads (tasks.rundir.results.read_records(path, RECORD_COLUMNS) leaves the others
+# on disk).
 RECORD_COLUMNS = CELL_KEYS + ["cell", "phase", "ok", "ttft_ms", "e2e_ms", "output_tokens", "prompt_tokens",
                               "target_prompt_tokens", "done_ms", "send_ns", "scheduled_ns", "chunk_offsets_ns",
                               "chunk_tokens", "chunk_arrival_ns", "timing"]

@@ -8,7 +8,7 @@ event-loop lag per cell, the contamination rule, and the noise band every compar
 - Delivery lag (diagnostic): how long after its modelled emission each token reached the load generator.
 - A cell is contaminated when the larger of emulation and client lag p99 exceeds CONTAMINATION_FRACTION of
   the smallest latency figure host load can move: on the simulator, whose tokens are timed by their modelled
-  emission (tasks/loadgen.py), only TTFT p50 (the request's way in runs in host time); timed by arrival,
+  emission (tasks/load/loadgen.py), only TTFT p50 (the request's way in runs in host time); timed by arrival,
   also TPOT p50 and ITL p99.
 - Noise band of a value: with trials > 1, its 95% CI half-width over trials; with one trial, the
   distribution-free 95% CI of the percentile from the cell's own samples (order statistics, kept with its two

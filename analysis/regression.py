@@ -12,7 +12,7 @@ History: one value per past run (the mean over its trials), newest last, the las
   run-to-run noise) are disjoint and the change is at least `min_change`.
 - otherwise: insufficient history, never a flag.
 `itl_max_ms` is one extreme sample: the report shows it, the check never judges it. The history itself
-(tasks/history.py) holds only past runs of the same resolved spec whose evidence held.
+(tasks/publishing/history.py) holds only past runs of the same resolved spec whose evidence held.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Does calibrating on some cells predict the others? A "hardware run" is made by the virtual-time simulator
-(tasks.vrun) with changed hidden constants (HIDDEN_BY_LAWS below) and another seed than the spec's (other prompts,
+(tasks.sim.vrun) with changed hidden constants (HIDDEN_BY_LAWS below) and another seed than the spec's (other prompts,
 images and burst lengths, so the run is not the model's own sample); the constants are then fitted, from the
 preset's values, on half of its cells (analysis.fit.holdout_mask) and the other half predicted. Prints the
 median relative error per metric over the fitted and the held-out cells, with the preset's and the fitted
@@ -15,7 +15,7 @@ import time
 
 from epdbench.analysis import fit, holdout
 from epdbench.specs.models import load_spec
-from epdbench.tasks.vrun import simulate_summary
+from epdbench.tasks.sim.vrun import simulate_summary
 
 # The "hardware": every free constant moved from the presets' values (0.5, 0.8, 1.0 ms, 3 GB/s, 0 ms, 0.8,
 # 0.05 ms, 36 ms/Mpx, 3.3 ms); the GPU's speed by the constants of the spec's operator laws (hardware.op_laws): the

@@ -13,7 +13,7 @@ import argparse
 import statistics
 
 from epdbench.specs.models import load_spec
-from epdbench.tasks.vrun import prompt_calibration, simulate_configuration
+from epdbench.tasks.sim.vrun import prompt_calibration, simulate_configuration
 
 
 def main() -> int:

@@ -1,4 +1,4 @@
-"""Ceiling of tasks.loadgen.LoadGenerator on this machine against a zero-delay SSE server, and side by side
+"""Ceiling of tasks.load.loadgen.LoadGenerator on this machine against a zero-delay SSE server, and side by side
 with vLLM's benchmark client (`--peer vllm`), interleaved in one run.
 
 A vLLM-format streaming server (child process, 127.0.0.1, free port) answers POST /v1/completions with
@@ -144,7 +144,7 @@ async def fetch_stamps(base: str) -> dict:
 
 # ----------------------------------------------------------------------------- clients
 async def run_epdbench(base: str, conc: int, n: int, args, first: int) -> dict:
-    from epdbench.tasks.loadgen import LoadGenerator
+    from epdbench.tasks.load.loadgen import LoadGenerator
     async with LoadGenerator(base, "bench-model", args.timeout) as lg:
         await lg.run_cell(make_requests(conc, 8, first), conc)                  # warm the connections
         await fetch_stamps(base)

@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from epdbench.specs.workload import RequestSpec  # noqa: E402
-from epdbench.tasks import k8s_target  # noqa: E402
-from epdbench.tasks.loadgen import LoadGenerator  # noqa: E402
+from epdbench.tasks.k8s import target as k8s_target  # noqa: E402
+from epdbench.tasks.load.loadgen import LoadGenerator  # noqa: E402
 from tests.k8s.fake_apiserver import SPEC_PATH, FakeApiServer, k8s_spec  # noqa: E402
 
 

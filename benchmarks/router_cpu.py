@@ -23,8 +23,8 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.proxy_hop import requests  # noqa: E402
 from epdbench.specs.models import load_spec, spec_to_yaml  # noqa: E402
-from epdbench.tasks import sim_target  # noqa: E402
-from epdbench.tasks.loadgen import LoadGenerator  # noqa: E402
+from epdbench.tasks.sim import target as sim_target  # noqa: E402
+from epdbench.tasks.load.loadgen import LoadGenerator  # noqa: E402
 
 PERIOD_S = 0.1                       # the kernel's default CFS period (cpu.cfs_period_us = 100000)
 TICKS = os.sysconf("SC_CLK_TCK")

@@ -3,7 +3,7 @@
 Writes N synthetic request records shaped like the load generator's (configurations × cells × trials, a
 mixed suite whose streams share a window, warm-up and measured phases, a few failed requests, cells timed by
 modelled stamps with their chunks' arrivals on record) to records.parquet with the results folder's schema,
-then reads back the columns the summary needs with tasks.results.read_records and summarises them with analysis.metrics.summarize,
+then reads back the columns the summary needs with tasks.rundir.results.read_records and summarises them with analysis.metrics.summarize,
 each in a fresh process, printing seconds and peak RSS.
 
     python benchmarks/summarize.py [--records 1000000] [--chunks 64] [--cells 48] [--file /tmp/records.parquet]
@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from epdbench.tasks.results import RECORD_SCHEMA
+from epdbench.tasks.rundir.results import RECORD_SCHEMA
 
 CONFIGS = ["agg", "pd-tcp", "pd-rdma", "epd"]
 # (suite, workload, concurrency, stream); the two streams of "mixed" share their window
@@ -120,7 +120,7 @@ def cell_table(j: int, n: int, chunks: int, rng: np.random.Generator) -> pa.Tabl
 
 
 def generate(path: Path, records: int, chunks: int, cells: int, seed: int = 0) -> None:
-    """Write the records in one file of RECORD_SCHEMA, cell after cell, as tasks.results leaves it."""
+    """Write the records in one file of RECORD_SCHEMA, cell after cell, as tasks.rundir.results leaves it."""
     rng = np.random.default_rng(seed)
     sizes = [records // cells + (1 if j < records % cells else 0) for j in range(cells)]
     table = pa.concat_tables([cell_table(j, n, chunks, rng) for j, n in enumerate(sizes) if n])
@@ -132,7 +132,7 @@ def generate(path: Path, records: int, chunks: int, cells: int, seed: int = 0) -
 def measure(path: Path) -> dict:
     """Read, then summarise: seconds and peak RSS (MB) after each (run in a fresh process)."""
     from epdbench.analysis.metrics import RECORD_COLUMNS, summarize
-    from epdbench.tasks.results import read_records
+    from epdbench.tasks.rundir.results import read_records
     base = peak_rss_mb()
     t0 = time.perf_counter()
     records = read_records(path, RECORD_COLUMNS)      # as flows.compare reads them for the summary

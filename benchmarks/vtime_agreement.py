@@ -1,6 +1,6 @@
 """Do the virtual-time core and the HTTP simulator agree, and how much faster is it? Runs a spec (default
 smoke) with `epdbench compare` on the HTTP simulator — or takes the summary of such a run (--from) — and the
-same spec in virtual time (tasks.vrun), and prints per cell and metric both figures, their ratio, the
+same spec in virtual time (tasks.sim.vrun), and prints per cell and metric both figures, their ratio, the
 allowance (analysis.agreement) and whether they agree, then the counts and both run times.
 
     python benchmarks/vtime_agreement.py [--spec smoke] [--out /tmp/vtime-agreement]
@@ -18,7 +18,7 @@ import pandas as pd
 
 from epdbench.analysis.agreement import INFORMATIVE, METRICS, agreement
 from epdbench.specs.models import load_spec
-from epdbench.tasks.vrun import simulate_summary
+from epdbench.tasks.sim.vrun import simulate_summary
 
 
 def main() -> int:

@@ -2,7 +2,7 @@
 
 Per preset: prompt calibration and every cell's requests are built first (one untimed round, as `calibrate` and
 `whatif` re-run cells with their requests cached; its records give the digest printed with the figures), then
-each round runs every configuration in virtual time (`tasks.vrun.simulate_configuration`, warm-ups included)
+each round runs every configuration in virtual time (`tasks.sim.vrun.simulate_configuration`, warm-ups included)
 and prints the host time, the modelled time (the virtual clock when each configuration's last cell ends,
 summed) and their ratio, then the best, median and worst round.
 
@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def one_round(spec, calibration, rows: list | None = None) -> tuple[float, float]:
     """(host seconds, modelled seconds) of every configuration of the spec, one after the other; the records
     go to `rows` if given."""
-    from epdbench.tasks.vrun import simulate_configuration
+    from epdbench.tasks.sim.vrun import simulate_configuration
     modelled = 0.0
     host = 0.0
     for config in spec.configurations:
@@ -79,7 +79,7 @@ def by_file(profile: cProfile.Profile, top: int = 12) -> list[tuple[float, str]]
 def measure(name: str, rounds: int, profile: bool = False, quiet: bool = False) -> dict:
     """One process's figures for a preset or spec path: modelled seconds, host seconds per round, digest."""
     from epdbench.specs.models import load_spec
-    from epdbench.tasks.vrun import prompt_calibration
+    from epdbench.tasks.sim.vrun import prompt_calibration
     spec = load_spec(name)
     calibration = prompt_calibration(spec)
     rows: list[dict] = []

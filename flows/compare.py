@@ -32,18 +32,19 @@ from epdbench.flows.outputs import prefect_summary_artifact, report_meta, verdic
 from epdbench.flows.incluster import LoadgenIncomplete, run_suite_in_cluster
 from epdbench.flows.suite import CellTimeout, DeploymentDied, run_suite, say
 from epdbench.flows.virtual import VIRTUAL_ROUTER, run_virtually, virtual_calibration
-from epdbench.tasks import evidence, publish
-from epdbench.tasks.publish import roles_text
+from epdbench.tasks import evidence
+from epdbench.tasks.publishing import publish
+from epdbench.tasks.publishing.publish import roles_text
 from epdbench.tasks.deployment import ProvisionError
 from epdbench.tasks.targets import target_module
-from epdbench.tasks.calibrate import calibrate
-from epdbench.tasks.publish_state import PROFILE_FILE
-from epdbench.tasks.results import drop_records, read_records, write_json, write_summary, write_text_atomic
-from epdbench.tasks.resume import check_resumable, cells_done, missing_cells, noise_of, validate_state_files
-from epdbench.tasks.runstate import RunFolder, end_leftovers
-from epdbench.tasks.history import check_history, log_regression_check
-from epdbench.tasks.report_files import read_goodput, write_report
-from epdbench.tasks.tracking import Tracker
+from epdbench.tasks.load.calibrate import calibrate
+from epdbench.tasks.publishing.publish_state import PROFILE_FILE
+from epdbench.tasks.rundir.results import drop_records, read_records, write_json, write_summary, write_text_atomic
+from epdbench.tasks.rundir.resume import check_resumable, cells_done, missing_cells, noise_of, validate_state_files
+from epdbench.tasks.rundir.runstate import RunFolder, end_leftovers
+from epdbench.tasks.publishing.history import check_history, log_regression_check
+from epdbench.tasks.rundir.report_files import read_goodput, write_report
+from epdbench.tasks.publishing.tracking import Tracker
 
 # Set by the CLI's SIGINT handler: an interrupt that Prefect turns into another exception while a task
 # starts must still stop the run, not just fail the current configuration.

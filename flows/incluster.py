@@ -1,5 +1,5 @@
 """One suite of one configuration on Kubernetes, measured inside the cluster: the suite's load generator Job
-(tasks.k8s_loadgen) measures the cells not yet recorded; its records are appended and each cell attempt's end
+(tasks.k8s.loadgen) measures the cells not yet recorded; its records are appended and each cell attempt's end
 written to the ledger, as run_suite does for the runner's own load generator. A log that comes back cut short
 keeps the requests it holds; cells without their closing line are failed in the ledger (a resume measures them
 again), and the configuration fails with the reason."""
@@ -14,9 +14,9 @@ from epdbench.analysis.metrics import summarize
 from epdbench.flows.suite import announce_cell, cell_status, say
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, spec_to_yaml
 from epdbench.specs.workload import plan_cells
-from epdbench.tasks.k8s_loadgen import run_loadgen_job
-from epdbench.tasks.results import append_records
-from epdbench.tasks.resume import record_attempt
+from epdbench.tasks.k8s.loadgen import run_loadgen_job
+from epdbench.tasks.rundir.results import append_records
+from epdbench.tasks.rundir.resume import record_attempt
 
 RECORD_FIELDS = ("request_id", "index", "phase", "api", "target_prompt_tokens", "max_tokens", "prompt_hash", "image_px",
                  "image_hash", "scheduled_ns", "send_ns", "send_wall_s", "status", "ok", "error", "ttft_ms", "e2e_ms",

@@ -11,7 +11,7 @@ from epdbench.analysis.ucx import remote_lanes
 from epdbench.reports.findings import regression_line
 from epdbench.reports.verdict import contamination_line
 from epdbench.specs.models import ExperimentSpec
-from epdbench.tasks.publish import roles_text
+from epdbench.tasks.publishing.publish import roles_text
 
 if TYPE_CHECKING:
     from epdbench.flows.compare import ConfigOutcome

@@ -16,11 +16,11 @@ from epdbench.analysis.noise import EMIT_LAG, emulation_lag_p99_ms, samples_p99_
 from epdbench.reports.live import LiveCell
 from epdbench.specs.models import ExperimentSpec
 from epdbench.specs.workload import Calibration, Cell, build_requests, plan_cells
-from epdbench.tasks.loadgen import LoadGenerator, records_as_dicts
-from epdbench.tasks.looplag import LoopLag
-from epdbench.tasks.results import append_records
-from epdbench.tasks import stoppable
-from epdbench.tasks.resume import record_attempt
+from epdbench.tasks.load.loadgen import LoadGenerator, records_as_dicts
+from epdbench.tasks.load.looplag import LoopLag
+from epdbench.tasks.rundir.results import append_records
+from epdbench.tasks.proc import stoppable
+from epdbench.tasks.rundir.resume import record_attempt
 
 
 def say(msg: str) -> None:
@@ -197,5 +197,5 @@ def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run:
                         keep_partial([(cell, requests)], trial)))
                     finish([(cell, rows_of(cell, trial, recs))], trial, noise)
 
-    stoppable.run(go())   # a SIGTERM meanwhile stops it at once (tasks.stoppable)
+    stoppable.run(go())   # a SIGTERM meanwhile stops it at once (tasks.proc.stoppable)
     return done

@@ -1,5 +1,5 @@
 """One configuration measured in virtual time (`compare --clock virtual`): every suite's cells served by the
-simulator's engines on a virtual-time loop (tasks.vrun), each cell's records appended and its ledger entry
+simulator's engines on a virtual-time loop (tasks.sim.vrun), each cell's records appended and its ledger entry
 written as it ends, as a real-clock run does; then the evidence of what the model did (tasks.evidence)."""
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from epdbench.flows.suite import announce_cell, cell_status, say
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
 from epdbench.specs.workload import Calibration, Cell
 from epdbench.tasks import evidence
-from epdbench.tasks.resume import record_attempt
-from epdbench.tasks.results import append_records
-from epdbench.tasks.vrun import prompt_calibration, serve_configuration
+from epdbench.tasks.rundir.resume import record_attempt
+from epdbench.tasks.rundir.results import append_records
+from epdbench.tasks.sim.vrun import prompt_calibration, serve_configuration
 
 # Virtual time has no host between the model and its clock: no client lag, no emulation lag.
 VIRTUAL_NOISE = {"loop_lag_p99_ms": 0.0, "emulation_lag_p99_ms": 0.0, "emit_lag_p99_ms": 0.0}

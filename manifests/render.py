@@ -1,6 +1,6 @@
 """Kubernetes manifests of one configuration (pure): spec → template context → objects → strict schema check.
 
-No cluster access here: tasks/k8s_target.py applies what this module returns. Templates live in
+No cluster access here: tasks/k8s/target.py applies what this module returns. Templates live in
 manifests/templates/ and are rendered with the project's one Jinja environment (epdbench.templating.make_env).
 """
 from __future__ import annotations

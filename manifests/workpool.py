@@ -1,6 +1,6 @@
 """Flows in the cluster (pure): the Prefect work pool of type kubernetes that runs epdbench's deployments
 as Jobs, the flow-run ServiceAccount with the least rights the flow needs, and the optional in-cluster
-worker. tasks/workpool.py creates the pool, applies these objects and computes the Job a flow run gets;
+worker. tasks/k8s/workpool.py creates the pool, applies these objects and computes the Job a flow run gets;
 `epdbench manifests --work-pool` shows them.
 
 The base job template starts from the installed prefect-kubernetes worker's own default (so its variables

@@ -6,7 +6,7 @@ unique nonce, and no image is sent in two cells (images come before the text in 
 shared image would be a shared prefix), so neither the prefix cache nor the encoder cache can inflate
 results, except where a suite reuses one image within a cell on purpose.
 Prompt lengths are hit through a calibration measured once per run against the endpoint's own
-/tokenize (see tasks/calibrate.py); without one, one word counts as one token.
+/tokenize (see tasks/load/calibrate.py); without one, one word counts as one token.
 """
 from __future__ import annotations
 
@@ -281,7 +281,7 @@ def build_requests(spec: ExperimentSpec, cell: Cell, trial: int = 0, seed: int |
 
 def calibration_keys(spec: ExperimentSpec) -> set[tuple[str, int | None]]:
     """The (api, image edge) pairs the spec's requests use: what prompt synthesis is calibrated for
-    (tasks.calibrate), known without synthesising a request."""
+    (tasks.load.calibrate), known without synthesising a request."""
     keys: set[tuple[str, int | None]] = set()
     for cell in plan_cells(spec):
         shape = _shape_for(spec, cell, _rng(spec.seed, cell.cell_id, "calibration"))

@@ -14,7 +14,7 @@ from epdbench.analysis.ucx import nixl_of_pod, verify_nixl
 from epdbench.physics.costmodel import link_bytes_per_s
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
 from epdbench.tasks.deployment import Deployment
-from epdbench.tasks.results import write_json
+from epdbench.tasks.rundir.results import write_json
 
 
 def iter_lines(path: Path, start: int = 0, end: int | None = None) -> Iterator[str]:

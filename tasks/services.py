@@ -15,10 +15,10 @@ from pathlib import Path
 
 from epdbench.manifests.workpool import PoolSettings, render_pool_objects
 from epdbench.specs.models import KubernetesTargetSpec
-from epdbench.tasks import lifeline
-from epdbench.tasks.k8s_api import KubeApiError, connect
-from epdbench.tasks.runstate import FolderLocked, RunFolder, end_leftovers, process_start_time
-from epdbench.tasks.workpool import (apply_pool_objects, delete_pool_objects, ensure_work_pool, pool_template,
+from epdbench.tasks.proc import lifeline
+from epdbench.tasks.k8s.api import KubeApiError, connect
+from epdbench.tasks.rundir.runstate import FolderLocked, RunFolder, end_leftovers, process_start_time
+from epdbench.tasks.k8s.workpool import (apply_pool_objects, delete_pool_objects, ensure_work_pool, pool_template,
                                      worker_kubeconfig)
 
 STATE_FILE = "up.json"
@@ -135,7 +135,7 @@ def _healthy(url: str) -> bool:
 
 def start(svc: Service, timeout_s: float) -> None:
     """The service in a session of its own, dying with `up` however `up` dies (its own children: by `up`'s
-    guard), registered in the data directory as it starts (tasks/lifeline.py)."""
+    guard), registered in the data directory as it starts (tasks/proc/lifeline.py)."""
     svc.log.parent.mkdir(parents=True, exist_ok=True)
     with open(svc.log, "ab") as fh:
         svc.popen = lifeline.popen(svc.cmd, f"up/{svc.name}", env=svc.env, stdout=fh, stderr=subprocess.STDOUT,

@@ -7,12 +7,12 @@ from types import ModuleType
 
 def target_module(kind: str) -> ModuleType:
     if kind == "sim":
-        from epdbench.tasks import sim_target
+        from epdbench.tasks.sim import target as sim_target
         return sim_target
     if kind == "local":
-        from epdbench.tasks import local_target
+        from epdbench.tasks.local import target as local_target
         return local_target
     if kind == "kubernetes":
-        from epdbench.tasks import k8s_target
+        from epdbench.tasks.k8s import target as k8s_target
         return k8s_target
     raise ValueError(f"unknown target {kind!r}: use sim, local or kubernetes")

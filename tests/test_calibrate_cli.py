@@ -13,8 +13,8 @@ from epdbench.cli.parser import build_parser
 from epdbench.cli.planning import _read_run
 from epdbench.specs.models import load_spec, parse_spec
 from epdbench.specs.profile import load_profile
-from epdbench.tasks.results import append_records
-from epdbench.tasks.vrun import simulate_records, simulate_summary
+from epdbench.tasks.rundir.results import append_records
+from epdbench.tasks.sim.vrun import simulate_records, simulate_summary
 
 # On the default, measured operator laws: their speed factors (the roofline's efficiencies act on nothing there).
 HIDDEN = {"measured_compute_factor": 0.7, "measured_hbm_factor": 0.8, "step_overhead_ms": 2.0, "tcp_gb_s": 1.5}

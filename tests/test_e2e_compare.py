@@ -292,7 +292,7 @@ def test_the_virtual_time_core_agrees_with_the_http_simulator_on_warmed_closed_l
     smoke preset is checked in the slow lane (tests/test_vtime_agreement.py)."""
     from epdbench.analysis.agreement import METRICS, agreement
     from epdbench.specs.models import load_spec
-    from epdbench.tasks.vrun import simulate_summary
+    from epdbench.tasks.sim.vrun import simulate_summary
 
     _, out, _ = run
     spec = load_spec(str(out / "spec.yaml"))

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from epdbench.tasks.engine_env import default_env_dir, env_python, installed
-from epdbench.tasks.runstate import leftovers
+from epdbench.tasks.local.engine_env import default_env_dir, env_python, installed
+from epdbench.tasks.rundir.runstate import leftovers
 
 pytestmark = [pytest.mark.realengine, pytest.mark.timeout(1500)]
 RUN_TIMEOUT_S = 1200     # cpu-tiny took 183 s on the 2-core development VM

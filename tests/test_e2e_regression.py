@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from epdbench.specs.models import load_spec, spec_fingerprint
-from epdbench.tasks.tracking import Tracker
+from epdbench.tasks.publishing.tracking import Tracker
 from tests.reports.report_checks import (SECTIONS, check_bold_winners, check_headline_matches_summary,
                                          parse_html)
 

@@ -15,7 +15,7 @@ import pytest
 
 from epdbench.specs.models import PRESET_DIR, load_spec
 from epdbench.specs.workload import plan_cells
-from epdbench.tasks.resume import ledger_key, ledger_path, read_ledger
+from epdbench.tasks.rundir.resume import ledger_key, ledger_path, read_ledger
 from tests.test_operations import mlflow_runs
 
 pytestmark = pytest.mark.e2e
@@ -81,8 +81,8 @@ def test_a_spec_runs_in_virtual_time_through_the_whole_pipeline(tiny_run, tiny_s
 
 
 def test_the_virtual_comparison_records_what_the_virtual_core_serves(tiny_run, tiny_spec_path):
-    """The flow adds nothing of its own to the figures: its records are tasks.vrun's for the same spec."""
-    from epdbench.tasks.vrun import simulate_records
+    """The flow adds nothing of its own to the figures: its records are tasks.sim.vrun's for the same spec."""
+    from epdbench.tasks.sim.vrun import simulate_records
     _, out, _, _ = tiny_run
     spec = load_spec(str(out / "spec.yaml"))
     key = ["config", "cell", "trial", "phase", "index"]

@@ -45,8 +45,10 @@ def test_every_package_of_the_source_tree_is_in_the_package_map():
     mapped = set(pyproject["package-dir"].values())
     on_disk = {p.parent.name for p in ROOT.glob("*/__init__.py")}
     assert on_disk == mapped
-    assert sorted(pyproject["packages"]) == sorted(
-        [*pyproject["package-dir"], *(f"epdbench.{p.parent.name}" for p in (ROOT / "epdbench").glob("*/__init__.py"))])
+    nested = [f"{package}.{'.'.join(init.parent.relative_to(ROOT / folder).parts)}"
+              for package, folder in pyproject["package-dir"].items()
+              for init in (ROOT / folder).glob("*/**/__init__.py")]
+    assert sorted(pyproject["packages"]) == sorted([*pyproject["package-dir"], *nested])
 
 
 def test_the_layer_contract_holds(tree):

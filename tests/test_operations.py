@@ -13,7 +13,7 @@ import pytest
 
 from epdbench.specs.models import load_spec
 from epdbench.specs.workload import plan_cells
-from epdbench.tasks.resume import cells_done, ledger_key, read_ledger
+from epdbench.tasks.rundir.resume import cells_done, ledger_key, read_ledger
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).parents[1]

@@ -26,7 +26,7 @@ def wheel(tmp_path_factory) -> Path:
 def test_the_wheel_holds_one_top_level_name_with_its_data(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"epdbench", "epdbench-0.1.0.dist-info"}
-    for must in ("epdbench/flows/compare.py", "epdbench/tasks/loadgen.py", "epdbench/physics/costmodel.py",
+    for must in ("epdbench/flows/compare.py", "epdbench/tasks/load/loadgen.py", "epdbench/physics/costmodel.py",
                  "epdbench/specs/smoke.yaml", "epdbench/specs/pd-text.yaml", "epdbench/reports/templates/report.md.j2",
                  "epdbench/manifests/templates/engine.yaml.j2", "epdbench/cli/__main__.py",
                  "epdbench/physics/data/gpu_ops_h200.csv"):

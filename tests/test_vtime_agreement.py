@@ -11,7 +11,7 @@ import pytest
 
 from epdbench.analysis.agreement import METRICS, agreement
 from epdbench.specs.models import load_spec
-from epdbench.tasks.vrun import simulate_summary
+from epdbench.tasks.sim.vrun import simulate_summary
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]       # the smoke preset over HTTP: about two minutes
 ROOT = Path(__file__).parents[1]

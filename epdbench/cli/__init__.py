@@ -31,7 +31,7 @@ def terminate_children(grace_s: float = 5.0) -> None:
     """SIGTERM every direct child process still running, then SIGKILL what remains after grace_s."""
     import time
 
-    from epdbench.tasks.runstate import children_of, process_start_time
+    from epdbench.tasks.rundir.runstate import children_of, process_start_time
 
     def children() -> list[int]:   # running ones: a zombie has no start time
         return [pid for pid in children_of(os.getpid()) if process_start_time(pid) is not None]
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         # Teardown already ran in the flow's finally blocks; stop any straggler (simulator processes,
         # Prefect's temporary server), then leave without waiting on background threads, which can hang
         # once their server is gone.
-        from epdbench.tasks.processes import stop_all
+        from epdbench.tasks.proc.processes import stop_all
         stop_all()
         terminate_children()
         rdir, note = INTERRUPTED_RUN.get("dir"), INTERRUPTED_RUN.get("note")
@@ -90,8 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_NO_SPACE
     except Exception as e:  # noqa: BLE001
         from epdbench.specs.models import SpecError
-        from epdbench.tasks.resume import StateError
-        from epdbench.tasks.runstate import FolderLocked
+        from epdbench.tasks.rundir.resume import StateError
+        from epdbench.tasks.rundir.runstate import FolderLocked
         if isinstance(e, (SpecError, StateError, FolderLocked)):
             print(f"error: {e}", file=sys.stderr)
             return EXIT_BAD_INPUT

@@ -26,7 +26,7 @@ def cmd_compare(args) -> int:
         check_out_dir(out)
     spec, profile = load_compare_spec(args)
     if args.resume:   # before anything is written or started (the flow checks again, for runs from the UI)
-        from epdbench.tasks.resume import check_resumable
+        from epdbench.tasks.rundir.resume import check_resumable
         check_resumable(rdir, spec)
     if not args.resume and out and Path(out).exists() and any(Path(out).iterdir()):
         raise CliError(f"--out {out}: directory exists and is not empty; choose a new one or --resume it")
@@ -37,7 +37,7 @@ def cmd_compare(args) -> int:
     quiet_defaults()
     from epdbench.flows import compare as compare_flow
     from epdbench.reports.terminal import print_summary
-    from epdbench.tasks.runstate import FolderLocked, RunFolder
+    from epdbench.tasks.rundir.runstate import FolderLocked, RunFolder
 
     run_name = Path(out).name if args.resume else None
     if out is None:
@@ -68,7 +68,7 @@ def cmd_compare(args) -> int:
 
 def _run_compare(args, spec, out: str, run_name: str | None, settings, profile) -> dict:
     from epdbench.flows import compare as compare_flow
-    from epdbench.tasks.resume import StateError, validate_state_files
+    from epdbench.tasks.rundir.resume import StateError, validate_state_files
 
     if args.resume:
         try:
@@ -138,7 +138,7 @@ def write_pool_manifests(pool, out: Path, version: str) -> None:
 
     from epdbench.manifests.render import ManifestError, manifest_files, manifests_yaml, validate_manifests
     from epdbench.manifests.workpool import render_pool_objects
-    from epdbench.tasks.workpool import flow_run_job, pool_template
+    from epdbench.tasks.k8s.workpool import flow_run_job, pool_template
 
     objects = render_pool_objects(pool, worker_in_cluster=True)
     template = pool_template(pool)
@@ -162,7 +162,7 @@ def cmd_cleanup(args) -> int:
     from pydantic import ValidationError
 
     from epdbench.specs.models import KubernetesTargetSpec, describe_validation_error
-    from epdbench.tasks.runstate import end_leftovers
+    from epdbench.tasks.rundir.runstate import end_leftovers
 
     local = Path(args.run) if Path(args.run).is_dir() else Path("results") / args.run
     cluster = any(getattr(args, f) for f in ("kube_context", "namespace", "kubeconfig")) or not local.is_dir()
@@ -173,8 +173,8 @@ def cmd_cleanup(args) -> int:
               + (f" ({names})" if ended else ""))
     if not cluster:
         return EXIT_OK
-    from epdbench.tasks.k8s_api import KubeApiError
-    from epdbench.tasks.k8s_target import cleanup
+    from epdbench.tasks.k8s.api import KubeApiError
+    from epdbench.tasks.k8s.target import cleanup
 
     try:
         target = KubernetesTargetSpec(**kube_overrides(args))
@@ -218,7 +218,7 @@ def cmd_plan(args) -> int:
 
 def cmd_report(args) -> int:
     """Re-render report.md, report.html and plots/ from a results directory or an MLflow comparison run."""
-    from epdbench.tasks.report_files import ResultsError, download_comparison, rerender
+    from epdbench.tasks.rundir.report_files import ResultsError, download_comparison, rerender
 
     if bool(args.results_dir) == bool(args.run_id):
         raise CliError("report: give a results directory or --run-id, not both or neither")
@@ -242,7 +242,7 @@ def cmd_history(args) -> int:
     """Print one metric over the past runs of a spec (oldest first) and where the newest stands."""
     from epdbench.analysis.metrics import METRIC_KEYS
     from epdbench.reports.trend import select, trend_lines
-    from epdbench.tasks.history import cell_history, experiment_id, latest_fingerprint, mlflow_client
+    from epdbench.tasks.publishing.history import cell_history, experiment_id, latest_fingerprint, mlflow_client
 
     if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,60}", args.spec):
         raise CliError(f"--spec {args.spec}: not a spec name (lowercase letters, digits and dashes, e.g. pd-text)")
@@ -305,9 +305,9 @@ def cmd_sync(args) -> int:
     or a file of it cannot be read (named, with the fix); 5: MLflow could not take it — unreachable, or it refused
     something (its whole reason) — the results stay in the folder and this can run again. Always one line."""
     quiet_defaults()
-    from epdbench.tasks.publish import check_publishable, sync_results
-    from epdbench.tasks.resume import StateError
-    from epdbench.tasks.tracking import failure_reason, is_unreachable
+    from epdbench.tasks.publishing.publish import check_publishable, sync_results
+    from epdbench.tasks.rundir.resume import StateError
+    from epdbench.tasks.publishing.tracking import failure_reason, is_unreachable
     rdir = results_dir_of(args.run)
     try:
         check_publishable(rdir)
@@ -386,7 +386,7 @@ def cmd_loadgen(args) -> int:
     import json
 
     from epdbench.specs.models import SpecError, load_spec
-    from epdbench.tasks.incluster_loadgen import run_loadgen
+    from epdbench.tasks.k8s.incluster_loadgen import run_loadgen
     try:
         spec = load_spec(args.spec)
     except SpecError as e:
@@ -408,7 +408,7 @@ def cmd_loadgen(args) -> int:
 
 def cmd_engine_env(args) -> int:
     """Make (or check) vLLM's CPU environment; its python on stdout, progress on stderr."""
-    from epdbench.tasks.engine_env import EngineEnvError, ensure_engine_env
+    from epdbench.tasks.local.engine_env import EngineEnvError, ensure_engine_env
 
     try:
         python = ensure_engine_env(Path(args.dir) if args.dir else None,

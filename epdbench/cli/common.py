@@ -87,7 +87,7 @@ def with_target(spec, kind: str, overrides: dict, source: str):
 
 def check_kubeconfig(target) -> None:
     from epdbench.specs.models import SpecError
-    from epdbench.tasks.k8s_api import kubeconfig_paths
+    from epdbench.tasks.k8s.api import kubeconfig_paths
 
     if not any(p.exists() for p in kubeconfig_paths(target)) and not os.environ.get("KUBERNETES_SERVICE_HOST"):
         raise SpecError(f"--kubeconfig: {target.kubeconfig or os.environ.get('KUBECONFIG') or '~/.kube/config'} "
@@ -147,8 +147,8 @@ def load_compare_spec(args) -> tuple:
 
 def check_vllm_python(spec) -> None:
     """Before anything starts: the engines' interpreter imports vllm (one line naming it and the fix, if not)."""
-    from epdbench.tasks.engine_env import EngineEnvError
-    from epdbench.tasks.local_target import check_engine
+    from epdbench.tasks.local.engine_env import EngineEnvError
+    from epdbench.tasks.local.target import check_engine
 
     try:
         check_engine(spec)
@@ -200,7 +200,7 @@ def results_dir_of(run: str) -> Path:
 
 
 def tracking_uri_of(args) -> str:
-    from epdbench.tasks.tracking import default_tracking_uri
+    from epdbench.tasks.publishing.tracking import default_tracking_uri
 
     return args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
 

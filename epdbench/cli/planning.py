@@ -14,7 +14,7 @@ def cmd_calibrate(args) -> int:
     from epdbench.analysis import fit, holdout
     from epdbench.specs.models import spec_fingerprint
     from epdbench.specs.profile import CalibrationProfile, cell_fingerprints
-    from epdbench.tasks.vrun import simulate_summary
+    from epdbench.tasks.sim.vrun import simulate_summary
 
     if args.ops is not None:
         if args.source is not None:
@@ -190,7 +190,7 @@ def _read_run(source: str):
             import pyarrow.parquet as pq
             if {"phase", "ttft_ms"} <= set(pq.read_schema(path).names):
                 from epdbench.analysis.metrics import RECORD_COLUMNS, summarize
-                from epdbench.tasks.results import read_records
+                from epdbench.tasks.rundir.results import read_records
                 return summarize(read_records(path, RECORD_COLUMNS))
             return pd.read_parquet(path)
     except (ValueError, KeyError, OSError) as e:   # pandas' and Arrow's parse errors are ValueErrors
@@ -328,7 +328,7 @@ def cmd_whatif(args) -> int:
         raise CliError(f"--out {out}: directory exists and is not empty; choose a new one")
     from epdbench.reports.whatif import best_attainment, capacity_per_gpu
     from epdbench.specs.models import spec_fingerprint
-    from epdbench.tasks.whatif import run_whatif, tables, write_outputs, write_provenance
+    from epdbench.tasks.sim.whatif import run_whatif, tables, write_outputs, write_provenance
 
     write_provenance(out, spec, {
         "what": "modelled by the virtual-time simulator, not measured", "spec": spec.name,

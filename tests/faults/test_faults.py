@@ -20,8 +20,8 @@ import yaml
 
 from epdbench.specs.models import load_spec
 from epdbench.specs.workload import plan_cells
-from epdbench.tasks.lifeline import SIGKILL_AT_SPAWN
-from epdbench.tasks.runstate import process_start_time, read_registry
+from epdbench.tasks.proc.lifeline import SIGKILL_AT_SPAWN
+from epdbench.tasks.rundir.runstate import process_start_time, read_registry
 from tests.processes import marked_processes, processes_naming
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(600)]
@@ -108,7 +108,7 @@ class Run:
         assert hashes.nunique() == 1                      # the same prompts reached every configuration
 
     def assert_mlflow_matches(self) -> None:
-        from epdbench.tasks.mlflow_check import mlflow_matches_results
+        from epdbench.tasks.publishing.mlflow_check import mlflow_matches_results
         assert mlflow_matches_results(f"sqlite:///{self.db}", self.out) == []
 
 
@@ -185,7 +185,7 @@ def seconds_until_gone(run: Run, registered: list[dict], t0: float, also: list[s
     took: dict = {}
     while time.monotonic() - t0 < limit_s and "all" not in took:
         left = run_processes(run, registered, also)
-        if "children" not in took and all(b"epdbench.tasks.runguard" in cmdline(pid) for pid in left):
+        if "children" not in took and all(b"epdbench.tasks.proc.runguard" in cmdline(pid) for pid in left):
             took["children"] = time.monotonic() - t0
         if not left:
             took["all"] = time.monotonic() - t0

@@ -9,7 +9,7 @@ import pytest
 
 from epdbench.flows import deployments
 from epdbench.manifests.workpool import PoolSettings
-from epdbench.tasks.workpool import ensure_work_pool, flow_run_job, pool_template
+from epdbench.tasks.k8s.workpool import ensure_work_pool, flow_run_job, pool_template
 
 
 def test_pool_created_updated_refused_and_deployments_registered_on_it():

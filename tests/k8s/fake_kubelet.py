@@ -15,7 +15,7 @@ from typing import Callable
 import aiohttp
 from aiohttp import web
 
-from epdbench.tasks import sim_target
+from epdbench.tasks.sim import target as sim_target
 from tests.k8s.fake_objects import ObjectStore, now_stamp, status_body
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from epdbench.manifests.render import render_manifests
-from epdbench.tasks.k8s_api import connect
+from epdbench.tasks.k8s.api import connect
 from tests.k8s.fake_apiserver import READY, RUN, SPEC_PATH, UNSCHEDULABLE, FakeApiServer, k8s_spec
 
 pytestmark = pytest.mark.e2e

@@ -11,7 +11,7 @@ import pytest
 
 from epdbench.manifests.render import render_manifests, schema_version_for, validate_manifests
 from epdbench.specs.models import KubernetesTargetSpec, load_spec, parse_spec
-from epdbench.tasks.k8s_api import FIELD_MANAGER, connect
+from epdbench.tasks.k8s.api import FIELD_MANAGER, connect
 
 pytestmark = [pytest.mark.live,
               pytest.mark.skipif(not os.environ.get("EPDBENCH_KUBECONFIG"),

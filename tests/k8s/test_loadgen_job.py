@@ -9,11 +9,11 @@ import pytest
 
 from epdbench.specs.models import spec_to_yaml
 from epdbench.specs.workload import build_requests, plan_cells
-from epdbench.tasks import k8s_target
-from epdbench.tasks.k8s_loadgen import job_state, run_loadgen_job
-from epdbench.tasks.loadgen import LoadGenerator
+from epdbench.tasks.k8s import target as k8s_target
+from epdbench.tasks.k8s.loadgen import job_state, run_loadgen_job
+from epdbench.tasks.load.loadgen import LoadGenerator
 from tests.k8s.fake_apiserver import cluster  # noqa: F401
-from tests.tasks.test_k8s_target import assert_nothing_left, start_config
+from tests.tasks.k8s.test_k8s_target import assert_nothing_left, start_config
 
 
 def test_a_suite_measured_by_a_job_returns_every_planned_request_once(cluster, tmp_path):  # noqa: F811

@@ -1,4 +1,4 @@
-"""tasks/workpool.py against the fake API server: the flow rights (cluster-scoped ones included) and the
+"""tasks/k8s/workpool.py against the fake API server: the flow rights (cluster-scoped ones included) and the
 in-cluster worker applied and deleted; the worker's kubeconfig on this machine."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import yaml
 
 from epdbench.manifests.workpool import PoolSettings, render_pool_objects
 from epdbench.specs.models import KubernetesTargetSpec
-from epdbench.tasks.workpool import apply_pool_objects, delete_pool_objects, worker_kubeconfig
+from epdbench.tasks.k8s.workpool import apply_pool_objects, delete_pool_objects, worker_kubeconfig
 from tests.k8s.fake_apiserver import cluster  # noqa: F401
 
 SETTINGS = PoolSettings(image="registry.example/epdbench:0.1.0", namespace="epdbench",

@@ -11,8 +11,8 @@ from epdbench.manifests.podsecurity import pod_templates, violations
 from epdbench.manifests.render import render_loadgen, render_manifests, validate_manifests
 from epdbench.manifests.workpool import FLOW_ACCOUNT, WORKER_ACCOUNT, PoolSettings, render_pool_objects
 from epdbench.specs.models import load_spec, parse_spec, spec_to_yaml
-from epdbench.tasks.k8s_api import LABELLED_KINDS, KINDS
-from epdbench.tasks.workpool import flow_run_job, pool_template
+from epdbench.tasks.k8s.api import LABELLED_KINDS, KINDS
+from epdbench.tasks.k8s.workpool import flow_run_job, pool_template
 
 SETTINGS = PoolSettings(image="registry.example/epdbench:0.1.0", namespace="gpu-bench",
                         prefect_api="http://10.0.0.5:4200/api", mlflow_uri="http://10.0.0.5:5000")

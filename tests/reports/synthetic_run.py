@@ -10,7 +10,7 @@ import pandas as pd
 from epdbench.physics.costmodel import image_tokens
 from epdbench.specs.models import ExperimentSpec
 from epdbench.specs.workload import Cell, plan_cells
-from epdbench.tasks.results import RECORD_SCHEMA
+from epdbench.tasks.rundir.results import RECORD_SCHEMA
 
 # per topology: TTFT ms per 1k prompt tokens, base ITL ms, an ITL spike (ms) every 8th gap on long prompts
 PROFILE = {"aggregated": (30.0, 8.0, 120.0), "pd": (42.0, 7.5, 0.0), "epd": (50.0, 7.4, 0.0)}

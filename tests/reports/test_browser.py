@@ -7,8 +7,8 @@ from PIL import Image
 
 from epdbench.reports.plots import PALETTE
 from epdbench.specs.models import spec_to_yaml
-from epdbench.tasks.report_files import rerender
-from epdbench.tasks.results import append_records, write_json
+from epdbench.tasks.rundir.report_files import rerender
+from epdbench.tasks.rundir.results import append_records, write_json
 from tests.reports.browser import chromium, probe, screenshot
 from tests.reports.synthetic_run import synthetic_meta, synthetic_records, synthetic_verdicts
 

@@ -17,7 +17,7 @@ from epdbench.reports.mlflow_names import MAX_NAME, mlflow_names, readable_name
 from epdbench.reports.mlflow_view import verdict_tags, verdict_wins
 from epdbench.specs.models import load_spec
 from epdbench.specs.workload import plan_cells
-from epdbench.tasks.publish import goodput_metrics
+from epdbench.tasks.publishing.publish import goodput_metrics
 
 PRESETS = sorted((Path(__file__).parents[2] / "specs").glob("*.yaml"))
 FAILED_NAME = "goodput_req_s.epd.capacity.1260px+400/128"     # what MLflow refused in an epd-multimodal run

@@ -9,8 +9,8 @@ import pytest
 
 from epdbench.analysis.metrics import summarize
 from epdbench.specs.models import load_spec, spec_to_yaml
-from epdbench.tasks.report_files import rerender
-from epdbench.tasks.results import append_records, write_json
+from epdbench.tasks.rundir.report_files import rerender
+from epdbench.tasks.rundir.results import append_records, write_json
 from tests.reports.report_checks import (SECTIONS, check_bold_winners, check_headline_matches_summary,
                                          check_ratio_lines_match_summary, parse_html)
 from tests.reports.synthetic_run import synthetic_meta, synthetic_records, synthetic_verdicts

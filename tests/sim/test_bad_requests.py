@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 
 from epdbench.sim.validate import BadRequest, check_body, output_budget, request_id_of
-from epdbench.tasks import sim_target
+from epdbench.tasks.sim import target as sim_target
 
 MODEL = "Qwen/Qwen2.5-VL-7B-Instruct"
 

@@ -8,9 +8,9 @@ import pytest
 from epdbench.analysis.transport import transport_of_pod, verify_transport
 from epdbench.specs.models import parse_spec
 from epdbench.specs.workload import build_requests, plan_cells
-from epdbench.tasks import sim_target
+from epdbench.tasks.sim import target as sim_target
 from epdbench.tasks.evidence import iter_lines
-from epdbench.tasks.loadgen import LoadGenerator
+from epdbench.tasks.load.loadgen import LoadGenerator
 
 mooncake = pytest.importorskip("mooncake.engine", reason="needs the mooncake extra and Debian's libibverbs1",
                                exc_type=ImportError)

@@ -8,9 +8,9 @@ import urllib.request
 import pytest
 
 from epdbench.specs.workload import RequestSpec, build_requests, plan_cells
-from epdbench.tasks import sim_target
+from epdbench.tasks.sim import target as sim_target
 from epdbench.tasks.deployment import ProvisionError
-from epdbench.tasks.loadgen import LoadGenerator
+from epdbench.tasks.load.loadgen import LoadGenerator
 
 
 def post(url, body):
@@ -164,7 +164,7 @@ def test_unhealthy_process_fails_provisioning_with_reason(tiny_spec, tmp_path):
 
 
 def test_calibration_against_the_engines_tokenizer(deploy, tiny_spec):
-    from epdbench.tasks.calibrate import calibrate
+    from epdbench.tasks.load.calibrate import calibrate
     dep = deploy("aggregated")
     cal = calibrate(dep.by_role("server")[0].url, tiny_spec.model.name, {("completions", None), ("chat", 560)})
     assert cal.fits["completions:0"] == (1.0, 0.0)

@@ -1,11 +1,11 @@
 """tasks/evidence.py on NIXL pods: the KV verdict read as NixlConnector writes it, EPD's encoder-output verdict, and
-what a run's evidence needs (tasks.publish.evidence_ok)."""
+what a run's evidence needs (tasks.publishing.publish.evidence_ok)."""
 from pathlib import Path
 
 from epdbench.specs.models import load_spec, parse_spec
 from epdbench.tasks.deployment import Deployment, Process
 from epdbench.tasks.evidence import ec_transport, kv_transport
-from epdbench.tasks.publish import evidence_ok
+from epdbench.tasks.publishing.publish import evidence_ok
 
 LOGS = Path(__file__).parents[1] / "data" / "logs" / "nixl"
 

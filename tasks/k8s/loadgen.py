@@ -1,0 +1,63 @@
+"""Run one suite's load generator inside the cluster: apply the configuration's load generator ConfigMap and
+the suite's Job (manifests.render.render_loadgen, validated first), wait until the Job completes or fails
+(bounded), read its pod's log back through pods/log and parse it (tasks.load.loadgen_wire: incomplete output is
+reported, never taken whole), then delete the Job and its pod. Everything else of the run is deleted by label
+at teardown, as the deployment is."""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from epdbench.manifests.render import render_loadgen, validate_manifests
+from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
+from epdbench.tasks.k8s.api import KubeApi
+from epdbench.tasks.load.loadgen_wire import LoadgenResult, parse_output
+
+
+def job_state(job: dict) -> str | None:
+    """"complete", "failed" or None (still running) from a Job's status."""
+    status = job.get("status") or {}
+    for c in status.get("conditions") or []:
+        if c.get("status") == "True" and c.get("type") in ("Complete", "Failed"):
+            return "complete" if c["type"] == "Complete" else "failed"
+    if status.get("succeeded"):
+        return "complete"
+    if status.get("failed"):
+        return "failed"
+    return None
+
+
+def run_loadgen_job(api: KubeApi, spec: ExperimentSpec, config: ConfigurationSpec, run: str, suite: str,
+                    spec_yaml: str, calibration: dict | None, version: str, timeout_s: float,
+                    poll_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
+                    sleep: Callable[[float], None] = time.sleep, only: list[str] | None = None) -> LoadgenResult:
+    """`only`: the `cell#tN` the Job measures (a resumed suite); None: all of them."""
+    objects = render_loadgen(spec, config, run, spec_yaml, calibration)
+    config_map = objects[0]
+    job = next(o for o in objects[1:] if o["metadata"]["annotations"]["epdbench/suite"] == suite)
+    if only is not None:
+        job["spec"]["template"]["spec"]["containers"][0]["args"] += ["--only", ",".join(only)]
+    validate_manifests([config_map, job], version)
+    name = job["metadata"]["name"]
+    api.apply(config_map)
+    api.apply(job)
+    deadline = clock() + timeout_s
+    state = None
+    try:
+        while state is None:
+            state = job_state(api.get("Job", name))
+            if state is None:
+                if clock() >= deadline:
+                    break
+                sleep(poll_s)
+        pods = api.list("Pod", f"job-name={name}")
+        if not pods:
+            return LoadgenResult(problem=f"Job {name} has no pod ({state or 'still running'} after {timeout_s:.0f} s)")
+        text = api.pod_log(pods[0]["metadata"]["name"], "loadgen")
+        result = parse_output(text.splitlines())
+        if not result.complete:
+            result.problem += (f" (Job {name} still running after {timeout_s:.0f} s)" if state is None
+                               else f" (Job {name} {state})")
+        return result
+    finally:
+        api.delete("Job", name)

@@ -1,0 +1,1 @@
+"""The load generator: requests sent, streams parsed, its own noise measured."""

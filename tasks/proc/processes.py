@@ -1,0 +1,135 @@
+"""Processes of a deployment on this host, shared by the simulator and local targets: free loopback ports, start
+with the log captured to a file, readiness, the smoke request through the router, and teardown (router first,
+process group by process group; a safety net at exit)."""
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from pathlib import Path
+
+from epdbench.tasks.proc import lifeline
+from epdbench.tasks.deployment import Deployment, Process, ProvisionError, probe_until_served
+
+_LIVE: set[subprocess.Popen] = set()
+TAIL_LINES = 3          # an engine that dies at start: its last log lines, in the one-line error
+
+
+def stop_all() -> None:
+    """Stop every process this module started and is still running (safety net)."""
+    for p in list(_LIVE):
+        stop_process(p, grace_s=2)
+
+
+atexit.register(stop_all)
+
+
+ISSUED_PORTS: deque[int] = deque(maxlen=4096)   # the ports free_port handed out last, in this process
+
+
+def free_port(host: str) -> int:
+    """A port free now that this process has not handed out among its last 4096. A deployment picks all its ports
+    before its processes bind them, and the kernel can give bind(0) the same port again meanwhile (1 in 20,000
+    consecutive calls on the development VM): two processes of one deployment would then race for one port."""
+    for _ in range(64):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in ISSUED_PORTS:
+            ISSUED_PORTS.append(port)
+            return port
+    raise ProvisionError(f"no free port on {host} that this process has not handed out already (64 tries)")
+
+
+def router_binary(fix: str = "pip install vllm-router, or set target.sim.router: builtin") -> str:
+    here = Path(sys.executable).parent / "vllm-router"
+    found = str(here) if here.exists() else shutil.which("vllm-router")
+    if not found:
+        raise ProvisionError(f"vllm-router is not installed: {fix}")
+    return found
+
+
+def spawn(cmd: list[str], log_path: Path, env: dict, what: str) -> subprocess.Popen:
+    """Start `cmd` in a session of its own, stdout and stderr appended to `log_path`, dying with this process and
+    registered in the run's folder as `what` as it starts (tasks/proc/lifeline.py)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as fh:
+        p = lifeline.popen(cmd, what, env=env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                           start_new_session=True)
+    _LIVE.add(p)
+    return p
+
+
+def stop_process(p: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """SIGTERM the process group, SIGKILL it after `grace_s`."""
+    if p.poll() is None:
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            p.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait(timeout=5)
+    _LIVE.discard(p)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as r:
+            return r.status == 200
+    except (urllib.error.URLError, ConnectionError, OSError):
+        return False
+
+
+def log_tail(path: Path, n: int = TAIL_LINES) -> str:
+    lines = [x for x in path.read_text(errors="replace").strip().splitlines() if x.strip()] if path.exists() else []
+    return " | ".join(x.strip()[:300] for x in lines[-n:]) or "(empty log)"
+
+
+def wait_healthy(procs: list[Process], deadline: float, interval_s: float = 0.2) -> None:
+    """Until every process answers /health; ProvisionError naming one that exited (with its last log lines) or
+    those not healthy by `deadline`."""
+    pending = list(procs)
+    while pending:
+        for p in list(pending):
+            if p.popen.poll() is not None:
+                raise ProvisionError(f"{p.name} exited with code {p.popen.returncode}: {log_tail(p.log_path)}")
+            if _healthy(p.url):
+                pending.remove(p)
+        if pending and time.monotonic() > deadline:
+            raise ProvisionError(f"not healthy in time: {', '.join(p.name for p in pending)} "
+                                 f"(last lines of {pending[0].name}: {log_tail(pending[0].log_path)})")
+        if pending:
+            time.sleep(interval_s)
+
+
+def smoke_request(url: str, model: str, deadline: float) -> None:
+    """One tiny completion through the router proves the whole path serves."""
+    probe_until_served(url + "/v1/completions",
+                       {"model": model, "prompt": "epdbench readiness probe", "max_tokens": 2,
+                        "request_id": "epdbench-probe"},
+                       {"X-Request-Id": "epdbench-probe"}, deadline, interval_s=0.5)
+
+
+def stop_deployment(dep: Deployment, grace_s: float = 5.0) -> None:
+    """Stop the router first, then the engines; never raises."""
+    for p in sorted(dep.processes, key=lambda p: p.role != "router"):
+        if p.popen is None:
+            continue
+        try:
+            stop_process(p.popen, grace_s)
+        except Exception:  # noqa: BLE001 - teardown must reach every process
+            pass

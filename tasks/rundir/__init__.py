@@ -1,0 +1,1 @@
+"""The results folder: records, ledger, ownership, report files."""

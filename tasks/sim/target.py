@@ -1,0 +1,87 @@
+"""Provision a configuration on the embedded simulator: one local process per role replica plus
+a router, on free loopback ports; tear everything down, always."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from epdbench.specs.commands import vllm_router_args
+from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
+from epdbench.tasks.deployment import Deployment, Process, exited
+from epdbench.tasks.proc.processes import (ISSUED_PORTS, free_port, router_binary, smoke_request, spawn, stop_all,
+                                      stop_deployment, wait_healthy)
+
+__all__ = ["ISSUED_PORTS", "free_port", "start", "stop", "stop_all"]
+
+
+def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_dir: Path) -> Deployment:
+    """Start every role replica and the router; return once all serve. Raises ProvisionError."""
+    sim = spec.target.sim
+    host = sim.host
+    # Mooncake's own knobs: metrics windows on, every second so short suites still log transfer activity.
+    env = {"MC_TE_METRIC_INTERVAL_SECONDS": "1", **os.environ, "MC_TE_METRIC": "1", "PYTHONUNBUFFERED": "1"}
+    if config.kv_transport == "tcp":
+        env["MC_FORCE_TCP"] = "1"   # as on a cluster: Mooncake would pick RDMA by itself if it found HCAs
+    else:
+        env.pop("MC_FORCE_TCP", None)
+    procs: list[Process] = []
+    bootstrap: dict[str, int] = {}
+    deadline = time.monotonic() + sim.startup_timeout_s
+    dep = Deployment(config=config.name, endpoint="", router="")
+    dep.processes = procs    # filled as they start: a failure half-way stops the ones started
+    try:
+        for role in config.roles:
+            for i in range(role.replicas):
+                port = free_port(host)
+                name = f"{role.role}-{i}"
+                cmd = [sys.executable, "-m", "epdbench.sim.server", "--spec", str(spec_path), "--config", config.name,
+                       "--role", role.role, "--replica", str(i), "--host", host, "--port", str(port)]
+                if role.role == "prefill":
+                    bootstrap[name] = free_port(host)
+                    cmd += ["--bootstrap-port", str(bootstrap[name])]
+                url = f"http://{host}:{port}"
+                log = log_dir / f"{name}.log"
+                procs.append(Process(name, role.role, url, log, spawn(cmd, log, env, f"{config.name}/{name}"),
+                                     metrics_url=url + "/metrics"))
+        wait_healthy(procs, deadline)
+        router_port = free_port(host)
+        skip = sim.faults.skip_prefill_fraction if config.topology != "aggregated" else 0.0
+        use_vllm_router = sim.router == "vllm-router" and config.topology != "epd" and not skip
+        router_metrics = None
+        if use_vllm_router:
+            prom_port = free_port(host)
+            router_metrics = f"http://{host}:{prom_port}/metrics"
+            cmd = [router_binary(), *vllm_router_args(
+                config, host=host, port=router_port, prometheus_port=prom_port,
+                startup_timeout_s=sim.startup_timeout_s, servers=[p.url for p in procs],
+                prefills=[(p.url, bootstrap[p.name]) for p in procs if p.role == "prefill"],
+                decodes=[p.url for p in procs if p.role == "decode"])]
+            dep.router = "vllm-router"
+        else:
+            cmd = [sys.executable, "-m", "epdbench.sim.proxy", "--host", host, "--port", str(router_port)]
+            for p in procs:
+                cmd += [f"--{p.role}", p.url]
+            if skip:
+                cmd += ["--fault-skip-prefill", str(skip), "--fault-seed", str(spec.seed)]
+            dep.router = "epdbench-proxy" + (f" (fault: skip prefill {skip:.0%})" if skip else "")
+        router_url = f"http://{host}:{router_port}"
+        router_metrics = router_metrics or router_url + "/metrics"
+        log = log_dir / "router.log"
+        router = Process("router", "router", router_url, log, spawn(cmd, log, env, f"{config.name}/router"),
+                         metrics_url=router_metrics)
+        procs.append(router)
+        wait_healthy([router], deadline)
+        dep.endpoint = router_url
+        smoke_request(router_url, spec.model.name, deadline)
+        dep.health = lambda: exited(dep.processes)
+        return dep
+    except BaseException:
+        stop(dep)
+        raise
+
+
+def stop(dep: Deployment) -> None:
+    """Stop the router first, then the simulator processes; never raises."""
+    stop_deployment(dep)

@@ -1,0 +1,90 @@
+"""tasks/proc/runguard.py with tasks/rundir/runstate.py: when the process holding a run folder dies by SIGKILL,
+its guard ends what it left — registered processes and processes only its token names — and says so in guard.log; a live run's
+processes are nobody's leftovers; a holder that gives the folder up leaves its processes to a later cleanup."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from epdbench.tasks.rundir.runstate import GUARDED, end_leftovers, leftovers, process_start_time
+
+pytestmark = pytest.mark.skipif(not GUARDED, reason="the guard finds processes through Linux's /proc")
+ROOT = Path(__file__).resolve().parents[3]
+
+# A holder of the folder argv[1] that starts two sleeps in sessions of their own, with no death signal: one
+# registered, one only carrying the run's token. It says their pids, then releases the folder if argv[2] says so.
+HOLDER = """
+import subprocess, sys, time
+from pathlib import Path
+from epdbench.tasks.rundir.runstate import RunFolder
+hold = RunFolder(Path(sys.argv[1])).acquire()
+registered = subprocess.Popen(["sleep", "60"], start_new_session=True)
+hold.register([registered.pid], "pd-tcp/prefill-0")
+unregistered = subprocess.Popen(["sleep", "60"], start_new_session=True)
+print(registered.pid, unregistered.pid, flush=True)
+if sys.argv[2] == "release":
+    hold.release()
+    sys.exit(0)
+time.sleep(60)
+"""
+
+
+def start_holder(rdir: Path, then: str) -> tuple[subprocess.Popen, list[tuple[int, int]]]:
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(rdir), then], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    pids = [int(p) for p in holder.stdout.readline().split()]
+    return holder, [(pid, process_start_time(pid)) for pid in pids]
+
+
+def running(procs: list[tuple[int, int]]) -> list[int]:
+    return [pid for pid, start in procs if process_start_time(pid) == start]
+
+
+def guards_of(rdir: Path) -> list[int]:
+    out = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"epdbench.tasks.proc.runguard" in args and str(rdir).encode() in args:
+            out.append(int(cmdline.parent.name))
+    return out
+
+
+def test_the_guard_ends_what_a_sigkilled_holder_left_registered_or_not(tmp_path):
+    holder, sleeps = start_holder(tmp_path, "stay")
+    try:
+        assert len(running(sleeps)) == 2 and guards_of(tmp_path)
+        assert leftovers(tmp_path) == []                # a live run's processes: `cleanup` ends nothing
+        holder.kill()
+        holder.wait(timeout=10)
+        deadline = time.monotonic() + 15
+        while (running(sleeps) or guards_of(tmp_path)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert running(sleeps) == [] and guards_of(tmp_path) == []
+        line = (tmp_path / "guard.log").read_text()
+        assert f"pid {holder.pid} ended without stopping 2 process(es)" in line
+        assert f"pd-tcp/prefill-0 pid {sleeps[0][0]}" in line and f"unregistered (sleep 60) pid {sleeps[1][0]}" in line
+    finally:
+        for pid in running(sleeps):
+            os.kill(pid, 9)
+
+
+def test_a_holder_that_gives_the_folder_up_leaves_its_processes_to_a_later_cleanup(tmp_path):
+    holder, sleeps = start_holder(tmp_path, "release")
+    try:
+        assert holder.wait(timeout=30) == 0
+        time.sleep(1.0)
+        assert len(running(sleeps)) == 2 and guards_of(tmp_path) == [] and not (tmp_path / "guard.log").exists()
+        ended = end_leftovers(tmp_path, grace_s=5)       # the run is over: both are its leftovers
+        assert sorted(e["pid"] for e in ended) == sorted(pid for pid, _ in sleeps)
+        assert running(sleeps) == []
+    finally:
+        for pid in running(sleeps):
+            os.kill(pid, 9)
