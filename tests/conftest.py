@@ -1,7 +1,15 @@
 import os
+import signal
 from pathlib import Path
 
 import pytest
+
+# Tests that press Ctrl-C (SIGINT to a command or its process group) need the commands they start to react as a
+# terminal's foreground job does. A test run started in the background by a shell without job control (`pytest &`
+# in a script) ignores SIGINT, and every child would inherit that: Python then installs no KeyboardInterrupt
+# handler and the command runs on. Give SIGINT back its default here, so children start with it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 os.environ.setdefault("DO_NOT_TRACK", "true")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
