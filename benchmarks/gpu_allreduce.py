@@ -335,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_allreduce: --world {world} and --tps {args.tps} leave no TP of 2 or more to time: "
               "give --world 2 or more and --tps within it", file=sys.stderr)
         return 2
-    version = ".".join(map(str, torch.cuda.nccl.version())) if nccl else ""
+    version = torch.cuda.nccl.version() if nccl else ""
+    version = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
     meta = dict(gpu=torch.cuda.get_device_name(0) if nccl else "cpu",
                 driver=command_output(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
                                       ).splitlines()[0] if nccl else "none",
