@@ -94,8 +94,10 @@ def fit_laws(rows: Iterable[OpRow]) -> dict[int, AllReduceLaw]:
 
 
 @functools.lru_cache(maxsize=8)
-def _laws_of(text: str, source: str) -> dict[int, AllReduceLaw]:
-    return fit_laws(parse_ops_csv(text, source))
+def _laws_of(text: str, source: str) -> tuple[dict[int, AllReduceLaw], str]:
+    """The laws of a CSV's text and the GPU its rows name (the first row's), cached: the simulator asks every step."""
+    rows = parse_ops_csv(text, source)
+    return fit_laws(rows), rows[0].gpu
 
 
 @functools.lru_cache(maxsize=1)
@@ -116,12 +118,12 @@ def measured(hw: HardwareSpec) -> Measured | None:
     if hw.op_laws != "measured":
         return None
     t = hw.op_timings
-    if t is not None and (laws := _laws_of(t.csv, t.source)):
+    if t is not None and (laws := _laws_of(t.csv, t.source)[0]):
         return Measured(laws, t.source, t.gpu, 1.0)
-    if (default := _default()) is None or not (laws := _laws_of(*default)):
+    if (default := _default()) is None:
         return None
-    gpu = parse_ops_csv(default[0], default[1])[0].gpu
-    return Measured(laws, default[1], gpu, SOURCE_NVLINK_GB_S / hw.nvlink_gb_s)
+    laws, gpu = _laws_of(*default)
+    return Measured(laws, default[1], gpu, SOURCE_NVLINK_GB_S / hw.nvlink_gb_s) if laws else None
 
 
 def nccl_seconds(hw: HardwareSpec, tp: int, n_bytes: float) -> float:
