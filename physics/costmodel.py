@@ -12,8 +12,9 @@ the vision tower) follow one of two laws, by hardware.op_laws:
   over achievable HBM bandwidth × TP.
 - A step costs the larger of the two (roofline; measured: its operators' laws), plus TP all-reduces over NVLink,
   plus a fixed overhead.
-- A TP all-reduce is a ring (NCCL): NCCL's latency for the ring's 2·(TP−1) steps, plus 2·(TP−1)/TP of the
-  activations over the per-direction NVLink bandwidth; two per layer per step.
+- A TP all-reduce, two per layer per step: measured (two H200s, NCCL; hardware.op_laws measured), else a ring as
+  NCCL models it: its latency for the ring's 2·(TP−1) steps, plus 2·(TP−1)/TP of the activations over the
+  per-direction NVLink bandwidth (physics.allreduce).
 - A KV transfer costs a setup (over Mooncake TCP per transfer and per descriptor, measured) and its bytes over
   the sending pod's link, whose bandwidth the transfers in flight share (sim.link).
 - An image costs the FLOPs of the vision tower as Qwen2.5-VL builds it (patch embedding, blocks attending within
@@ -30,6 +31,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from epdbench.physics import allreduce
 from epdbench.physics.measured import EngineLaws, engine_laws
 from epdbench.specs.node import EngineSpec, HardwareSpec, ModelSpec, VisionSpec
 
@@ -175,17 +177,12 @@ class CostModel:
 
     def allreduce_s(self, tokens: int) -> float:
         """The step's TP all-reduces: two per layer (after attention and after the MLP) of the tokens' activations,
-        each a ring all-reduce as NCCL models it (src/graph/tuning.cc): base latency + 2·(TP−1) ring steps of
-        NVLink latency, and 2·(TP−1)/TP of the bytes through each GPU's link in one direction, at half the
-        bidirectional NVLink figure (H100 SXM5 datasheet: 900 GB/s total, 450 GB/s each way)."""
+        each by physics.allreduce (measured on two H200s where the measurement has this TP; NCCL's ring constants
+        and the datasheet's NVLink otherwise)."""
         if self.tp == 1 or tokens == 0:
             return 0.0
-        m, hw = self.model, self.hw
-        ring_steps = 2 * (self.tp - 1)
-        latency_s = (hw.allreduce_latency_us + ring_steps * hw.nvlink_hop_latency_us) / 1e6
-        ring_bytes = tokens * m.hidden_size * m.dtype_bytes * ring_steps / self.tp
-        per_allreduce = latency_s + ring_bytes / (hw.nvlink_gb_s / 2 * 1e9)
-        return 2 * m.n_layers * per_allreduce
+        m = self.model
+        return 2 * m.n_layers * allreduce.seconds(self.hw, self.tp, tokens * m.hidden_size * m.dtype_bytes)
 
     def decode_attention_flops(self, n: int, context_sum: int) -> float:
         """attention_flops of `n` decodes, one query each over its context, the contexts adding up to `context_sum`."""

@@ -1,11 +1,12 @@
-"""Operator timings measured on a GPU by benchmarks/gpu_ops.py: the shapes it measures and the CSV it writes.
+"""Operator timings measured on a GPU by benchmarks/gpu_ops.py (and TP all-reduces across GPUs by
+benchmarks/gpu_allreduce.py): the shapes they measure and the CSV they write.
 
 The language models' layer shapes and the vision tower's are those of the presets' models (Hugging Face config.json
 of Qwen/Qwen3-32B and Qwen/Qwen2.5-VL-7B-Instruct; a test checks them against the presets' ModelSpec); the grids
 say which token counts, lengths, batches, contexts and images are timed. `read_ops_csv` reads a measured CSV back,
 strictly: a bad cell is one error line naming the row, the column and the fix.
 
-Standard library only: benchmarks/gpu_ops.py loads this file by its path on a GPU machine where epdbench is not
+Standard library only: the benchmarks load this file by its path on a GPU machine where epdbench is not
 installed.
 """
 from __future__ import annotations
@@ -139,6 +140,26 @@ GRIDS: dict[str, Grid] = {
         images=((224, 1), (1260, 1), (224, 4)), repeats=5, warmup=2, target_ms=0.5),
 }
 
+@dataclass(frozen=True)
+class AllReduceGrid:
+    """What benchmarks/gpu_allreduce.py times: one TP all-reduce of tokens × hidden bf16 activations (vLLM's
+    RowParallelLinear output, two per layer) for every LM_MODELS hidden size and each token count."""
+    tokens: tuple[int, ...]
+    repeats: int
+    warmup: int
+    target_ms: float                              # a timed replay (or eager loop) lasts about this long
+
+
+# Token counts: decode batches up to the presets' max_num_seqs (256) and prefill steps up to their
+# max_num_batched_tokens (8192), one beyond for the link's bandwidth.
+ALLREDUCE_GRIDS: dict[str, AllReduceGrid] = {
+    "full": AllReduceGrid(tokens=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384),
+                          repeats=15, warmup=3, target_ms=2.0),
+    "quick": AllReduceGrid(tokens=(1, 64, 2048), repeats=5, warmup=2, target_ms=0.5),
+}
+# The TP sizes an all-reduce is timed at, those the host's GPUs allow (vLLM's TP divides the heads: powers of 2).
+ALLREDUCE_TPS = (2, 4, 8)
+
 # op → the shape columns its rows must fill (positive integers); the rest may be empty.
 OPS: dict[str, tuple[str, ...]] = {
     "peak.gemm": ("tokens",),
@@ -151,6 +172,7 @@ OPS: dict[str, tuple[str, ...]] = {
     "vision.merger": ("image_px", "batch", "tokens"),
     "vision.attn_full": ("image_px", "batch", "tokens"),
     "vision.attn_window": ("image_px", "batch", "tokens"),
+    "allreduce": ("tp", "tokens"),                # benchmarks/gpu_allreduce.py: bytes = tokens × hidden × 2
 }
 META_COLUMNS = ("gpu", "driver", "torch", "cuda", "date")
 SHAPE_COLUMNS = ("tp", "layers", "tokens", "batch", "context", "image_px")

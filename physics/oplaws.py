@@ -27,7 +27,7 @@ decode) follow the bandwidth: for the presets' H100 SXM (989 TFLOP/s, 3.35 TB/s)
 launch costs). A TP the CSV lacks for a model takes its nearest measured TP, the sharded time scaled by their
 ratio (ideal sharding; Qwen3-32B's GEMMs measured at TP 1 take 1.7 to 2.15 times their TP 2 time). A model the CSV
 lacks, or whose figures differ from the measured one's (physics.gpu_ops.LM_MODELS, VISION_MODELS), keeps the
-roofline (costmodel.CostModel) and `describe` says so. The TP all-reduces keep their NCCL-sourced constants.
+roofline (costmodel.CostModel) and `describe` says so. The TP all-reduces have their own law (physics.allreduce).
 """
 from __future__ import annotations
 
