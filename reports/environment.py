@@ -3,6 +3,7 @@ placement, and per configuration its roles, connectors and transport. Every figu
 the simulator the calibration profile its constants came from (`compare --profile`), with its error bar."""
 from __future__ import annotations
 
+from epdbench.physics import allreduce
 from epdbench.physics.measured import describe
 from epdbench.specs.commands import ENGINE_PORT, VLLM_SERVER_MODULE, engine_args, kv_transfer_config, local_engine_args
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
@@ -13,6 +14,7 @@ def hardware_text(spec: ExperimentSpec) -> str:
     hw = spec.hardware
     node = (f"{hw.gpus_per_node} × {hw.gpu}: {hw.bf16_tflops:g} TFLOP/s BF16, HBM {hw.hbm_tb_s:g} TB/s, "
             f"NVLink {hw.nvlink_gb_s:g} GB/s per GPU; GPU operators: {describe(spec.model, hw)}; "
+            f"{allreduce.describe(hw)}; "
             f"KV over TCP {hw.tcp_gb_s:g} GB/s + {hw.tcp_setup_ms + hw.tcp_latency_ms:g} ms + "
             f"{hw.tcp_descriptor_ms:g} ms per further descriptor, over RDMA {hw.rdma_nic_gbit_s:g} Gbit/s "
             f"(×{hw.rdma_efficiency:g}) + {hw.rdma_latency_ms:g} ms")
