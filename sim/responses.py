@@ -15,7 +15,8 @@ from epdbench.sim.engine import Sequence
 if TYPE_CHECKING:
     from epdbench.sim.replica import Replica
 
-# vLLM puts its version and a build hash here on a whole answer and on a stream's last chunk; the simulator names itself.
+# vLLM puts its version and a build hash here on a whole answer and on a stream's last chunk; the simulator names
+# itself.
 SYSTEM_FINGERPRINT = "epdbench-sim"
 OUTPUT_WORDS = ["the", "model", "answers", "with", "tokens", "that", "stream", "back", "to", "you"]
 

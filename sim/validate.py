@@ -54,7 +54,8 @@ def malformed_json(offset: int) -> BadRequest:
     """A body that is not JSON: the request model's json_invalid error at the character where parsing stopped."""
     return BadRequest(400, REQUEST_MODEL_ERROR,
                       f"1 validation error:\n  {{'type': 'json_invalid', 'loc': 'body.{offset}', 'msg': 'JSON decode "
-                      f"error', 'input': '<dict of 0 items>', 'ctx': {{'error': 'Expecting value'}}}}", f"body.{offset}")
+                      f"error', 'input': '<dict of 0 items>', 'ctx': {{'error': 'Expecting value'}}}}",
+                      f"body.{offset}")
 
 
 def _int_field(body: dict, name: str) -> BadRequest | None:

@@ -22,13 +22,16 @@ def sse(*chunks, done: bool = True) -> dict:
 
 
 def test_text_ids_and_token_counts_differ_without_a_difference_but_finish_reason_and_usage_do_not():
+    def usage(prompt, completion, cached):
+        return {"prompt_tokens": prompt, "completion_tokens": completion,
+                "prompt_tokens_details": {"cached_tokens": cached}}
     real = answer({"id": "cmpl-a", "choices": [{"index": 0, "text": "xyz", "finish_reason": "length"}],
-                   "usage": {"prompt_tokens": 20, "completion_tokens": 4, "prompt_tokens_details": {"cached_tokens": 0}}})
+                   "usage": usage(20, 4, 0)})
     same = answer({"id": "cmpl-b", "choices": [{"index": 0, "text": "the", "finish_reason": "length"}],
-                   "usage": {"prompt_tokens": 5, "completion_tokens": 4, "prompt_tokens_details": {"cached_tokens": 0}}})
+                   "usage": usage(5, 4, 0)})
     assert compare_answers("p", real, same) == []
     other = answer({"id": "cmpl-b", "choices": [{"index": 0, "text": "the", "finish_reason": "stop"}],
-                    "usage": {"prompt_tokens": 5, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 16}}})
+                    "usage": usage(5, 3, 16)})
     assert {d.what for d in compare_answers("p", real, other)} == {
         "values:choices[].finish_reason", "values:usage.completion_tokens",
         "values:usage.prompt_tokens_details.cached_tokens"}
