@@ -13,6 +13,10 @@ if TYPE_CHECKING:
     from epdbench.sim.replica import Replica
 
 
+# vllm:request_success_total carries every finish reason from the start (vLLM 0.32 v1/metrics/loggers.py)
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+
+
 @dataclass
 class Counters:
     request_success: dict[str, int] = field(default_factory=dict)
@@ -68,7 +72,9 @@ def prometheus_text(replica: Replica) -> str:
              f'epdbench_sim_info{{{lbl},role="{replica.role}",transport="{replica.transport}"}} 1']
 
     def counter(name, value, extra=""):
-        lines.append(f"# TYPE vllm:{name} counter")
+        # vLLM's exposition (prometheus_client in multiprocess mode) names a counter's TYPE line by its _total sample
+        if f"# TYPE vllm:{name}_total counter" not in lines:
+            lines.append(f"# TYPE vllm:{name}_total counter")
         lines.append(f"vllm:{name}_total{{{lbl}{extra}}} {value}")
 
     def histogram(name, count, total):      # a KV connector's per-transfer histogram: its count and sum
@@ -76,8 +82,8 @@ def prometheus_text(replica: Replica) -> str:
         lines.append(f"vllm:{name}_count{{{lbl}}} {count}")
         lines.append(f"vllm:{name}_sum{{{lbl}}} {total}")
 
-    for reason, n in sorted(c.request_success.items()) or [("length", 0)]:
-        counter("request_success", n, f',finished_reason="{reason}"')
+    for reason in FINISHED_REASONS + tuple(sorted(set(c.request_success) - set(FINISHED_REASONS))):
+        counter("request_success", c.request_success.get(reason, 0), f',finished_reason="{reason}"')
     counter("prompt_tokens", c.prompt_tokens)
     counter("generation_tokens", c.generation_tokens)
     for src, n in c.prompt_by_source.items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 import uuid
 
 import aiohttp
@@ -22,7 +23,8 @@ from epdbench.timer import precise_sleep
 from epdbench.sim.metrics import Counters, prometheus_text
 from epdbench.sim.prefix_cache import BLOCK_TOKENS, PrefixCache, block_hashes
 from epdbench.sim.tokenizer import chat_parts, image_end_positions, image_hash, prompt_ids
-from epdbench.sim.validate import BadRequest, check_body, empty_prompt, output_budget, request_id_of
+from epdbench.sim.validate import (BadRequest, check_schema, check_served, empty_prompt, malformed_json,
+                                   output_budget, request_id_of)
 from epdbench.specs.commands import MAX_LOG_LEN
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
 
@@ -44,6 +46,7 @@ class Replica:
         self.engine = Engine(self.cost, spec.engine, sleep=precise_sleep(), time_scale=self.time_scale)
         self.emit_lag = Lag()   # how late each streamed token was written against its step's modelled end
         self.pid = os.getpid()
+        self.started = time.time()
         self.engine_id = f"{config.name}-{role}-{replica}-{uuid.uuid4().hex[:8]}"
         self.counters = Counters()
         self.requests_seen = 0   # completion requests received (fault injection counts them)
@@ -128,13 +131,26 @@ class Replica:
     async def generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         self.maybe_die()
         try:
-            body = await request.json()
-            problem = check_body(body, self.spec.model.name, chat)
-            if problem:
-                return self.refuse(problem)
+            body = json.loads(await request.text())
+        except json.JSONDecodeError as e:
+            return self.refuse(malformed_json(e.pos))
+        except (UnicodeDecodeError, OSError) as e:
+            return self.refuse(BadRequest(400, "BadRequestError", f"bad request: {e}"))
+        problem = check_schema(body, chat)
+        if problem:
+            return self.refuse(problem)
+        body_id = body.get("request_id") or uuid.uuid4().hex
+        # as vLLM with --enable-log-requests and VLLM_REQUEST_BODY_LOG_LEVEL=INFO (request_logger.py): the body is
+        # logged once the request model accepted it, before the handler's own checks (model, n, lengths)
+        self.api_log(f"Request {body_id} JSON body: {json.dumps(body, separators=(',', ':'))[:MAX_LOG_LEN]}",
+                     file="request_logger.py", line=86)
+        problem = check_served(body, self.spec.model.name)
+        if problem:
+            return self.refuse(problem)
+        try:
             ids, images, image_ends = self.parse(body, chat)
             prompt_tokens = len(ids)
-        except (ValueError, TypeError, json.JSONDecodeError, OSError) as e:
+        except (ValueError, TypeError) as e:
             return self.refuse(BadRequest(400, "BadRequestError", f"bad request: {e}"))
         max_tokens = output_budget(body, chat, prompt_tokens, self.spec.engine.max_model_len)
         if isinstance(max_tokens, BadRequest):
@@ -143,10 +159,6 @@ class Replica:
             return self.refuse(empty_prompt())
         if images and self.spec.model.vision is None:
             return self.refuse(BadRequest(400, "BadRequestError", "model is not multimodal"))
-        body_id = body.get("request_id") or uuid.uuid4().hex
-        # as vLLM with --enable-log-requests and VLLM_REQUEST_BODY_LOG_LEVEL=INFO (request_logger.py)
-        self.api_log(f"Request {body_id} JSON body: {json.dumps(body, separators=(',', ':'))[:MAX_LOG_LEN]}",
-                     file="request_logger.py", line=86)
         client_id = request_id_of(request.headers.get("X-Request-Id"), body) or body_id
         prefix = "chatcmpl" if chat else "cmpl"
         rid = f"{prefix}-{client_id}"
@@ -216,9 +228,16 @@ class Replica:
                                   "tokens": ids})
 
     async def models(self, request: web.Request) -> web.Response:
+        """vLLM's model card (0.32: entrypoints/openai/models/protocol.py), its permission entry included."""
+        created = int(self.started)
+        permission = {"id": f"modelperm-{self.engine_id}", "object": "model_permission", "created": created,
+                      "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                      "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+                      "organization": "*", "group": None, "is_blocking": False}
         return web.json_response({"object": "list", "data": [
-            {"id": self.spec.model.name, "object": "model", "owned_by": "vllm",
-             "max_model_len": self.spec.engine.max_model_len}]})
+            {"id": self.spec.model.name, "object": "model", "created": created, "owned_by": "vllm",
+             "root": self.spec.model.name, "parent": None, "max_model_len": self.spec.engine.max_model_len,
+             "permission": [permission]}]})
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)

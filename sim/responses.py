@@ -15,6 +15,9 @@ from epdbench.sim.engine import Sequence
 if TYPE_CHECKING:
     from epdbench.sim.replica import Replica
 
+# vLLM puts its version and a build hash here on a whole answer and on a stream's last chunk; the simulator names
+# itself.
+SYSTEM_FINGERPRINT = "epdbench-sim"
 OUTPUT_WORDS = ["the", "model", "answers", "with", "tokens", "that", "stream", "back", "to", "you"]
 
 
@@ -27,15 +30,16 @@ def text_of(n: int) -> str:
     return "".join(word(i) for i in range(n))
 
 
-def usage(seq: Sequence, generated: int | None = None) -> dict:
+def usage(seq: Sequence, generated: int | None = None, chat: bool = False) -> dict:
     """vLLM's usage (with --enable-prompt-tokens-details): a decode whose prompt came by KV transfer reports its
     prefill's prefix-cache hit (kv_transfer_params' remote_prefill_cached_tokens, vLLM 0.33
-    v1/engine/output_processor.py), not its own near-whole hit from the transfer."""
+    v1/engine/output_processor.py), not its own near-whole hit from the transfer. Chat answers also count
+    `created_cache_tokens` (0: no prompt-cache writes are asked for), as vLLM 0.32's chat server does."""
     n = seq.generated if generated is None else generated
     cached = seq.cached if seq.reported_cached is None else seq.reported_cached
+    details = {"cached_tokens": cached, **({"created_cache_tokens": 0} if chat else {})}
     return {"prompt_tokens": seq.prompt_tokens, "completion_tokens": n,
-            "total_tokens": seq.prompt_tokens + n,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+            "total_tokens": seq.prompt_tokens + n, "prompt_tokens_details": details}
 
 
 def model_of(replica: Replica, body: dict) -> str:
@@ -48,7 +52,7 @@ def response_json(replica: Replica, body: dict, rid: str, seq: Sequence, chat: b
               if chat else {"index": 0, "text": text, "finish_reason": reason})
     return {"id": rid, "object": "chat.completion" if chat else "text_completion",
             "created": int(time.time()), "model": model_of(replica, body),
-            "choices": [choice], "usage": usage(seq)}
+            "choices": [choice], "system_fingerprint": SYSTEM_FINGERPRINT, "usage": usage(seq, chat=chat)}
 
 
 async def until(stamp: float) -> None:
@@ -96,10 +100,14 @@ async def stream(replica: Replica, request: web.Request, body: dict, rid: str, s
     created = int(time.time())
     obj = "chat.completion.chunk" if chat else "text_completion"
 
-    def chunk(choices, usage_=None, modelled_end: float | None = None) -> bytes:
+    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+    def chunk(choices, usage_=None, modelled_end: float | None = None, last: bool = False) -> bytes:
         d = {"id": rid, "object": obj, "created": created, "model": model, "choices": choices}
         if usage_ is not None:
             d["usage"] = usage_
+        if last:                       # vLLM: the stream's last chunk before [DONE] carries the fingerprint
+            d["system_fingerprint"] = SYSTEM_FINGERPRINT
         if modelled_end is not None:   # when the token was emitted on the modelled timeline (host clock, ns)
             d[MODELLED_FIELD] = int(modelled_end * 1e9)
         return b"data: " + json.dumps(d, separators=(",", ":")).encode() + b"\n\n"
@@ -121,11 +129,12 @@ async def stream(replica: Replica, request: web.Request, body: dict, rid: str, s
             piece = ({"index": 0, "delta": {"content": text}, "finish_reason": reason} if chat
                      else {"index": 0, "text": text, "finish_reason": reason})
             await until(modelled_end)
-            await resp.write(chunk([piece], usage(seq, n) if continuous else None, modelled_end))
+            await resp.write(chunk([piece], usage(seq, n, chat) if continuous else None, modelled_end,
+                                   last=last and not include_usage))
             replica.emit_lag.observe(max(0.0, time.perf_counter() - modelled_end) / replica.time_scale)
         replica.counters.finish(seq.finish_reason or "length", seq.generated)
-        if (body.get("stream_options") or {}).get("include_usage"):
-            await resp.write(chunk([], usage(seq)))
+        if include_usage:
+            await resp.write(chunk([], usage(seq, chat=chat), last=True))
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
     except ConnectionResetError:

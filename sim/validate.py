@@ -38,6 +38,24 @@ class BadRequest:
 
 
 COMPLETIONS_MAX_TOKENS = 16    # openai/completion/protocol.py: `max_tokens: int | None = 16`
+REQUEST_MODEL_ERROR = "Bad Request"   # vLLM 0.32's type for a body its request model refuses (the HTTP reason)
+
+
+def request_model_error(kind: str, name: str, msg: str, value) -> BadRequest:
+    """A body the request model refuses before vLLM's handler runs (so before its request-body log line), as vLLM
+    0.32's validation handler answers it: 400 `Bad Request`, param `body.<field>`, pydantic's error in the message."""
+    shown = f"<dict of {value} items>" if kind == "missing" else repr(value)
+    return BadRequest(400, REQUEST_MODEL_ERROR,
+                      f"1 validation error:\n  {{'type': '{kind}', 'loc': 'body.{name}', 'msg': '{msg}', "
+                      f"'input': {shown}}}", f"body.{name}")
+
+
+def malformed_json(offset: int) -> BadRequest:
+    """A body that is not JSON: the request model's json_invalid error at the character where parsing stopped."""
+    return BadRequest(400, REQUEST_MODEL_ERROR,
+                      f"1 validation error:\n  {{'type': 'json_invalid', 'loc': 'body.{offset}', 'msg': 'JSON decode "
+                      f"error', 'input': '<dict of 0 items>', 'ctx': {{'error': 'Expecting value'}}}}",
+                      f"body.{offset}")
 
 
 def _int_field(body: dict, name: str) -> BadRequest | None:
@@ -45,39 +63,52 @@ def _int_field(body: dict, name: str) -> BadRequest | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        return BadRequest(400, "BadRequestError", f"1 validation error:\n  {name}: Input should be a valid integer",
-                          name)
+        return request_model_error("int_parsing" if isinstance(value, str) else "int_type", name,
+                                   "Input should be a valid integer", value)
+    return None
+
+
+def check_schema(body, chat: bool) -> BadRequest | None:
+    """What vLLM's request model refuses before its handler runs (no request-body line is logged for it): a body
+    that is no object, fields of the wrong type, missing messages, a missing or empty completions prompt."""
+    if not isinstance(body, dict):
+        return BadRequest(400, "BadRequestError", "1 validation error:\n  Input should be a valid dictionary or "
+                                                  "object to extract fields from")
+    for name in (("max_tokens", "max_completion_tokens", "n") if chat else ("max_tokens", "n")):
+        problem = _int_field(body, name)
+        if problem:
+            return problem
+    if chat and "messages" not in body:
+        return request_model_error("missing", "messages", "Field required", len(body))
+    if chat and not isinstance(body["messages"], list):
+        return request_model_error("list_type", "messages", "Input should be a valid list", body["messages"])
+    if not chat and body.get("prompt") in (None, "", []):
+        return BadRequest.validation("Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
+    return None
+
+
+def check_served(body: dict, served_model: str) -> BadRequest | None:
+    """What vLLM's handler refuses after logging the request's body: an unknown model, n, negative temperature."""
+    model = body.get("model")
+    if model and model != served_model:
+        return BadRequest(404, "NotFoundError", f"The model `{model}` does not exist. Valid aliases: {served_model}.",
+                          "model")
+    n = body.get("n")
+    if n is not None and n < 1:
+        return BadRequest(400, "BadRequestError", f"n must be at least 1, got {n}.")
+    if n is not None and n > 1:
+        return BadRequest(400, "BadRequestError", f"n must be 1 on the simulator, got {n} (vLLM returns n "
+                                                  "choices; the simulator generates one)", "n")
+    temperature = body.get("temperature")
+    if isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature < 0:
+        return BadRequest.validation(f"temperature must be non-negative, got {float(temperature)}.", "temperature",
+                                     float(temperature))
     return None
 
 
 def check_body(body, served_model: str, chat: bool) -> BadRequest | None:
     """The first reason vLLM would refuse this (chat) completions body before generating, or None."""
-    if not isinstance(body, dict):
-        return BadRequest(400, "BadRequestError", "1 validation error:\n  Input should be a valid dictionary or "
-                                                  "object to extract fields from")
-    model = body.get("model")
-    if model and model != served_model:
-        return BadRequest(404, "NotFoundError", f"The model `{model}` does not exist. Valid aliases: {served_model}.",
-                          "model")
-    for name in (("max_tokens", "max_completion_tokens") if chat else ("max_tokens",)):
-        problem = _int_field(body, name)
-        if problem:
-            return problem
-    n = body.get("n")
-    if n is not None:
-        problem = _int_field(body, "n")
-        if problem:
-            return problem
-        if n < 1:
-            return BadRequest(400, "BadRequestError", f"n must be at least 1, got {n}.")
-        if n > 1:
-            return BadRequest(400, "BadRequestError", f"n must be 1 on the simulator, got {n} (vLLM returns n "
-                                                      "choices; the simulator generates one)", "n")
-    if chat and not isinstance(body.get("messages"), list):
-        return BadRequest(400, "BadRequestError", "1 validation error:\n  messages: Field required", "messages")
-    if not chat and "prompt" not in body:
-        return BadRequest(400, "BadRequestError", "1 validation error:\n  prompt: Field required", "prompt")
-    return None
+    return check_schema(body, chat) or check_served(body, served_model)
 
 
 def requested_tokens(body: dict, chat: bool) -> tuple[int | None, str]:

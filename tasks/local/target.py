@@ -15,8 +15,8 @@ from epdbench.specs.commands import (VLLM_LOGGING_CONFIG, VLLM_SERVER_MODULE, lo
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
 from epdbench.tasks.deployment import Deployment, Process, ProvisionError, exited
 from epdbench.tasks.local.engine_env import EngineEnvError, default_env_dir, env_python, vllm_version
-from epdbench.tasks.proc.processes import (free_port, router_binary, smoke_request, spawn, stop_deployment,
-                                      wait_healthy)
+from epdbench.tasks.proc.processes import (free_port, port_taken, router_binary, smoke_request, spawn,
+                                           stop_deployment, wait_healthy)
 from epdbench.tasks.local.tiny_model import TinyModelError, write_tiny_model
 
 TINY_MODEL_DIR = "tiny-model"   # in the results folder
@@ -80,6 +80,11 @@ def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_
                 env = engine_environment(python, local_engine_env(
                     spec, config, role.role, nixl_port=nixl, gpus=gpus[name], cpus=cpus.get(name),
                     logging_config=str(logging_config)))
+                if port_taken(host, port):
+                    # a vLLM engine binds its port only after its interpreter starts: another server answering
+                    # /health there meanwhile would pass for it
+                    raise ProvisionError(f"{name}: port {port} on {host} was taken by another process before the "
+                                         "engine started; run again")
                 url = f"http://{host}:{port}"
                 log = log_dir / f"{name}.log"
                 proc = spawn(cmd, log, env, f"{config.name}/{name}")

@@ -99,6 +99,25 @@ def log_tail(path: Path, n: int = TAIL_LINES) -> str:
     return " | ".join(x.strip()[:300] for x in lines[-n:]) or "(empty log)"
 
 
+def port_taken(host: str, port: int) -> bool:
+    """Something on this host already listens on (or holds) `port`."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def start_failure(name: str, code: int, tail: str) -> str:
+    """One line for a process that exited before it served: why, when its log says (a taken port), and its last
+    log lines."""
+    if "Address already in use" in tail:
+        return (f"{name} exited with code {code}: its port is taken by another process (Address already in use); "
+                f"stop that process or run again: {tail}")
+    return f"{name} exited with code {code}: {tail}"
+
+
 def wait_healthy(procs: list[Process], deadline: float, interval_s: float = 0.2) -> None:
     """Until every process answers /health; ProvisionError naming one that exited (with its last log lines) or
     those not healthy by `deadline`."""
@@ -106,7 +125,7 @@ def wait_healthy(procs: list[Process], deadline: float, interval_s: float = 0.2)
     while pending:
         for p in list(pending):
             if p.popen.poll() is not None:
-                raise ProvisionError(f"{p.name} exited with code {p.popen.returncode}: {log_tail(p.log_path)}")
+                raise ProvisionError(start_failure(p.name, p.popen.returncode, log_tail(p.log_path)))
             if _healthy(p.url):
                 pending.remove(p)
         if pending and time.monotonic() > deadline:

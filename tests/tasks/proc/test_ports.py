@@ -52,3 +52,30 @@ def test_no_new_port_in_64_tries_is_a_provisioning_error(monkeypatch, issued):
 def test_real_ports_are_distinct_over_thousands_of_calls(issued):
     ports = [processes.free_port("127.0.0.1") for _ in range(3000)]   # bind(0) repeats ~1 in 20,000 calls
     assert len(set(ports)) == len(ports)
+
+
+def test_a_port_another_process_holds_is_taken_and_a_released_one_is_not():
+    import socket
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        assert processes.port_taken("127.0.0.1", port)
+    assert not processes.port_taken("127.0.0.1", port)
+
+
+def test_an_engine_that_dies_on_a_taken_port_is_one_line_saying_so_with_its_last_log_lines(tmp_path):
+    import subprocess
+    import sys
+    import time
+    from epdbench.tasks.deployment import Process
+    log = tmp_path / "server-0.log"
+    log.write_text("INFO starting\nOSError: [Errno 98] Address already in use\n")
+    proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
+    proc.wait(timeout=30)
+    with pytest.raises(ProvisionError) as e:
+        processes.wait_healthy([Process("server-0", "server", "http://127.0.0.1:9", log, proc)], time.monotonic() + 5)
+    line = str(e.value)
+    assert "\n" not in line and line.startswith("server-0 exited with code 1: its port is taken by another process")
+    assert line.endswith("INFO starting | OSError: [Errno 98] Address already in use")
+    assert processes.start_failure("x", 2, "boom") == "x exited with code 2: boom"
