@@ -129,11 +129,11 @@ def errors(received: dict[str, list[int]], sent: dict[str, list[int]]) -> dict:
     return {"ttft_p50": pct(ttft, 50), "ttft_p99": pct(ttft, 99), "itl_p99": pct(itl, 99), "bad": bad}
 
 
-def make_requests(n: int, max_tokens: int, start: int = 0):
+def make_requests(n: int, max_tokens: int, start: int = 0, traced: bool = False):
     from epdbench.specs.workload import RequestSpec
     prompt = "benchmark prompt alpha bravo charlie"
     return [RequestSpec(start + i, "measured", "completions", {"prompt": prompt, "max_tokens": max_tokens},
-                        len(prompt.split()), max_tokens, f"h{start + i}") for i in range(n)]
+                        len(prompt.split()), max_tokens, f"h{start + i}", traced=traced) for i in range(n)]
 
 
 async def fetch_stamps(base: str) -> dict:
@@ -143,13 +143,15 @@ async def fetch_stamps(base: str) -> dict:
 
 
 # ----------------------------------------------------------------------------- clients
-async def run_epdbench(base: str, conc: int, n: int, args, first: int) -> dict:
+async def run_epdbench(base: str, conc: int, n: int, args, first: int, traced: bool = False) -> dict:
+    """epdbench's client; `traced`: every request with a client span and a traceparent (the spec's tracing at
+    its most: every request of the cell traced)."""
     from epdbench.tasks.load.loadgen import LoadGenerator
     async with LoadGenerator(base, "bench-model", args.timeout) as lg:
         await lg.run_cell(make_requests(conc, 8, first), conc)                  # warm the connections
         await fetch_stamps(base)
         cpu0, t0 = time.process_time(), time.perf_counter()
-        recs = await asyncio.wait_for(lg.run_cell(make_requests(n, args.max_tokens, first + conc), conc),
+        recs = await asyncio.wait_for(lg.run_cell(make_requests(n, args.max_tokens, first + conc, traced), conc),
                                       args.duration_per_level * 6 + args.timeout)
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     received = {r.request_id: [r.send_ns + o for o in (r.chunk_arrival_ns or r.chunk_offsets_ns)]
@@ -194,7 +196,11 @@ async def run_vllm(base: str, conc: int, n: int, args, first: int) -> dict:
             "failed": sum(not r["ok"] for r in res["requests"])}
 
 
-CLIENTS = {"epdbench": run_epdbench, "vllm": run_vllm}
+async def run_epdbench_traced(base: str, conc: int, n: int, args, first: int) -> dict:
+    return await run_epdbench(base, conc, n, args, first, traced=True)
+
+
+CLIENTS = {"epdbench": run_epdbench, "vllm": run_vllm, "epdbench+trace": run_epdbench_traced}
 
 
 async def measure(client: str, base: str, conc: int, n: int, args, first: int) -> dict:
@@ -222,7 +228,7 @@ async def main(args) -> int:
     print(f"Python {platform.python_version()}, CPUs: {os.cpu_count()}, aiohttp {aiohttp.__version__}, "
           f"{args.loop} loop, max_tokens={args.max_tokens}, ~{args.duration_per_level:g} s per run, {args.rounds} round(s), "
           f"clients: epdbench{', vLLM ' + VLLM_VERSION + ' (endpoint_request_func)' if args.peer else ''}")
-    clients = ["epdbench"] + ([args.peer] if args.peer else [])
+    clients = ["epdbench"] + ([args.peer] if args.peer else []) + (["epdbench+trace"] if args.tracing else [])
     if args.peer:
         peer_python(args.peer)
     proc, base = await start_server()
@@ -258,7 +264,7 @@ async def main(args) -> int:
 
     hdr = ("conc", "client", "round", "requests", "chunks/s", "CPU ms/1k chunks", "client CPU%", "server CPU%",
            "TTFT err p50 us", "TTFT err p99 us", "ITL err p99 us", "failed")
-    fmt = "{:>5} {:<9} {:>5} {:>8} {:>9} {:>16} {:>11} {:>11} {:>15} {:>15} {:>14} {:>6}"
+    fmt = "{:>5} {:<14} {:>5} {:>8} {:>9} {:>16} {:>11} {:>11} {:>15} {:>15} {:>14} {:>6}"
     print("\n" + fmt.format(*hdr))
     for r in rows:
         print(fmt.format(r["conc"], r["client"], r["round"], r["requests"], f"{r['cps']:.0f}",
@@ -280,6 +286,13 @@ async def main(args) -> int:
                   f"×{mean('epdbench', 'cpu_ms_per_1k') / mean(args.peer, 'cpu_ms_per_1k'):.2f}, TTFT err p99 "
                   f"{mean('epdbench', 'ttft_p99'):.0f} vs {mean(args.peer, 'ttft_p99'):.0f} us, ITL err p99 "
                   f"{mean('epdbench', 'itl_p99'):.0f} vs {mean(args.peer, 'itl_p99'):.0f} us")
+    if args.tracing:
+        print("\nepdbench with every request traced ÷ untraced, ingest (chunks/s), per concurrency (means over rounds):")
+        for conc in args.concurrency:
+            cps = {c: [r["cps"] for r in rows if r["conc"] == conc and r["client"] == c]
+                   for c in ("epdbench", "epdbench+trace")}
+            ratio = (sum(cps["epdbench+trace"]) / len(cps["epdbench+trace"])) / (sum(cps["epdbench"]) / len(cps["epdbench"]))
+            print(f"  c={conc}: ×{ratio:.3f} ({ratio - 1:+.1%})")
     print("\nTTFT err = first chunk received - first chunk sent (server stamp); ITL err = |received gap - sent "
           "gap|.\nCPU% is per process (100 = one core).")
     return 1 if any(r["failed"] or r["bad"] for r in rows) else 0
@@ -295,6 +308,8 @@ if __name__ == "__main__":
     p.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCIES), help="levels to run")
     p.add_argument("--rounds", type=int, default=1, help="runs per client and level, alternating the order")
     p.add_argument("--peer", choices=["vllm"], default=None, help="also run this client, interleaved")
+    p.add_argument("--tracing", action="store_true",
+                   help="also run epdbench's client with every request traced (span + traceparent), interleaved")
     p.add_argument("--timeout", type=float, default=60.0, help="per-request timeout passed to LoadGenerator")
     p.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio",
                    help="event loop of epdbench's client (the peer runs on asyncio's, as its own driver does)")

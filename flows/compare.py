@@ -39,6 +39,8 @@ from epdbench.tasks.deployment import ProvisionError
 from epdbench.tasks.targets import target_module
 from epdbench.tasks.load.calibrate import calibrate
 from epdbench.tasks.publishing.publish_state import PROFILE_FILE
+from epdbench.tasks.load.otlp_receiver import TraceCollector
+from epdbench.tasks.rundir.traces import drop_spans, traces_path
 from epdbench.tasks.rundir.results import drop_records, read_records, write_json, write_summary, write_text_atomic
 from epdbench.tasks.rundir.resume import check_resumable, cells_done, missing_cells, noise_of, validate_state_files
 from epdbench.tasks.rundir.runstate import RunFolder, end_leftovers
@@ -106,9 +108,14 @@ def run_configuration(spec: ExperimentSpec, config: ConfigurationSpec, run: str,
         return _run_virtually(spec, config, run, rdir, ev_dir, outcome, skip, progress)
     dep = None
     target = target_module(spec.target.kind)
+    traces = None
     try:
         evidence.archive_attempt_logs(ev_dir)   # a resumed attempt's verdicts read its own processes only
-        dep = target.start(spec, config, rdir / "spec.yaml", log_dir)   # each process registered as it starts
+        tracing = {}
+        if spec.tracing.enabled and spec.target.kind in ("sim", "local"):   # engines export to this process
+            traces = TraceCollector(traces_path(rdir, config.name))
+            tracing["traces_endpoint"] = traces.start()
+        dep = target.start(spec, config, rdir / "spec.yaml", log_dir, **tracing)   # each registered as it starts
         outcome.router = dep.router
         say(f"[{config.name}] serving at {dep.endpoint} via {dep.router}")
         emulated = spec.target.kind == "sim"
@@ -127,7 +134,7 @@ def run_configuration(spec: ExperimentSpec, config: ConfigurationSpec, run: str,
             else:
                 items = run_suite(dep.endpoint, spec, suite.name, config.name, run, str(rdir / "records.parquet"),
                                   calibration, skip, progress, deadline, dep.health,
-                                  (lambda: evidence.scrape_metrics(dep)) if emulated else None)
+                                  (lambda: evidence.scrape_metrics(dep)) if emulated else None, traces)
             after = evidence.snapshot(dep)
             rows = [r for item in items for r in item["rows"]]
             suites[suite.name] = evidence.suite_evidence(dep, config, snap, after, rows, emulated)
@@ -155,6 +162,8 @@ def run_configuration(spec: ExperimentSpec, config: ConfigurationSpec, run: str,
     finally:
         if dep is not None:
             target.stop(dep)
+        if traces is not None:
+            traces.close()   # the spans the engines flushed as they stopped
     _end_configuration(outcome, ev_dir)
     return outcome
 
@@ -342,6 +351,7 @@ def _compare(spec: ExperimentSpec, run: str, rdir: Path, tracking_uri: str | Non
             skip = frozenset(done)
             if resume:
                 drop_records(rdir / "records.parquet", config.name, set(missing))
+                drop_spans(traces_path(rdir, config.name), set(missing))
             outcomes[config.name] = run_configuration(spec, config, run, str(rdir), skip, progress)
         fingerprint = publish.config_fingerprint(rdir, config.name)   # what is on disk now for this config
         if tracker and state["mlflow_parent"] and state["published"].get(config.name) != fingerprint:

@@ -73,14 +73,15 @@ def announce_cell(config: str, cell: Cell, trial: int, summary: dict, status: st
 def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run: str, records_path: str,
               calibration: dict, skip: frozenset = frozenset(), progress=None,
               deadline: float | None = None, health: "Callable[[], list[str]] | None" = None,
-              lag_probe: "Callable[[], dict[str, str]] | None" = None) -> list[dict]:
+              lag_probe: "Callable[[], dict[str, str]] | None" = None, traces=None) -> list[dict]:
     """Every cell of one suite, every trial, on one shared HTTP session; records appended after each
     cell (after each mixed window), and each cell attempt's end written to the ledger (ok, degraded or
     failed). Never retried: a measured cell is not repeated behind the user's back. A cell past
     spec.cell_timeout_s (or the configuration's deadline, monotonic) keeps the requests that finished and
     raises CellTimeout; a process of the deployment found dead after a cell raises DeploymentDied.
     Each cell's noise goes to its ledger entry: the load generator's event-loop lag and, with `lag_probe`
-    (every simulator process's /metrics), the emulation lag over the cell (analysis.noise)."""
+    (every simulator process's /metrics), the emulation lag over the cell (analysis.noise). With `traces` (a
+    tasks.load.otlp_receiver.TraceCollector), the traced requests' spans are appended after their records."""
     import pandas as pd
 
     cal = Calibration({k: tuple(v) for k, v in calibration.items()})
@@ -96,6 +97,7 @@ def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run:
     def finish(batch: list[tuple[Cell, list[dict]]], trial: int, noise: dict) -> None:
         rows = [r for _, rs in batch for r in rs]
         append_records(Path(records_path), rows)
+        keep_spans(rows)
         by_cell = {(config, c.cell_id, trial): noise for c, _ in batch}
         summaries = summarize(pd.DataFrame(rows), noise=by_cell).set_index("stream", drop=False)
         dead = health() if health else []
@@ -108,6 +110,10 @@ def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run:
             done.append({"cell": cell, "trial": trial, "rows": cell_rows, "status": status, "reason": reason})
         if dead:
             raise DeploymentDied("; ".join(dead))
+
+    def keep_spans(rows: list[dict]) -> None:
+        if traces is not None and traces.add_records(rows):
+            traces.flush()
 
     live = LiveCell()
     scale = spec.time_scale
@@ -159,6 +165,7 @@ def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run:
                     for row in rows_of(c, trial, [r for r in recs if stream_of.get(r.prompt_hash) == c.stream])]
             if rows:
                 append_records(Path(records_path), rows)
+                keep_spans(rows)
             for c, _ in batch:
                 n = sum(1 for row in rows if row["stream"] == c.stream)
                 record_attempt(rdir, config, c.cell_id, trial, "failed", f"timed out; {n} finished requests kept")

@@ -58,6 +58,12 @@ class Sequence:
     preemptions: int = 0
     reported_cached: int | None = None   # the cached tokens its usage reports, when not its own (a PD decode
                                          # reports its prefill's: sim.responses.usage)
+    # the modelled timeline it went through (host clock), for its span (sim.spans): first step that served it,
+    # the end of the step that completed its prefill, when its first and last tokens left the API server
+    scheduled_at: float | None = None
+    prefill_end_at: float | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
 
     @property
     def context(self) -> int:
@@ -213,6 +219,8 @@ class Engine:
                     break
             free -= need
             scheduled.append((seq, c))
+            if seq.scheduled_at is None:
+                seq.scheduled_at = start if start is not None else self.clock()
         if self.prefix_cache is not None:
             self.prefix_cache.fit(free)      # the blocks this step takes come off the free queue's front
         # the encoder runs with a sequence's first chunk, wherever its prefix cache hit ends
@@ -363,6 +371,8 @@ class Engine:
             seq.image_tokens = []
             self.stats.prompt_tokens_computed += chunk.tokens
             if seq.computed >= seq.prefill_end:
+                if seq.prefill_end_at is None:
+                    seq.prefill_end_at = modelled_end
                 if self.prefix_cache is not None and seq.block_hashes is not None:
                     self.prefix_cache.register(seq.block_hashes, seq.shared)
                 seq.computed -= seq.recompute_tokens   # recomputed output tokens count as generated again
@@ -409,6 +419,9 @@ class Engine:
             return
         seq.generated += len(stamps)
         self.stats.generation_tokens += len(stamps)
+        if stamps:
+            seq.first_token_at = stamps[0] if seq.first_token_at is None else seq.first_token_at
+            seq.last_token_at = stamps[-1]
         put(stamps)
         self._finish_if_done(seq)
 
@@ -417,6 +430,9 @@ class Engine:
         plus the output path: output_stamps)."""
         seq.generated += 1
         self.stats.generation_tokens += 1
+        if seq.first_token_at is None:
+            seq.first_token_at = modelled_end
+        seq.last_token_at = modelled_end
         seq.out.put_nowait(("token", modelled_end))
         self._finish_if_done(seq)
 

@@ -13,14 +13,17 @@ import itertools
 import os
 import random
 import sys
+import time
 import uuid
 
 import aiohttp
 from aiohttp import web
 
+from epdbench.otlp import EMULATED_ATTR, format_traceparent, new_span_id, parse_traceparent
 from epdbench.relay import stream_back
 from epdbench.sim import logfmt
 from epdbench.sim.server import access_log_middleware, log, until_signalled
+from epdbench.sim.spans import SpanExporter, epoch_ns
 
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "content-encoding"}
 
@@ -44,6 +47,7 @@ class Proxy:
                     [("server", servers), ("encode", encoders), ("prefill", prefills), ("decode", decodes)] if urls}
         self.pid = os.getpid()
         self.session: aiohttp.ClientSession | None = None
+        self.spans = SpanExporter.from_env("proxy", "router")
 
     @property
     def mode(self) -> str:
@@ -65,10 +69,26 @@ class Proxy:
             return 200, await r.json()
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
+        """Route a completion; a traced one (W3C traceparent, with a span exporter) gets a `router.request` span
+        over the whole of it, which the legs' traceparent names as their parent."""
+        ctx = parse_traceparent(request.headers.get("traceparent")) if self.spans is not None else None
+        if ctx is None:
+            return await self._generate(request, {})
+        span_id, start = new_span_id(), time.perf_counter()
+        try:
+            return await self._generate(request, {"traceparent": format_traceparent(ctx[0], span_id)})
+        finally:
+            self.spans.add([{"trace_id": ctx[0], "span_id": span_id, "parent_span_id": ctx[1],
+                             "name": "router.request", "start_ns": epoch_ns(start),
+                             "end_ns": epoch_ns(time.perf_counter()),
+                             "attributes": {"gen_ai.request.id": request.headers.get("X-Request-Id", ""),
+                                            "epdbench.router.mode": self.mode, EMULATED_ATTR: True}}])
+
+    async def _generate(self, request: web.Request, trace_headers: dict) -> web.StreamResponse:
         body = await request.json()
         path = request.path
         rid = body.get("request_id") or request.headers.get("X-Request-Id") or uuid.uuid4().hex
-        headers = {"X-Request-Id": rid}
+        headers = {"X-Request-Id": rid, **trace_headers}
         if self.mode == "aggregated":
             self.legs["direct"] += 1
             return await self.relay(request, self.pick("server") + path, body, headers)
@@ -145,6 +165,8 @@ class Proxy:
 async def serve(proxy: Proxy, host: str, port: int) -> None:
     proxy.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600),
                                           connector=aiohttp.TCPConnector(limit=0))
+    if proxy.spans is not None:
+        proxy.spans.start()
     runner = web.AppRunner(proxy.app(), access_log=None, handle_signals=False)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
@@ -153,6 +175,8 @@ async def serve(proxy: Proxy, host: str, port: int) -> None:
     try:
         await until_signalled()
     finally:
+        if proxy.spans is not None:
+            await proxy.spans.close()
         await proxy.session.close()
         await runner.cleanup()
 

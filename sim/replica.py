@@ -17,7 +17,9 @@ from epdbench.sim.apiserver import ApiServer
 from epdbench.sim.encoder import Encoder, PullError
 from epdbench.sim.engine import Engine, Sequence
 from epdbench.sim.kv_handoff import KVHandoff
+from epdbench.otlp import parse_traceparent
 from epdbench.sim.lag import Lag
+from epdbench.sim.spans import RequestNotes, SpanExporter, request_spans
 from epdbench.sim.link import Link
 from epdbench.timer import precise_sleep
 from epdbench.sim.metrics import Counters, prometheus_text
@@ -27,6 +29,9 @@ from epdbench.sim.validate import (BadRequest, check_schema, check_served, empty
                                    output_budget, request_id_of)
 from epdbench.specs.commands import MAX_LOG_LEN
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
+
+
+SPAN_ROLE = {"server": "aggregated"}   # the role names of the spans contract (traces/<config>.parquet)
 
 
 def log(msg: str) -> None:
@@ -59,6 +64,7 @@ class Replica:
         self.kv = KVHandoff(self)
         self.encoder = Encoder(self)
         self.api = ApiServer(self)
+        self.spans = SpanExporter.from_env(SPAN_ROLE.get(role, role), f"{role}-{replica}")
 
     def kv_capacity_tokens(self) -> int:
         """KV cache of the replica in tokens: its engine's blocks (CostModel.kv_capacity_tokens: memory left after
@@ -129,6 +135,18 @@ class Replica:
         return web.json_response(problem.body(), status=problem.status)
 
     async def generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        """A completion; with a span exporter and a W3C traceparent on the request, its spans (sim.spans) once
+        the response has ended, however it ended."""
+        ctx = parse_traceparent(request.headers.get("traceparent")) if self.spans is not None else None
+        if ctx is None:
+            return await self._generate(request, chat, None)
+        notes = RequestNotes(ctx[0], ctx[1], time.perf_counter())
+        try:
+            return await self._generate(request, chat, notes)
+        finally:
+            self.spans.add(request_spans(notes, time.perf_counter(), self.time_scale, self.transport))
+
+    async def _generate(self, request: web.Request, chat: bool, notes: RequestNotes | None) -> web.StreamResponse:
         self.maybe_die()
         try:
             body = json.loads(await request.text())
@@ -169,6 +187,8 @@ class Replica:
                      file="request_logger.py", line=67)
 
         seq = Sequence(request_id=rid, prompt_tokens=prompt_tokens, max_tokens=max_tokens)
+        if notes is not None:
+            notes.rid, notes.seq, notes.prompt_tokens = rid, seq, prompt_tokens
         hashes = [image_hash(b) for b in images]
         # the API server's CPU before the engine sees the request: the prompt text's tokens, then the images
         await self.api.tokenize(prompt_tokens, images)
@@ -190,7 +210,10 @@ class Replica:
             if self.role == "decode" and kvp.get("do_remote_prefill"):
                 if isinstance(kvp.get("remote_prefill_cached_tokens"), int):
                     seq.reported_cached = kvp["remote_prefill_cached_tokens"]
+                pull_start = time.perf_counter()
                 ok = await self.kv.pull_kv(rid, kvp, prompt_tokens - cached)
+                if notes is not None:
+                    notes.kv = (pull_start, time.perf_counter(), prompt_tokens - cached, bool(ok))
                 if ok:
                     seq.computed = prompt_tokens - 1  # last prompt token is recomputed locally
                     seq.image_tokens = []

@@ -86,6 +86,8 @@ async def serve(replica: Replica) -> None:
     replica.startup_lines()
     replica.engine.start()
     replica.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600))
+    if replica.spans is not None:
+        replica.spans.start()
     runners = []
     for application, port in [(app(replica), replica.port)] + (
             [(bootstrap_app(replica), replica.bootstrap_port)] if replica.bootstrap_port else []):
@@ -115,6 +117,8 @@ async def serve(replica: Replica) -> None:
         if not replica.engine.task.done():
             await replica.engine.stop()
         await replica.api.close()
+        if replica.spans is not None:
+            await replica.spans.close()
         await replica.session.close()
         for r in runners:
             await r.cleanup()

@@ -160,6 +160,20 @@ def local_engine_env(spec: ExperimentSpec, config: ConfigurationSpec, role: str,
     return {**env, **local.env}
 
 
+def otlp_engine_args(endpoint: str) -> list[str]:
+    """vLLM's arguments that export an `llm_request` span per request to the run's OTLP/HTTP receiver."""
+    return ["--otlp-traces-endpoint", endpoint]
+
+
+def otlp_engine_env(role: str, pod: str) -> dict[str, str]:
+    """The OpenTelemetry SDK's settings for an engine that traces: protobuf over HTTP (vLLM's default is gRPC,
+    vllm/tracing/otel.py get_span_exporter), the pod and its role as resource attributes (how the receiver tells
+    the engines apart), and batches flushed every 200 ms instead of 5 s so a cell's spans come with it."""
+    return {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "OTEL_SERVICE_NAME": pod,
+            "OTEL_RESOURCE_ATTRIBUTES": f"epdbench.role={'aggregated' if role == 'server' else role},epdbench.pod={pod}",
+            "OTEL_BSP_SCHEDULE_DELAY": "200"}
+
+
 def local_gpus(config: ConfigurationSpec) -> dict[str, list[int]]:
     """Replica name (prefill-0) -> its GPUs on the local target: tp each, in role order from GPU 0."""
     out, nxt = {}, 0

@@ -22,13 +22,14 @@ from epdbench.specs.targets import (EmptyDirModelCache, HostPathModelCache, Kube
                                     KubeRouterSpec, KubernetesTargetSpec, LocalTargetSpec, PvcModelCache, SimFaults,
                                     SimTargetSpec, TargetSpec)
 from epdbench.specs.topology import ConfigurationSpec, RoleSpec
+from epdbench.specs.tracing import TracingSpec
 
 __all__ = ["RateSuite", "Slo", "CellCounts", "ConfigurationSpec", "EmptyDirModelCache", "EngineSpec", "ExperimentSpec",
            "FixedSuite", "HardwareSpec", "HostPathModelCache", "ImageCell", "KubeEngineSpec", "KubeNodeSpec",
            "KubeRouterSpec", "KubernetesTargetSpec", "KvTransport", "LocalTargetSpec", "MixedSuite", "ModelSpec",
            "MultimodalSuite", "PvcModelCache",
            "RoleName", "RoleSpec", "Shape", "SimFaults", "SimTargetSpec", "SpecError", "StreamSpec", "Strict", "Suite",
-           "TargetSpec", "Topology", "TrackingSpec", "VisionSpec", "describe_validation_error", "load_spec",
+           "TargetSpec", "Topology", "TracingSpec", "TrackingSpec", "VisionSpec", "describe_validation_error", "load_spec",
            "parse_spec", "resolve_spec_path", "select_configurations", "spec_fingerprint", "spec_to_yaml"]
 
 PRESET_DIR = Path(__file__).resolve().parent
@@ -70,6 +71,8 @@ class ExperimentSpec(Strict):
     suites: list[Suite] = Field(min_length=1, title="Suites", description="Workloads every configuration runs.")
     target: TargetSpec = Field(default_factory=TargetSpec, title="Target", description="Where it runs.")
     tracking: TrackingSpec = Field(default_factory=TrackingSpec, title="Tracking", description="MLflow settings.")
+    tracing: TracingSpec = Field(default_factory=TracingSpec, title="Request tracing",
+                                 description="Per-request stage timelines (OpenTelemetry spans).")
 
     @model_validator(mode="after")
     def _check(self) -> "ExperimentSpec":
@@ -253,7 +256,8 @@ def select_configurations(spec: ExperimentSpec, names: list[str] | None) -> Expe
     return spec.model_copy(update={"configurations": chosen})
 
 
-NOT_COMPARED = {"tracking", "description"}    # where results are logged, and prose: two runs compare without them
+NOT_COMPARED = {"tracking", "tracing", "description"}   # where results are logged, which requests are traced
+                                                     # (ingest within noise: benchmarks/loadgen.py --tracing), and prose
 
 
 LAW_FIELDS = ("op_laws", "op_timings", "measured_compute_factor", "measured_hbm_factor")

@@ -17,11 +17,12 @@ import random
 import re
 import struct
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from epdbench.physics.costmodel import image_tokens
 from epdbench.specs.models import ExperimentSpec, FixedSuite, MixedSuite, MultimodalSuite, RateSuite, StreamSpec
+from epdbench.specs.tracing import traced_indices
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar "
@@ -68,6 +69,7 @@ class RequestSpec:
     image_hash: str | None = None
     offset_s: float | None = None   # scheduled send time from the start of the phase (open loop, bursts, and
                                     # the first wave of a closed loop); None: as soon as a worker is free
+    traced: bool = False            # the load generator opens a span and sends a traceparent (spec.tracing)
 
 
 @dataclass(frozen=True)
@@ -276,6 +278,9 @@ def build_requests(spec: ExperimentSpec, cell: Cell, trial: int = 0, seed: int |
             "max_tokens": shape.output_tokens, "ignore_eos": True}
         out.append(RequestSpec(i, phase, "chat", payload, target, shape.output_tokens, _hash(text, ihash),
                                shape.image_px, ihash, offset_s))
+    if spec.tracing.enabled:
+        for k in traced_indices(cell.n_measured, spec.tracing.per_cell):
+            out[cell.n_warmup + k] = replace(out[cell.n_warmup + k], traced=True)
     return out
 
 

@@ -24,6 +24,7 @@ from typing import Callable
 
 import aiohttp
 
+from epdbench.otlp import format_traceparent, new_span_id, new_trace_id
 from epdbench.tasks.load.sse import Clock, StreamTiming, _fail, _is_int, consume_stream, ttft_e2e_ns
 from epdbench.specs.workload import RequestSpec
 
@@ -57,6 +58,9 @@ class Record:
     chunk_tokens: list[int] = field(default_factory=list)
     timing: str = "arrival"              # what chunk_offsets_ns are: "arrival" or "modelled" (simulator stamps)
     chunk_arrival_ns: list[int] = field(default_factory=list)   # with modelled timing: when each chunk arrived
+    # a traced request's client span (not a records.parquet column: it goes to traces/<config>.parquet):
+    # [trace id, span id, start, end] in unix epoch ns, from before the request is written to after its last byte
+    trace: list | None = None
 
 
 def modelled_offsets(t: StreamTiming) -> list[int] | None:
@@ -136,7 +140,11 @@ class LoadGenerator:
             path = "/v1/completions" if req.api == "completions" else "/v1/chat/completions"
             body = {**req.payload, "model": self.model, "stream": True, "request_id": rid,
                     "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
-            async with session.post(self.base_url + path, json=body, headers={"X-Request-Id": rid},
+            headers = {"X-Request-Id": rid}
+            if req.traced:
+                rec.trace = [new_trace_id(), new_span_id(), time.time_ns(), 0]
+                headers["traceparent"] = format_traceparent(rec.trace[0], rec.trace[1])
+            async with session.post(self.base_url + path, json=body, headers=headers,
                                     timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as resp:
                 rec.status = resp.status
                 if resp.status != 200:
@@ -158,6 +166,8 @@ class LoadGenerator:
             rec.ok, rec.error = False, f"unexpected {type(e).__name__} in recording: {e}"[:300]
         if rec.done_ms is None:
             rec.done_ms = (self.clock() - send_ns) / 1e6
+        if rec.trace is not None:
+            rec.trace[3] = time.time_ns()
         return rec
 
     def take_worker_lag(self) -> list[float]:

@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 from epdbench.specs.commands import (VLLM_LOGGING_CONFIG, VLLM_SERVER_MODULE, local_cpu_binds, local_engine_args,
-                                     local_engine_env, local_gpus, moves_kv, vllm_router_args)
+                                     local_engine_env, local_gpus, moves_kv, otlp_engine_args,
+                                     otlp_engine_env, vllm_router_args)
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
 from epdbench.tasks.deployment import Deployment, Process, ProvisionError, exited
 from epdbench.tasks.local.engine_env import EngineEnvError, default_env_dir, env_python, vllm_version
@@ -53,8 +54,10 @@ def engine_environment(python: str, role_env: dict[str, str]) -> dict[str, str]:
     return {**env, **role_env}
 
 
-def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_dir: Path) -> Deployment:
-    """Start every engine and the router; return once a request served through the router. Raises ProvisionError."""
+def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_dir: Path,
+          traces_endpoint: str | None = None) -> Deployment:
+    """Start every engine and the router; return once a request served through the router. Raises ProvisionError.
+    With `traces_endpoint`, every engine exports its `llm_request` spans there (OTLP over HTTP, protobuf)."""
     local = spec.target.local
     host = local.host
     python = vllm_python(spec)
@@ -77,6 +80,8 @@ def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_
                 nixl = free_port(host) if moves_kv(config, role.role) and config.kv_connector == "nixl" else None
                 cmd = [python, "-m", VLLM_SERVER_MODULE, *local_engine_args(spec, config, role, model=model,
                                                                             port=port)]
+                if traces_endpoint:
+                    cmd += otlp_engine_args(traces_endpoint)
                 env = engine_environment(python, local_engine_env(
                     spec, config, role.role, nixl_port=nixl, gpus=gpus[name], cpus=cpus.get(name),
                     logging_config=str(logging_config)))
@@ -85,6 +90,8 @@ def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_
                     # /health there meanwhile would pass for it
                     raise ProvisionError(f"{name}: port {port} on {host} was taken by another process before the "
                                          "engine started; run again")
+                if traces_endpoint:
+                    env.update(otlp_engine_env(role.role, name))
                 url = f"http://{host}:{port}"
                 log = log_dir / f"{name}.log"
                 proc = spawn(cmd, log, env, f"{config.name}/{name}")

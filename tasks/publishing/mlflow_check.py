@@ -7,7 +7,9 @@ from pathlib import Path
 
 from epdbench.analysis.metrics import METRIC_KEYS
 from epdbench.specs.models import load_spec
-from epdbench.tasks.publishing.publish import cells_of, config_outcome
+from epdbench.tasks.publishing.publish import cell_spans, cells_of, config_outcome
+from epdbench.tasks.publishing.traces import existing_traces
+from epdbench.tasks.rundir.traces import read_spans, traces_path
 from epdbench.tasks.publishing.publish_state import config_key, folder_configs, load_state, read_json
 from epdbench.tasks.rundir.results import read_records
 from epdbench.tasks.rundir.resume import noise_of
@@ -26,7 +28,8 @@ def mlflow_matches_results(tracker_or_uri, rdir: Path) -> list[str]:
     """The differences between MLflow and a results folder (empty when MLflow equals the folder): one
     comparison run for the run's key (FINISHED/FAILED as outcome.json says, once it exists), one configuration
     run per configuration in the folder (status as its outcome says), one FINISHED cell run per (config, cell,
-    trial) of records.parquet with the folder's metric values, and no other run under them. Reads only."""
+    trial) of records.parquet with the folder's metric values and one MLflow trace per traced request of the cell
+(traces/<config>.parquet), and no other run under them. Reads only."""
     rdir = Path(rdir)
     spec = load_spec(str(rdir / "spec.yaml"))
     if isinstance(tracker_or_uri, Tracker):
@@ -76,6 +79,7 @@ def mlflow_matches_results(tracker_or_uri, rdir: Path) -> list[str]:
         if cr.data.tags.get(PARENT_TAG) != pid:
             diffs.append(f"configuration {name}: parent {cr.data.tags.get(PARENT_TAG)}, expected {pid}")
         cells = cells_of(records, run, name, noise=noise_of(rdir, [name]))
+        spans = read_spans(traces_path(rdir, name))
         found: dict[str, list] = {}
         for c in tracker.children(cr.info.run_id, "cell"):
             found.setdefault(c.data.tags.get(KEY_TAG) or f"(no key) {c.info.run_id}", []).append(c)
@@ -94,4 +98,10 @@ def mlflow_matches_results(tracker_or_uri, rdir: Path) -> list[str]:
             for m in METRIC_KEYS:
                 if not _same(row.get(m), c.data.metrics.get(m)):
                     diffs.append(f"cell {ckey!r}: {m} {c.data.metrics.get(m)} in MLflow, {row.get(m)} in the folder")
+            want_traces = set(cell_spans(spans, row)["trace_id"]) if len(spans) else set()
+            have_traces = set(existing_traces(tracker.client, tracker.experiment_id, c.info.run_id))
+            if have_traces != want_traces:
+                diffs.append(f"cell {ckey!r}: {len(have_traces)} traces in MLflow, {len(want_traces)} in the folder "
+                             f"({len(have_traces - want_traces)} not in the folder, {len(want_traces - have_traces)} "
+                             "missing)")
     return diffs

@@ -33,6 +33,8 @@ from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, load_spec, 
 from epdbench.specs.workload import hash_prompt_hashes, plan_cells
 from epdbench.tasks.rundir.results import read_records, write_json
 from epdbench.tasks.rundir.resume import noise_of
+from epdbench.tasks.rundir.traces import read_spans, traces_path
+from epdbench.tasks.publishing.traces import publish_cell_traces
 from epdbench.tasks.publishing.publish_state import (OPTIONAL_ARTIFACTS, PARENT_ARTIFACTS, cell_key,  # noqa: F401
                                           comparison_fingerprint, config_fingerprint, config_key, folder_configs,
                                           load_state, pending, read_json, resolve_tracking_uri, save_state,
@@ -180,6 +182,7 @@ def _publish_cells(tracker: Tracker, run_id: str, spec: ExperimentSpec, config: 
             legacy.setdefault(_legacy_cell_id(r), []).append(r)
     planned = {(c.suite, c.workload, c.concurrency, c.stream): c for c in plan_cells(spec)}
     records = read_records(rdir / "records.parquet")
+    spans = read_spans(traces_path(rdir, config.name))
     noise = noise_of(rdir, [config.name])
     for key, (row, mine) in cells_of(records, run, config.name, config.gpus, noise).items():
         cell = planned.get((row["suite"], row["workload"], row["concurrency"], row["stream"]))
@@ -190,12 +193,23 @@ def _publish_cells(tracker: Tracker, run_id: str, spec: ExperimentSpec, config: 
         have = keyed.pop(key, []) or legacy.pop(_legacy_cell_id_of(params), [])
         for dup in have[1:]:
             tracker.delete(dup.info.run_id)
-        tracker.log_cell(run_id, f"{config.name}:{row['suite']}:{row['workload']}:c{row['concurrency']}"
-                                 + ("" if row["stream"] == "main" else f":{row['stream']}"),
-                         tags={"epdbench.config": config.name, "epdbench.suite": row["suite"]},
-                         params=params, summary=row.to_dict(), key=key, existing=have[0] if have else None)
+        cell_run = tracker.log_cell(run_id, f"{config.name}:{row['suite']}:{row['workload']}:c{row['concurrency']}"
+                                    + ("" if row["stream"] == "main" else f":{row['stream']}"),
+                                    tags={"epdbench.config": config.name, "epdbench.suite": row["suite"]},
+                                    params=params, summary=row.to_dict(), key=key, existing=have[0] if have else None)
+        publish_cell_traces(tracker.client, tracker.experiment_id, cell_run, cell_spans(spans, row))
     for stale in [r for runs in (*keyed.values(), *legacy.values()) for r in runs]:
         tracker.delete(stale.info.run_id)                          # data no longer in the folder
+
+
+def cell_spans(spans, row):
+    """The spans of one cell × trial (a summary row's suite, workload, concurrency, stream and trial)."""
+    if not len(spans):
+        return spans
+    mask = ((spans["suite"] == row["suite"]) & (spans["workload"] == row["workload"])
+            & (spans["concurrency"] == int(row["concurrency"])) & (spans["stream"] == row["stream"])
+            & (spans["trial"] == int(row["trial"])))
+    return spans[mask]
 
 
 def _legacy_cell_id_of(params: dict) -> tuple:

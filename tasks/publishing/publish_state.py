@@ -34,6 +34,8 @@ import json
 import os
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
 from epdbench.specs.models import ExperimentSpec
 from epdbench.tasks.rundir.results import read_records, write_json
 from epdbench.tasks.publishing.tracking import default_tracking_uri
@@ -133,8 +135,12 @@ def config_fingerprint(rdir: Path, name: str, records=None) -> str:
     rec = _records(rdir, records)
     mine = rec[rec["config"] == name][RECORD_FINGERPRINT_COLUMNS].sort_values("request_id", kind="stable")
     rows = mine.astype(object).where(mine.notna(), None).values.tolist()
+    spans = Path(rdir) / "traces" / f"{name}.parquet"    # its traced requests' spans (tasks.rundir.traces)
+    span_ids = (sorted(pq.read_table(spans, columns=["span_id"]).column("span_id").to_pylist())
+                if spans.exists() else [])
     return _digest(read_json(ev / "outcome.json"), read_json(ev / "transport.json"),
-                   read_json(ev / "stages.json"), read_json(ev / "cells.json"), len(rows), rows)
+                   read_json(ev / "stages.json"), read_json(ev / "cells.json"), len(rows), rows,
+                   *([span_ids] if span_ids else []))
 
 
 def comparison_fingerprint(rdir: Path) -> str:

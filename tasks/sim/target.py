@@ -16,8 +16,11 @@ from epdbench.tasks.proc.processes import (ISSUED_PORTS, free_port, router_binar
 __all__ = ["ISSUED_PORTS", "free_port", "start", "stop", "stop_all"]
 
 
-def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_dir: Path) -> Deployment:
-    """Start every role replica and the router; return once all serve. Raises ProvisionError."""
+def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_dir: Path,
+          traces_endpoint: str | None = None) -> Deployment:
+    """Start every role replica and the router; return once all serve. Raises ProvisionError. With
+    `traces_endpoint` (OTLP/HTTP), the replicas and the built-in proxy export their spans of traced requests
+    there (sim.spans); vllm-router passes the traceparent on unchanged and exports nothing we receive."""
     sim = spec.target.sim
     host = sim.host
     # Mooncake's own knobs: metrics windows on, every second so short suites still log transfer activity.
@@ -26,6 +29,9 @@ def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_
         env["MC_FORCE_TCP"] = "1"   # as on a cluster: Mooncake would pick RDMA by itself if it found HCAs
     else:
         env.pop("MC_FORCE_TCP", None)
+    env.pop("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", None)
+    if traces_endpoint:
+        env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = traces_endpoint
     procs: list[Process] = []
     bootstrap: dict[str, int] = {}
     deadline = time.monotonic() + sim.startup_timeout_s
