@@ -77,3 +77,27 @@ def test_the_same_engines_logs_read_expecting_rdma_name_the_tcp_lanes(local_run)
                            str(ev / "decode-0.log"), "--expect", "rdma"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 3
     assert done.stdout.startswith("mismatch: expected rdma;") and "tcp/lo" in done.stdout.splitlines()[0]
+
+
+def test_the_real_engines_spans_join_each_sampled_request_s_trace(local_run):
+    """vLLM itself (--otlp-traces-endpoint, http/protobuf) exports an `llm_request` span per request into the
+    trace the load generator's traceparent started: one tree per sampled request, the engines' spans not
+    emulated, carrying vLLM's own latency attributes."""
+    import pandas as pd
+
+    _, out, _ = local_run
+    for config, roles in (("aggregated", {"aggregated"}), ("pd-nixl-tcp", {"prefill", "decode"})):
+        spans = pd.read_parquet(out / "traces" / f"{config}.parquet")
+        clients = spans[spans.name == "client.request"]
+        engines = spans[spans.name == "llm_request"]
+        assert len(clients) > 0 and set(engines.role) == roles
+        assert not engines.emulated.any()
+        for trace_id, tree in spans.groupby("trace_id"):
+            root = tree[tree.parent_span_id == ""]
+            assert list(root.name) == ["client.request"], trace_id
+            inside = tree[tree.name == "llm_request"]
+            assert set(inside.role) == roles and set(inside.parent_span_id) == set(root.span_id), trace_id
+            for attrs in inside.attributes:
+                a = json.loads(attrs)
+                assert a["gen_ai.latency.time_to_first_token"] > 0 and a["gen_ai.latency.time_in_queue"] >= 0
+        assert set(spans.trace_id) == set(clients.trace_id)
