@@ -278,7 +278,8 @@ def cell_breakdown(spans: pd.DataFrame, records: pd.DataFrame, topology: dict[st
 
 def breakdown_metrics(row: dict | None) -> dict[str, float]:
     """A cell's MLflow metrics (`ttft_breakdown.<part>.p50_ms` / `.p95_ms` / `.typical_ms`, request counts, how
-    far the medians' sum is from the median TTFT and whether the typical request's parts add up to it): empty without traced requests, so an untraced cell logs none rather than zeros."""
+    far the medians' sum is from the median TTFT and whether the typical request's parts add up to it): empty
+    without traced requests, so an untraced cell logs none rather than zeros."""
     if not row or not row.get("traced"):
         return {}
     out = {f"ttft_breakdown.{p}.{q}_ms": row.get(f"{p}_{q}_ms") for p in PARTS for q in ("p50", "p95")}

@@ -56,21 +56,22 @@ def breakdown_rows(table: pd.DataFrame, configs: list[str]) -> list[dict]:
         rows = []
         for _, r in matched_order(sdf.sort_values("_rank", kind="stable")).iterrows():
             r = r.to_dict()
-            rows.append({"config": r["config"], "cell": cell_label(r["workload"], r["concurrency"], r["stream"],
-                                                                   short=True) + (f" t{r['trial']}" if r["trial"] else ""),
+            label = cell_label(r["workload"], r["concurrency"], r["stream"], short=True)
+            sources = (_kv_source(r["kv_source"]), _encode_source(r["encode_source"]))
+            rows.append({"config": r["config"], "cell": label + (f" t{r['trial']}" if r["trial"] else ""),
                          "requests": _counts(r), "ttft": _ms(r["ttft_p50_ms"]),
                          "parts": [f"{_ms(r[f'{p}_p50_ms'])} / {_ms(r[f'{p}_p95_ms'])}" for p in PARTS],
                          "typical": [_ms(r[f"typical_{p}_ms"]) for p in PARTS], "adds_up": _check(r),
                          "medians_gap": _ms(r["medians_gap_ms"]),
-                         "sources": "; ".join(s for s in (_kv_source(r["kv_source"]), _encode_source(r["encode_source"]))
-                                              if s)})
+                         "sources": "; ".join(s for s in sources if s)})
         out.append({"name": suite, "rows": rows})
     return out
 
 
 def _kv_source(source: str) -> str:
     return {"decode-queue": "KV transfer = the decode's remote-KV wait (vLLM's time_in_queue on the decode)",
-            "mixed": "KV transfer from kv_transfer spans for some requests, the decode's wait for others"}.get(source, "")
+            "mixed": "KV transfer from kv_transfer spans for some requests, the decode's wait for others",
+            }.get(source, "")
 
 
 def _encode_source(source: str) -> str:
