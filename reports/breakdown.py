@@ -118,12 +118,14 @@ def breakdown_plots(table: pd.DataFrame | None, configs: list[str], note: str = 
     return [p for p in found if p is not None]
 
 
-def breakdown_view(table: pd.DataFrame | None, configs: list[str], tracing: bool | None, plots=()) -> dict:
+def breakdown_view(table: pd.DataFrame | None, configs: list[str], tracing: bool | None, plots=(),
+                   virtual: bool = False) -> dict:
     """What the section shows: `tracing` whether the spec traced requests (None: not known; `absent` says why
     there is nothing when there is nothing), the tables, the
     plots (breakdown_plots), the tolerances in words, and whether any span was the simulator's."""
     has = table is not None and not table.empty
     absent = ("Request tracing was off (the spec's `tracing.enabled: false`): no TTFT breakdown." if tracing is False
+              else "A run in virtual time makes no spans: no TTFT breakdown." if virtual
               else "No span of a traced request was collected: no TTFT breakdown.")
     return {"has_data": has, "absent": absent, "parts": [SHORT_TITLES[p] for p in PARTS],
             "suites": breakdown_rows(table, configs),

@@ -65,6 +65,8 @@ def test_without_spans_the_section_says_tracing_was_off():
     assert "Request tracing was off" in section(md) and "Request tracing was off" in html
     md, _ = render(None)
     assert "No span of a traced request was collected" in section(md)
+    md, _ = render(breakdown_view(None, ["aggregated"], True, [], virtual=True))
+    assert "virtual time makes no spans" in section(md)
 
 
 def test_terminal_lines_name_each_cell_and_its_parts():
