@@ -19,6 +19,7 @@ from prefect.cache_policies import NO_CACHE
 
 from epdbench.analysis.compare import compare as compare_cells     # `compare` is this module's flow
 from epdbench.analysis.goodput import goodput_lines
+from epdbench.reports.breakdown import breakdown_lines
 from epdbench.analysis.labels import cell_label
 from epdbench.analysis.metrics import RECORD_COLUMNS, summarize
 from epdbench.analysis.regression import RegressionSettings
@@ -45,7 +46,7 @@ from epdbench.tasks.rundir.results import drop_records, read_records, write_json
 from epdbench.tasks.rundir.resume import check_resumable, cells_done, missing_cells, noise_of, validate_state_files
 from epdbench.tasks.rundir.runstate import RunFolder, end_leftovers
 from epdbench.tasks.publishing.history import check_history, log_regression_check
-from epdbench.tasks.rundir.report_files import read_goodput, write_report
+from epdbench.tasks.rundir.report_files import read_goodput, ttft_breakdown, write_report
 from epdbench.tasks.publishing.tracking import Tracker
 
 # Set by the CLI's SIGINT handler: an interrupt that Prefect turns into another exception while a task
@@ -381,6 +382,7 @@ def _compare(spec: ExperimentSpec, run: str, rdir: Path, tracking_uri: str | Non
     outcome["meta"], outcome["verdicts"], outcome["regression"] = meta, verdicts, check
     goodput_table = read_goodput(rdir / "goodput.csv")
     outcome["goodput"] = goodput_lines(goodput_table)
+    outcome["ttft_breakdown"] = breakdown_lines(ttft_breakdown(rdir, meta, read_records(rdir / "records.parquet")))
     comparisons = compare_cells(summary)     # as the report's Verdict (reports.render.report_context), same summary
     outcome["winners"] = verdict_lines(comparisons) + throughput_goodput_gaps(
         comparisons, goodput_table, {c.name: c.gpus for c in spec.configurations})

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from epdbench.analysis.breakdown import cell_metrics
 from epdbench.analysis.metrics import summarize
 from epdbench.specs.commands import kv_connector_name
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, load_spec, spec_fingerprint
@@ -198,6 +199,7 @@ def _publish_cells(tracker: Tracker, run_id: str, spec: ExperimentSpec, config: 
                                     tags={"epdbench.config": config.name, "epdbench.suite": row["suite"]},
                                     params=params, summary=row.to_dict(), key=key, existing=have[0] if have else None)
         publish_cell_traces(tracker.client, tracker.experiment_id, cell_run, cell_spans(spans, row))
+        tracker.log_metrics(cell_run, cell_metrics(cell_spans(spans, row), mine, config.topology))
     for stale in [r for runs in (*keyed.values(), *legacy.values()) for r in runs]:
         tracker.delete(stale.info.run_id)                          # data no longer in the folder
 

@@ -11,6 +11,8 @@ import pandas as pd
 
 from epdbench.analysis.goodput import GOODPUT_COLUMNS, attainment, goodput, rate_cells
 from epdbench.analysis.metrics import summarize
+from epdbench.analysis.breakdown import cell_breakdown
+from epdbench.reports.breakdown import breakdown_plots, breakdown_view
 from epdbench.reports.environment import environment
 from epdbench.reports.goodput import goodput_view
 from epdbench.reports.plots import plot_note, suite_plots
@@ -20,6 +22,7 @@ from epdbench.specs.profile import load_profile
 from epdbench.tasks.publishing.publish_state import OPTIONAL_ARTIFACTS, PROFILE_FILE
 from epdbench.tasks.rundir.results import read_records
 from epdbench.tasks.rundir.resume import LEDGER, ledger_path, noise_of
+from epdbench.tasks.rundir.traces import read_spans, traces_path
 
 REPORT_FILES = ("report.md", "report.html")
 NEEDED = ("outcome.json", "records.parquet", "spec.yaml")
@@ -68,6 +71,15 @@ def write_goodput(rdir: Path, spec, records: pd.DataFrame, gpus: dict[str, int])
     return att, goodput_view(table, slos)
 
 
+def ttft_breakdown(rdir: Path, meta: dict, records: pd.DataFrame) -> pd.DataFrame:
+    """Each configuration's TTFT breakdown per cell (analysis.breakdown) from its traces/<config>.parquet."""
+    topology = {c["name"]: c.get("topology") for c in meta["configurations"] if c.get("topology")}
+    tables = [cell_breakdown(read_spans(traces_path(rdir, c["name"])), records, topology)
+              for c in meta["configurations"]]
+    tables = [t for t in tables if not t.empty]
+    return pd.concat(tables, ignore_index=True) if tables else None
+
+
 def read_goodput(path: Path) -> pd.DataFrame:
     """goodput.csv as written by write_goodput (empty when absent or without rows)."""
     if not path.is_file():
@@ -89,10 +101,15 @@ def write_report(rdir: Path, meta: dict, verdicts: dict, regression: dict | None
     spec = resolved_spec(rdir)
     profile = applied_profile(rdir)
     att, goodput_table = write_goodput(out, spec, records, gpus)
-    plots = suite_plots(summary, records, [c["name"] for c in meta["configurations"]], att, plot_note(meta))
-    write_plots(out, plots)
+    configs = [c["name"] for c in meta["configurations"]]
+    plots = suite_plots(summary, records, configs, att, plot_note(meta))
+    table = ttft_breakdown(rdir, meta, records)
+    parts_plots = breakdown_plots(table, configs, plot_note(meta))
+    write_plots(out, plots + parts_plots)
     context = report_context(meta, summary, verdicts, environment(spec, profile) if spec is not None else None,
-                             records, regression, plots, goodput_table)
+                             records, regression, plots, goodput_table,
+                             breakdown_view(table, configs, spec.tracing.enabled if spec is not None else None,
+                                            parts_plots, meta.get("clock") == "virtual"))
     (out / "report.md").write_text(render_markdown(context))
     (out / "report.html").write_text(render_html(context))
     return [out / name for name in REPORT_FILES]
