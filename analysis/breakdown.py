@@ -8,9 +8,10 @@ first_token_ts − scheduled_ts (first scheduled → the step that produced its 
 time on the request's path; what is outside every engine core is `rest`:
 
 - queue: the engines' time_in_queue (encode, prefill, aggregated; the decode's when its KV wait is a span of its own).
-- encode: the encode engine's time_in_model_prefill (EPD, requests with images). A span without it (the simulator's
-  encode role, which runs its vision tower outside the engine's scheduler) gives its whole leg, gen_ai.latency.e2e
-  (receipt → response end, its API server included), and the cell says so (`encode_source` span).
+- encode: the encode engine's time_in_model_prefill (EPD, requests with images). The simulator's encode role sets
+  it to its encoder's modelled time (and time_in_queue to its wait for the encoder). A span without it gives its
+  whole leg, gen_ai.latency.e2e (receipt → response end, its API server included), and the cell says so
+  (`encode_source` span).
 - prefill: the prefill engine's time_in_model_prefill (PD, EPD), or the aggregated engine's (which samples the
   first token in that same step: an aggregated request has no separate first decode).
 - kv_transfer: a `kv_transfer` span (role kv) where one came: its `epdbench.kv.seconds`, else its length. Without

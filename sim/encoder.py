@@ -4,6 +4,7 @@ prefill."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
@@ -126,9 +127,10 @@ class Encoder:
                 todo.append(n)
         return todo
 
-    async def encode_images(self, rid: str, images: list[bytes], hashes: list[str]) -> None:
+    async def encode_images(self, rid: str, images: list[bytes], hashes: list[str], notes=None) -> None:
         """Run the vision encoder on the images not in the encoder cache. As vLLM's encoder cache manager,
-        an image already being encoded for another request is a hit: this request waits for that output."""
+        an image already being encoded for another request is a hit: this request waits for that output.
+        A traced request's notes (sim.spans.RequestNotes) get (queued, encoder started, encoder done)."""
         r = self.replica
         cached = 0
         mine: dict[str, int] = {}
@@ -145,10 +147,14 @@ class Encoder:
                 mine[h] = self.tokens(b)
                 self.encoding[h] = asyncio.get_running_loop().create_future()
         todo = list(mine.values())
+        queued = time.perf_counter()
         try:
             async with self.lock:
+                started = time.perf_counter()
                 seconds = r.cost.encode_seconds(todo) + (r.spec.hardware.step_overhead_ms / 1e3 if todo else 0)
                 await asyncio.sleep(seconds * r.time_scale)
+                if notes is not None:
+                    notes.encode = (queued, started, time.perf_counter())
             for h, n in mine.items():
                 self.cache.add(h, n)
         finally:

@@ -199,7 +199,7 @@ class Replica:
             seq.max_tokens = 1
         try:
             if self.role == "encode":
-                await self.encoder.encode_images(rid, images, hashes)
+                await self.encoder.encode_images(rid, images, hashes, notes)
                 return await responses.respond_prefill_only(self, body, rid, seq, chat, kvp=None)
             # As vLLM's scheduler: an image whose tokens lie inside the cached prefix needs neither the
             # encoder nor its encoder output (its KV is already there).

@@ -39,6 +39,7 @@ class RequestNotes:
     seq: object = None                  # the engine's Sequence (sim.engine), once submitted
     prompt_tokens: int | None = None
     kv: tuple | None = None             # (start, end, tokens, ok) of a decode's KV pull
+    encode: tuple | None = None         # (queued, started, done) of an encode replica's vision encoder
 
 
 def _seconds(a: float | None, b: float | None, scale: float) -> float | None:
@@ -65,6 +66,13 @@ def request_spans(n: RequestNotes, end: float, scale: float, transport: str) -> 
             "gen_ai.latency.time_in_model_inference": _seconds(scheduled, last, scale),
             "epdbench.cached_tokens": seq.cached,
         })
+    if n.encode is not None:
+        # an encoder-only instance as vLLM reports it: waiting for the encoder, then the encoder's own time (its
+        # prefill); its "first token" is the encoder output being ready
+        queued, started, done = n.encode
+        attrs.update({"gen_ai.latency.time_in_queue": _seconds(queued, started, scale),
+                      "gen_ai.latency.time_in_model_prefill": _seconds(started, done, scale),
+                      "gen_ai.latency.time_to_first_token": _seconds(n.arrival, done, scale)})
     spans = [{"trace_id": n.trace_id, "span_id": new_span_id(), "parent_span_id": n.parent_id, "name": "llm_request",
               "start_ns": epoch_ns(n.arrival), "end_ns": epoch_ns(end),
               "attributes": {k: v for k, v in attrs.items() if v is not None}}]
