@@ -14,9 +14,9 @@ from epdbench.specs.commands import (VLLM_LOGGING_CONFIG, VLLM_SERVER_MODULE, lo
                                      local_engine_env, local_gpus, moves_kv, otlp_engine_args,
                                      otlp_engine_env, vllm_router_args)
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
-from epdbench.tasks.deployment import Deployment, Process, ProvisionError, exited
+from epdbench.tasks.deployment import Deployment, Process, ProvisionError
 from epdbench.tasks.local.engine_env import EngineEnvError, default_env_dir, env_python, vllm_version
-from epdbench.tasks.proc.processes import (free_port, port_taken, router_binary, smoke_request, spawn,
+from epdbench.tasks.proc.processes import (free_port, port_taken, router_binary, serve_through_router, spawn,
                                            stop_deployment, wait_healthy)
 from epdbench.tasks.local.tiny_model import TinyModelError, write_tiny_model
 
@@ -104,17 +104,10 @@ def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_
             startup_timeout_s=max(1.0, deadline - time.monotonic()), servers=[p.url for p in engines],
             prefills=[(p.url, 0) for p in engines if p.role == "prefill"],
             decodes=[p.url for p in engines if p.role == "decode"])]
-        router_url = f"http://{host}:{router_port}"
-        log = log_dir / "router.log"
-        proc = spawn(cmd, log, dict(os.environ), f"{config.name}/router")
-        dep.processes.append(Process("router", "router", router_url, log, proc,
-                                     metrics_url=f"http://{host}:{prom_port}/metrics"))
         dep.router = "vllm-router"
-        wait_healthy(dep.by_role("router"), deadline)
-        dep.endpoint = router_url
-        smoke_request(router_url, spec.model.name, deadline)
-        dep.health = lambda: exited(dep.processes)
-        return dep
+        return serve_through_router(dep, cmd, dict(os.environ), f"http://{host}:{router_port}",
+                                    f"http://{host}:{prom_port}/metrics", log_dir, f"{config.name}/router",
+                                    spec.model.name, deadline)
     except BaseException:
         stop(dep)
         raise

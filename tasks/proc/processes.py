@@ -17,7 +17,7 @@ from collections import deque
 from pathlib import Path
 
 from epdbench.tasks.proc import lifeline
-from epdbench.tasks.deployment import Deployment, Process, ProvisionError, probe_until_served
+from epdbench.tasks.deployment import Deployment, Process, ProvisionError, exited, probe_until_served
 
 _LIVE: set[subprocess.Popen] = set()
 TAIL_LINES = 3          # an engine that dies at start: its last log lines, in the one-line error
@@ -141,6 +141,20 @@ def smoke_request(url: str, model: str, deadline: float) -> None:
                        {"model": model, "prompt": "epdbench readiness probe", "max_tokens": 2,
                         "request_id": "epdbench-probe"},
                        {"X-Request-Id": "epdbench-probe"}, deadline, interval_s=0.5)
+
+
+def serve_through_router(dep: Deployment, cmd: list[str], env: dict, url: str, metrics_url: str, log_dir: Path,
+                         what: str, model: str, deadline: float) -> Deployment:
+    """Start the router in front of engines already healthy, wait for it, and prove the whole path serves one
+    request: the deployment then answers at the router's URL."""
+    log = log_dir / "router.log"
+    router = Process("router", "router", url, log, spawn(cmd, log, env, what), metrics_url=metrics_url)
+    dep.processes.append(router)
+    wait_healthy([router], deadline)
+    dep.endpoint = url
+    smoke_request(url, model, deadline)
+    dep.health = lambda: exited(dep.processes)
+    return dep
 
 
 def stop_deployment(dep: Deployment, grace_s: float = 5.0) -> None:

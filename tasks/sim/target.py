@@ -9,9 +9,9 @@ from pathlib import Path
 
 from epdbench.specs.commands import vllm_router_args
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
-from epdbench.tasks.deployment import Deployment, Process, exited
-from epdbench.tasks.proc.processes import (ISSUED_PORTS, free_port, router_binary, smoke_request, spawn, stop_all,
-                                      stop_deployment, wait_healthy)
+from epdbench.tasks.deployment import Deployment, Process
+from epdbench.tasks.proc.processes import (ISSUED_PORTS, free_port, router_binary, serve_through_router, spawn,
+                                           stop_all, stop_deployment, wait_healthy)
 
 __all__ = ["ISSUED_PORTS", "free_port", "start", "stop", "stop_all"]
 
@@ -73,16 +73,8 @@ def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_
                 cmd += ["--fault-skip-prefill", str(skip), "--fault-seed", str(spec.seed)]
             dep.router = "epdbench-proxy" + (f" (fault: skip prefill {skip:.0%})" if skip else "")
         router_url = f"http://{host}:{router_port}"
-        router_metrics = router_metrics or router_url + "/metrics"
-        log = log_dir / "router.log"
-        router = Process("router", "router", router_url, log, spawn(cmd, log, env, f"{config.name}/router"),
-                         metrics_url=router_metrics)
-        procs.append(router)
-        wait_healthy([router], deadline)
-        dep.endpoint = router_url
-        smoke_request(router_url, spec.model.name, deadline)
-        dep.health = lambda: exited(dep.processes)
-        return dep
+        return serve_through_router(dep, cmd, env, router_url, router_metrics or router_url + "/metrics", log_dir,
+                                    f"{config.name}/router", spec.model.name, deadline)
     except BaseException:
         stop(dep)
         raise
