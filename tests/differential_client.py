@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from epdbench.analysis.differential import Probe, probes
+from epdbench.analysis.probes import Probe, probes
 from epdbench.specs.models import ExperimentSpec, load_spec, parse_spec, spec_to_yaml
 from epdbench.tasks.targets import target_module
 

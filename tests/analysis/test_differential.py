@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from epdbench.analysis.differential import (Difference, Known, check_known, compare_answers, compare_exchanges,
-                                            compare_logs, compare_metrics, known_from, probes, reduce_answer)
+                                            compare_logs, compare_metrics, known_from, reduce_answer)
+from epdbench.analysis.probes import probes
 from tests.differential_client import KNOWN, read_capture
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import yaml
 
-from epdbench.analysis.differential import check_known, compare_exchanges, known_from, probes
+from epdbench.analysis.differential import check_known, compare_exchanges, known_from
+from epdbench.analysis.probes import probes
 from tests.differential_client import KNOWN, read_capture, run_exchange
 
 
