@@ -101,3 +101,26 @@ def test_the_real_engines_spans_join_each_sampled_request_s_trace(local_run):
                 a = json.loads(attrs)
                 assert a["gen_ai.latency.time_to_first_token"] > 0 and a["gen_ai.latency.time_in_queue"] >= 0
         assert set(spans.trace_id) == set(clients.trace_id)
+
+
+def test_the_ttft_breakdown_comes_from_the_real_engines_spans(local_run):
+    """The report's breakdown on real vLLM: every traced request complete (each role's span and attribute there),
+    its parts adding up to its TTFT, PD's KV transfer read from the decode's remote-KV wait (NIXL reports no span
+    of its own), nothing emulated."""
+    import pandas as pd
+
+    from epdbench.analysis.breakdown import PARTS, request_parts
+
+    _, out, _ = local_run
+    records = pd.read_parquet(out / "records.parquet")
+    for config, topology in (("aggregated", "aggregated"), ("pd-nixl-tcp", "pd")):
+        spans = pd.read_parquet(out / "traces" / f"{config}.parquet")
+        parts = request_parts(spans, records[records.config == config], {config: topology})
+        assert len(parts) > 0 and set(parts.status) <= {"ok", "clock"}, parts[["status", "reason"]]
+        total = parts[[f"{p}_ms" for p in PARTS]].sum(axis=1)
+        assert ((total - parts.ttft_ms).abs() < 1e-6).all()
+        assert not parts.emulated.any()
+        if topology == "pd":
+            assert set(parts.kv_source) == {"decode-queue"} and (parts.kv_transfer_ms > 0).all()
+            assert (parts.first_decode_ms > 0).all()
+    assert "## Where TTFT goes" in (out / "report.md").read_text()
