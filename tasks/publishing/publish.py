@@ -34,7 +34,7 @@ from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, load_spec, 
 from epdbench.specs.workload import hash_prompt_hashes, plan_cells
 from epdbench.tasks.rundir.results import read_records, write_json
 from epdbench.tasks.rundir.resume import noise_of
-from epdbench.tasks.rundir.traces import read_spans, traces_path
+from epdbench.tasks.rundir.traces import TRACES_DIR, read_spans, traces_path
 from epdbench.tasks.publishing.traces import flush_traces, publish_cell_traces
 from epdbench.tasks.publishing.publish_state import (OPTIONAL_ARTIFACTS, PARENT_ARTIFACTS, cell_key,  # noqa: F401
                                           comparison_fingerprint, config_fingerprint, config_key, folder_configs,
@@ -237,6 +237,8 @@ def _publish_comparison(tracker: Tracker, parent: str, rdir: Path, all_verified:
             tracker.log_artifacts(parent, rdir / name)
     if (rdir / "plots").exists():
         tracker.log_artifacts(parent, rdir / "plots", "plots")
+    if (rdir / TRACES_DIR).exists():    # the TTFT breakdown's spans: a report rendered again from MLflow has it too
+        tracker.log_artifacts(parent, rdir / TRACES_DIR, TRACES_DIR)
     goodput_metrics(tracker, parent, rdir / "goodput.csv")
     outcome = read_json(rdir / "outcome.json")
     tracker.set_tags(parent, {"epdbench.all_verified": all_verified, "epdbench.all_ok": all_ok,
