@@ -121,17 +121,16 @@ def breakdown_plots(table: pd.DataFrame | None, configs: list[str], note: str = 
 def breakdown_view(table: pd.DataFrame | None, configs: list[str], tracing: bool | None, plots=(),
                    virtual: bool = False) -> dict:
     """What the section shows: `tracing` whether the spec traced requests (None: not known; `absent` says why
-    there is nothing when there is nothing), the tables, the
-    plots (breakdown_plots), the tolerances in words, and whether any span was the simulator's."""
+    there is nothing when there is nothing), the tables, the plots (breakdown_plots), the tolerances in words,
+    whether any span was the simulator's, and whether they were made in virtual time (`virtual`: the run's clock)."""
     has = table is not None and not table.empty
     absent = ("Request tracing was off (the spec's `tracing.enabled: false`): no TTFT breakdown." if tracing is False
-              else "A run in virtual time makes no spans: no TTFT breakdown." if virtual
               else "No span of a traced request was collected: no TTFT breakdown.")
     return {"has_data": has, "absent": absent, "parts": [SHORT_TITLES[p] for p in PARTS],
             "suites": breakdown_rows(table, configs),
             "plots": [{"file": f"plots/{p.name}", "data_uri": p.data_uri(), "title": p.title, "caption": p.caption}
                       for p in plots],
-            "emulated": bool(has and table["emulated"].astype(bool).any()),
+            "emulated": bool(has and table["emulated"].astype(bool).any()), "virtual": bool(has and virtual),
             "tolerance": f"{SUM_TOLERANCE:.0%} (at least {SUM_TOLERANCE_MIN_MS:g} ms)",
             "clock_tolerance": f"{CLOCK_TOLERANCE_MS:g} ms", "middle": f"{MIDDLE_SHARE:.0%}",
             "flagged": int(table["disagree"].sum() + table["incomplete"].sum()) if has else 0}

@@ -4,7 +4,6 @@ prefill."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
@@ -147,14 +146,15 @@ class Encoder:
                 mine[h] = self.tokens(b)
                 self.encoding[h] = asyncio.get_running_loop().create_future()
         todo = list(mine.values())
-        queued = time.perf_counter()
+        clock = r.engine.clock           # the replica's (host perf_counter; in virtual time the loop's)
+        queued = clock()
         try:
             async with self.lock:
-                started = time.perf_counter()
+                started = clock()
                 seconds = r.cost.encode_seconds(todo) + (r.spec.hardware.step_overhead_ms / 1e3 if todo else 0)
                 await asyncio.sleep(seconds * r.time_scale)
                 if notes is not None:
-                    notes.encode = (queued, started, time.perf_counter())
+                    notes.encode = (queued, started, clock())
             for h, n in mine.items():
                 self.cache.add(h, n)
         finally:

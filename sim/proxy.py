@@ -19,11 +19,11 @@ import uuid
 import aiohttp
 from aiohttp import web
 
-from epdbench.otlp import EMULATED_ATTR, format_traceparent, new_span_id, parse_traceparent
+from epdbench.otlp import format_traceparent, new_span_id, parse_traceparent
 from epdbench.relay import stream_back
 from epdbench.sim import logfmt
 from epdbench.sim.server import access_log_middleware, log, until_signalled
-from epdbench.sim.spans import SpanExporter, epoch_ns
+from epdbench.sim.spans import SpanExporter, epoch_ns, router_span, span_resource
 
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "content-encoding"}
 
@@ -47,7 +47,7 @@ class Proxy:
                     [("server", servers), ("encode", encoders), ("prefill", prefills), ("decode", decodes)] if urls}
         self.pid = os.getpid()
         self.session: aiohttp.ClientSession | None = None
-        self.spans = SpanExporter.from_env("proxy", "router")
+        self.spans = SpanExporter.from_env(span_resource("proxy"))
 
     @property
     def mode(self) -> str:
@@ -78,11 +78,8 @@ class Proxy:
         try:
             return await self._generate(request, {"traceparent": format_traceparent(ctx[0], span_id)})
         finally:
-            self.spans.add([{"trace_id": ctx[0], "span_id": span_id, "parent_span_id": ctx[1],
-                             "name": "router.request", "start_ns": epoch_ns(start),
-                             "end_ns": epoch_ns(time.perf_counter()),
-                             "attributes": {"gen_ai.request.id": request.headers.get("X-Request-Id", ""),
-                                            "epdbench.router.mode": self.mode, EMULATED_ATTR: True}}])
+            self.spans.add([router_span(ctx[0], span_id, ctx[1], epoch_ns(start), epoch_ns(time.perf_counter()),
+                                        request.headers.get("X-Request-Id", ""), self.mode)])
 
     async def _generate(self, request: web.Request, trace_headers: dict) -> web.StreamResponse:
         body = await request.json()

@@ -19,7 +19,7 @@ from epdbench.sim.engine import Engine, Sequence
 from epdbench.sim.kv_handoff import KVHandoff
 from epdbench.otlp import parse_traceparent
 from epdbench.sim.lag import Lag
-from epdbench.sim.spans import RequestNotes, SpanExporter, request_spans
+from epdbench.sim.spans import RequestNotes, SpanExporter, request_spans, span_resource
 from epdbench.sim.link import Link
 from epdbench.timer import precise_sleep
 from epdbench.sim.metrics import Counters, prometheus_text
@@ -29,9 +29,6 @@ from epdbench.sim.validate import (BadRequest, check_schema, check_served, empty
                                    output_budget, request_id_of)
 from epdbench.specs.commands import MAX_LOG_LEN
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
-
-
-SPAN_ROLE = {"server": "aggregated"}   # the role names of the spans contract (traces/<config>.parquet)
 
 
 def log(msg: str) -> None:
@@ -64,7 +61,7 @@ class Replica:
         self.kv = KVHandoff(self)
         self.encoder = Encoder(self)
         self.api = ApiServer(self)
-        self.spans = SpanExporter.from_env(SPAN_ROLE.get(role, role), f"{role}-{replica}")
+        self.spans = SpanExporter.from_env(span_resource(role, replica))
 
     def kv_capacity_tokens(self) -> int:
         """KV cache of the replica in tokens: its engine's blocks (CostModel.kv_capacity_tokens: memory left after

@@ -13,12 +13,19 @@ processor cache), as in the HTTP simulator (sim.encoder.Encoder.preprocess).
 What the HTTP path spends on the host for each exchange (client, router and API-server hops) is charged as
 hardware.request_hop_ms per exchange (`hop`, `reach`); the agreement check (benchmarks/vtime_agreement.py)
 measures what remains between the two.
+
+A traced request (a TraceContext) gets the HTTP simulator's spans (sim.spans): an `llm_request` per leg from the
+same RequestNotes, a `kv_transfer` over a decode's KV pull, and where the built-in proxy routes (EPD, or
+`target.sim.router: builtin`) its `router.request` over the whole request as the legs' parent; each with its
+process's resource (role, pod), its times on the virtual clock as epoch ns from the cluster's anchor, handed to
+the cluster's span sink as each leg ends.
 """
 from __future__ import annotations
 
 import asyncio
 import itertools
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from epdbench.physics.costmodel import CostModel, kv_descriptors, link_bytes_per_s, peer_lanes, setup_seconds
 from epdbench.sim.apiserver import ApiServer
@@ -26,7 +33,10 @@ from epdbench.sim.encoder import Encoder
 from epdbench.sim.engine import Engine, Sequence
 from epdbench.sim.link import Link
 from epdbench.sim.metrics import Counters
+from epdbench.otlp import new_span_id
 from epdbench.sim.prefix_cache import BLOCK_TOKENS, PrefixCache, block_hashes
+from epdbench.sim.spans import (CLOCK_ATTR, VIRTUAL_ANCHOR_ATTR, RequestNotes, request_spans, router_span,
+                                span_resource, virtual_epoch)
 from epdbench.sim.tokenizer import chat_parts, image_end_positions, image_hash, prompt_ids
 from epdbench.sim.validate import BadRequest, empty_prompt, output_budget
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
@@ -53,6 +63,15 @@ class Prompt:
         if self._blocks is None:
             self._blocks = block_hashes(self.ids)
         return self._blocks
+
+
+@dataclass(frozen=True)
+class TraceContext:
+    """A traced request as its legs see it: its W3C trace, the span they name as parent (the client's, or the
+    proxy's), and its API (the engines' request ids are vLLM's `chatcmpl-<id>` / `cmpl-<id>`)."""
+    trace_id: str
+    parent_id: str
+    api: str
 
 
 PROMPT_CACHE = 4096       # parsed requests a process keeps (the same requests go to every configuration and,
@@ -148,11 +167,17 @@ class _Sink:
 
 
 class VirtualCluster:
-    """The replicas of one configuration on the running virtual-time loop; `generate` serves one request."""
+    """The replicas of one configuration on the running virtual-time loop; `generate` serves one request. With a
+    span sink (`spans`), traced requests' spans go to it, virtual second 0 being `anchor_ns` (epoch ns)."""
 
-    def __init__(self, spec: ExperimentSpec, config: ConfigurationSpec):
-        clock = asyncio.get_running_loop().time
+    def __init__(self, spec: ExperimentSpec, config: ConfigurationSpec,
+                 spans: Callable[[list[dict]], None] | None = None, anchor_ns: int = 0):
+        loop = asyncio.get_running_loop()
+        clock = self.now = loop.time
         self.spec, self.config = spec, config
+        self.spans, self.anchor_ns, self.epoch = spans, anchor_ns, virtual_epoch(anchor_ns)
+        # the built-in proxy makes a span of its own; vllm-router passes the traceparent on and makes none we get
+        self.proxied = config.topology == "epd" or spec.target.sim.router != "vllm-router"
         self.replicas = {r.role: [VReplica(spec, config, r.role, i, clock) for i in range(r.replicas)]
                          for r in config.roles}
         self._next = {role: itertools.cycle(reps) for role, reps in self.replicas.items()}
@@ -223,32 +248,87 @@ class VirtualCluster:
     def any_encoder(self) -> Encoder:
         return self.all()[0].encoder
 
-    async def generate(self, rid: str, prompt: Prompt, stamps: list[float]) -> tuple[int, int]:
+    async def generate(self, rid: str, prompt: Prompt, stamps: list[float],
+                       trace: TraceContext | None = None) -> tuple[int, int]:
         """Serve one request, appending to `stamps` the stamp (loop seconds) of each token the client receives;
         returns (prompt tokens, cached tokens) as the serving replica's usage reports them (a PD decode: its
-        prefill's)."""
+        prefill's). A traced one's spans go to the span sink (sim.proxy's and sim.replica's, however it ends)."""
+        if trace is None or self.spans is None or not self.proxied:
+            return await self._route(rid, prompt, stamps, trace if self.spans is not None else None)
+        span_id, start = new_span_id(), self.now()
+        try:
+            return await self._route(rid, prompt, stamps, replace(trace, parent_id=span_id))
+        finally:
+            self._emit([router_span(trace.trace_id, span_id, trace.parent_id, self.epoch(start),
+                                    self.epoch(self.now()), rid, self.config.topology)], span_resource("proxy"))
+
+    async def _route(self, rid: str, prompt: Prompt, stamps: list[float],
+                     trace: TraceContext | None) -> tuple[int, int]:
         if "server" in self.replicas:
-            return await self._leg(next(self._next["server"]), rid, prompt, stamps)
+            return await self._leg(next(self._next["server"]), rid, prompt, stamps, trace)
         encoder = None
         if "encode" in self.replicas and prompt.images:
             encoder = next(self._next["encode"])
-            if encoder.seen is not None:
-                encoder.seen.add(rid)
-            await self.reach(encoder, prompt)
-            await encoder.encoder.preprocess(prompt.images, prompt.hashes)
-            await encoder.encoder.encode_images(rid, prompt.images, prompt.hashes)
+            await self._encode(encoder, rid, prompt, trace)
         prefill = next(self._next["prefill"])
-        _, prefill_cached = await self._leg(prefill, rid, prompt, None, encoder=encoder)
-        n_prompt, _ = await self._leg(next(self._next["decode"]), rid, prompt, stamps, kv_from=prefill)
+        _, prefill_cached = await self._leg(prefill, rid, prompt, None, trace, encoder=encoder)
+        n_prompt, _ = await self._leg(next(self._next["decode"]), rid, prompt, stamps, trace, kv_from=prefill)
         return n_prompt, prefill_cached     # the decode reports its prefill's hit, as vLLM 0.33 (sim.responses.usage)
 
+    def _notes(self, trace: TraceContext | None, rid: str, prompt: Prompt) -> RequestNotes | None:
+        """A traced leg's notes (sim.replica.Replica.generate's), its arrival when the leg's exchange reaches the
+        replica's API server."""
+        if trace is None:
+            return None
+        notes = RequestNotes(trace.trace_id, trace.parent_id, self.now() + self.hop_s(),
+                             prompt_tokens=len(prompt.ids))
+        notes.rid = f"{'chatcmpl' if trace.api == 'chat' else 'cmpl'}-{rid}"
+        return notes
+
+    def _emit(self, spans: list[dict], resource: dict) -> None:
+        """Spans to the sink, with their process's resource and the virtual clock's anchor."""
+        for s in spans:
+            s["resource"] = resource
+            s["attributes"].update({CLOCK_ATTR: "virtual", VIRTUAL_ANCHOR_ATTR: self.anchor_ns})
+        self.spans(spans)
+
+    def _end_leg(self, notes: RequestNotes | None, rep: VReplica) -> None:
+        if notes is not None:
+            self._emit(request_spans(notes, self.now(), 1.0, self.config.kv_transport, self.epoch),
+                       span_resource(rep.role, rep.replica))
+
+    async def _encode(self, rep: VReplica, rid: str, prompt: Prompt, trace: TraceContext | None) -> None:
+        """EPD's encode leg (sim.replica.Replica.generate on an encode replica): the vision encoder, prefill-only."""
+        if rep.seen is not None:
+            rep.seen.add(rid)
+        notes = self._notes(trace, rid, prompt)
+        try:
+            if notes is not None:
+                notes.seq = Sequence(request_id=notes.rid, prompt_tokens=len(prompt.ids), max_tokens=1)
+            await self.reach(rep, prompt)
+            await rep.encoder.preprocess(prompt.images, prompt.hashes)
+            await rep.encoder.encode_images(rid, prompt.images, prompt.hashes, notes)
+        finally:
+            self._end_leg(notes, rep)
+
     async def _leg(self, rep: VReplica, rid: str, prompt: Prompt, stamps: list[float] | None,
-                   encoder: VReplica | None = None,
+                   trace: TraceContext | None = None, encoder: VReplica | None = None,
                    kv_from: VReplica | None = None) -> tuple[int, int]:
         """One replica's part (sim.replica.Replica.generate): a prefill-only leg when `stamps` is None."""
+        notes = self._notes(trace, rid, prompt)
+        try:
+            return await self._serve_leg(rep, rid, prompt, stamps, notes, encoder, kv_from)
+        finally:
+            self._end_leg(notes, rep)
+
+    async def _serve_leg(self, rep: VReplica, rid: str, prompt: Prompt, stamps: list[float] | None,
+                         notes: RequestNotes | None, encoder: VReplica | None,
+                         kv_from: VReplica | None) -> tuple[int, int]:
         await self.reach(rep, prompt)
         await rep.encoder.preprocess(prompt.images, prompt.hashes)    # every API server on the path too
         seq, cached = rep.admit(rid, prompt, prompt.max_tokens if stamps is not None else 1)
+        if notes is not None:
+            notes.seq = seq
         todo = [i for i, end in enumerate(prompt.image_ends) if end > cached]
         if todo and encoder is not None:      # EPD prefill: the encoder outputs come over the encode pod's link
             n_tok = sum(rep.encoder.tokens(prompt.images[i]) for i in todo)
@@ -259,11 +339,14 @@ class VirtualCluster:
                                                             [prompt.hashes[i] for i in todo])
         if kv_from is not None:               # PD decode: pull the prompt's KV not cached here, then decode
             moved = len(prompt.ids) - cached
+            pull_start = self.now()
             await self.hop()                                            # the pull's handshake
             n_bytes = rep.cost.kv_bytes(moved)
             await _link(kv_from, self.config.kv_transport, n_bytes,
                         kv_descriptors(rep.cost, self.config.kv_connector, moved), peer=rep,
                         connector=self.config.kv_connector)
+            if notes is not None:                                      # the pull, as sim.replica's notes have it
+                notes.kv = (pull_start, self.now(), moved, True)
             kv_from.counters.kv_bytes += n_bytes                       # the sending side counts, as Mooncake's
             kv_from.counters.kv_transfers += 1
             seq.computed, seq.image_tokens = len(prompt.ids) - 1, []

@@ -50,3 +50,14 @@ def record(request_id: str, ttft_ms: float | None, ok: bool = True, cell: dict |
 
 def frames(traces: list[list[dict]], records: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
     return pd.DataFrame([r for t in traces for r in t]), pd.DataFrame(records)
+
+
+def tree_problems(spans: pd.DataFrame) -> list[str]:
+    """Why the spans of one trace (traces/<config>.parquet rows) are not one tree rooted at the client span ([] when
+    they are)."""
+    roots = spans[spans["parent_span_id"] == ""]
+    if len(roots) != 1 or roots.iloc[0]["name"] != "client.request":
+        return [f"roots: {list(roots['name'])}"]
+    ids = set(spans["span_id"])
+    return [f"{r.name} ({r.role}) has no parent in the trace" for r in spans.itertuples()
+            if r.parent_span_id and r.parent_span_id not in ids]

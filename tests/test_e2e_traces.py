@@ -12,6 +12,7 @@ import pytest
 from epdbench.specs.models import load_spec
 from epdbench.specs.tracing import traced_indices
 from epdbench.specs.workload import plan_cells
+from tests.spanrows import tree_problems
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 DATA = Path(__file__).parent / "data"
@@ -28,16 +29,6 @@ def run(tmp_path_factory):
                           cwd=work, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, f"sqlite:///{work / 'mlflow.db'}"
-
-
-def tree_problems(spans: pd.DataFrame) -> list[str]:
-    """Why the spans of one trace are not one tree rooted at the client span ([] when they are)."""
-    roots = spans[spans["parent_span_id"] == ""]
-    if len(roots) != 1 or roots.iloc[0]["name"] != "client.request":
-        return [f"roots: {list(roots['name'])}"]
-    ids = set(spans["span_id"])
-    return [f"{r.name} ({r.role}) has no parent in the trace" for r in spans.itertuples()
-            if r.parent_span_id and r.parent_span_id not in ids]
 
 
 def test_every_traced_request_has_one_tree_with_its_engines(run):

@@ -14,8 +14,10 @@ import pandas as pd
 import pytest
 
 from epdbench.specs.models import PRESET_DIR, load_spec
+from epdbench.specs.tracing import traced_indices
 from epdbench.specs.workload import plan_cells
 from epdbench.tasks.rundir.resume import ledger_key, ledger_path, read_ledger
+from tests.spanrows import tree_problems
 from tests.test_operations import mlflow_runs
 
 pytestmark = pytest.mark.e2e
@@ -92,6 +94,35 @@ def test_the_virtual_comparison_records_what_the_virtual_core_serves(tiny_run, t
         pd.testing.assert_series_equal(ran[column], core[column], check_dtype=False, obj=column)
 
 
+def test_a_virtual_run_traces_its_requests_and_breaks_their_ttft_down(tiny_run, tiny_spec_path):
+    """Tracing on (the spec's default): one span tree per traced request in traces/<config>.parquet, as a
+    real-clock run makes them (client → the EPD proxy's router.request → each engine's llm_request and the
+    kv_transfer), the same traces in MLflow under their cell runs with the ttft_breakdown metrics, the breakdown in
+    the report and the terminal."""
+    proc, out, _, work = tiny_run
+    spec = load_spec(str(tiny_spec_path))
+    records = pd.read_parquet(out / "records.parquet")
+    want = sum(len(traced_indices(c.n_measured, spec.tracing.per_cell)) for c in plan_cells(spec))
+    for config in spec.configurations:
+        spans = pd.read_parquet(out / "traces" / f"{config.name}.parquet")
+        assert spans["trace_id"].nunique() == want and not spans.duplicated(["trace_id", "span_id"]).any()
+        assert set(spans["request_id"]) <= set(records[records["config"] == config.name]["request_id"])
+        for tid, trace in spans.groupby("trace_id"):
+            assert tree_problems(trace) == [], (config.name, tid)
+            engines = set(trace[trace["name"] == "llm_request"]["role"])
+            assert engines >= ({"aggregated"} if config.topology == "aggregated" else {"prefill", "decode"})
+            assert (trace["name"] == "kv_transfer").sum() == (config.topology != "aggregated")
+            assert (trace["role"] == "proxy").sum() == (config.topology == "epd")
+            assert trace["emulated"][trace["role"] != "client"].all()
+    from epdbench.tasks.publishing.mlflow_check import mlflow_matches_results
+    assert mlflow_matches_results(f"sqlite:///{work / 'mlflow.db'}", out) == []
+    for run in mlflow_runs(work / "mlflow.db")["cell"]:
+        assert run.data.metrics["ttft_breakdown.requests"] > 0 and "ttft_breakdown.prefill.p50_ms" in run.data.metrics
+    section = (out / "report.md").read_text().split("## Where TTFT goes")[1].split("\n## ")[0]
+    assert "Made in virtual time" in section and "no TTFT breakdown" not in section
+    assert all(f"TTFT {c.name} fixed" in proc.stdout for c in spec.configurations), proc.stdout[-3000:]
+
+
 @pytest.mark.slow     # every shipped preset, about 30-40 s each on 2 cores
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_preset_runs_and_publishes_in_virtual_time(tmp_path, preset):
@@ -127,3 +158,10 @@ def test_a_resumed_virtual_run_records_the_missing_cells_once_and_as_before(tmp_
     for column in ("request_id", "prompt_hash", "ttft_ms", "e2e_ms", "output_tokens"):
         pd.testing.assert_series_equal(after[column], before[column], check_dtype=False, obj=column)
     assert json.loads((out / "outcome.json").read_text())["all_verified"] == outcome["all_verified"]
+    spec = load_spec(str(tiny_spec_path))        # the cell served again has its spans once, of its new records
+    spans = pd.read_parquet(out / "traces" / "pd-tcp.parquet")
+    assert spans["trace_id"].nunique() == sum(len(traced_indices(c.n_measured, spec.tracing.per_cell))
+                                              for c in plan_cells(spec))
+    assert not spans.duplicated(["trace_id", "span_id"]).any()
+    assert set(spans["request_id"]) <= set(after[after["config"] == "pd-tcp"]["request_id"])
+    assert all(tree_problems(trace) == [] for _, trace in spans.groupby("trace_id"))

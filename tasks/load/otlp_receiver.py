@@ -6,7 +6,10 @@ joined with the load generator's traced records by trace id and appended to trac
 
 A span is written once: only when its trace belongs to a recorded request (spans of untraced requests, which
 vLLM makes too, are dropped), and never twice (the file and this process both remember what was written). A
-span that arrives after its cell was written goes out with the next cell's, or at close()."""
+span that arrives after its cell was written goes out with the next cell's, or at close().
+
+In virtual time (flows.virtual) no receiver listens: the virtual core hands its spans to receive() itself, each
+cell's before its records, and flush(0) writes them without waiting."""
 from __future__ import annotations
 
 import gzip
@@ -92,6 +95,14 @@ class TraceCollector:
                 self._waiting.add(r["trace"][0])
                 self._spans.setdefault(r["trace"][0], []).append(client_span(r))
         return len(traced)
+
+    def discard(self, rows: list[dict]) -> None:
+        """Forget the spans of these record rows' traces (a cell served again but not recorded: a virtual run's
+        resume)."""
+        with self._lock:
+            for r in rows:
+                if r.get("trace"):
+                    self._spans.pop(r["trace"][0], None)
 
     def flush(self, max_wait_s: float = 3.0) -> int:
         """Wait (bounded) until every recorded trace has an engine span and none came for quiet_s, then append

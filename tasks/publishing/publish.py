@@ -34,8 +34,8 @@ from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, load_spec, 
 from epdbench.specs.workload import hash_prompt_hashes, plan_cells
 from epdbench.tasks.rundir.results import read_records, write_json
 from epdbench.tasks.rundir.resume import noise_of
-from epdbench.tasks.rundir.traces import read_spans, traces_path
-from epdbench.tasks.publishing.traces import publish_cell_traces
+from epdbench.tasks.rundir.traces import TRACES_DIR, read_spans, traces_path
+from epdbench.tasks.publishing.traces import flush_traces, publish_cell_traces
 from epdbench.tasks.publishing.publish_state import (OPTIONAL_ARTIFACTS, PARENT_ARTIFACTS, cell_key,  # noqa: F401
                                           comparison_fingerprint, config_fingerprint, config_key, folder_configs,
                                           load_state, pending, read_json, resolve_tracking_uri, save_state,
@@ -185,6 +185,7 @@ def _publish_cells(tracker: Tracker, run_id: str, spec: ExperimentSpec, config: 
     records = read_records(rdir / "records.parquet")
     spans = read_spans(traces_path(rdir, config.name))
     noise = noise_of(rdir, [config.name])
+    made = 0
     for key, (row, mine) in cells_of(records, run, config.name, config.gpus, noise).items():
         cell = planned.get((row["suite"], row["workload"], row["concurrency"], row["stream"]))
         params = {"suite": row["suite"], "cell": row["workload"], "concurrency": row["concurrency"],
@@ -198,8 +199,10 @@ def _publish_cells(tracker: Tracker, run_id: str, spec: ExperimentSpec, config: 
                                     + ("" if row["stream"] == "main" else f":{row['stream']}"),
                                     tags={"epdbench.config": config.name, "epdbench.suite": row["suite"]},
                                     params=params, summary=row.to_dict(), key=key, existing=have[0] if have else None)
-        publish_cell_traces(tracker.client, tracker.experiment_id, cell_run, cell_spans(spans, row))
+        made += publish_cell_traces(tracker.client, tracker.experiment_id, cell_run, cell_spans(spans, row))
         tracker.log_metrics(cell_run, cell_metrics(cell_spans(spans, row), mine, config.topology))
+    if made:
+        flush_traces()
     for stale in [r for runs in (*keyed.values(), *legacy.values()) for r in runs]:
         tracker.delete(stale.info.run_id)                          # data no longer in the folder
 
@@ -234,6 +237,8 @@ def _publish_comparison(tracker: Tracker, parent: str, rdir: Path, all_verified:
             tracker.log_artifacts(parent, rdir / name)
     if (rdir / "plots").exists():
         tracker.log_artifacts(parent, rdir / "plots", "plots")
+    if (rdir / TRACES_DIR).exists():    # the TTFT breakdown's spans: a report rendered again from MLflow has it too
+        tracker.log_artifacts(parent, rdir / TRACES_DIR, TRACES_DIR)
     goodput_metrics(tracker, parent, rdir / "goodput.csv")
     outcome = read_json(rdir / "outcome.json")
     tracker.set_tags(parent, {"epdbench.all_verified": all_verified, "epdbench.all_ok": all_ok,

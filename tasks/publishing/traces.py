@@ -17,7 +17,7 @@ PAGE = 500
 def ordered(spans: pd.DataFrame) -> list[dict]:
     """A trace's spans, each after its parent (the root first); a span whose parent is not in the trace hangs
     under the root (its `parent` then the root's span id)."""
-    rows = spans.sort_values(["start_ns", "span_id"]).to_dict("records")
+    rows = sorted(spans.to_dict("records"), key=lambda r: (r["start_ns"], r["span_id"]))
     ids = {r["span_id"] for r in rows}
     root = next((r for r in rows if not r["parent_span_id"]), rows[0])
     for r in rows:
@@ -53,7 +53,8 @@ def existing_traces(client, experiment_id: str, run_id: str) -> dict[str, str]:
 
 
 def publish_cell_traces(client, experiment_id: str, run_id: str, spans: pd.DataFrame) -> int:
-    """The cell's traces in MLflow under `run_id`, as the folder has them; returns how many were created."""
+    """The cell's traces in MLflow under `run_id`, as the folder has them; returns how many were created (handed to
+    MLflow's exporter: flush_traces() once after the last cell writes them)."""
     have = existing_traces(client, experiment_id, run_id)
     want = set(spans["trace_id"]) if len(spans) else set()
     stale = [mid for tid, mid in have.items() if tid not in want]
@@ -78,10 +79,15 @@ def publish_cell_traces(client, experiment_id: str, run_id: str, spans: pd.DataF
             client.end_span(mid, made_spans[r["span_id"]], end_time_ns=int(r["end_ns"]))
         client.end_trace(mid, end_time_ns=int(root["end_ns"]))
         made += 1
-    if made:
-        import mlflow
-        mlflow.flush_trace_async_logging()
     return made
+
+
+def flush_traces() -> None:
+    """Wait until MLflow's exporter has written every trace handed to it (with async trace logging, which
+    tasks.publishing.tracking.Tracker turns off unless the user set it). Once per configuration, not per cell:
+    each flush restarts the exporter's threads (about a second however little it holds)."""
+    import mlflow
+    mlflow.flush_trace_async_logging()
 
 
 def mlflow_trace_counts(client, experiment_id: str, run_id: str) -> int:

@@ -213,6 +213,9 @@ class Tracker:
 
         silence_mlflow_retries()
         probe(tracking_uri)
+        # traces (tasks.publishing.traces) written as each is ended, not queued for a background exporter whose
+        # every flush costs about a second: read before MLflow's first trace, unless the user set it
+        os.environ.setdefault("MLFLOW_ENABLE_ASYNC_TRACE_LOGGING", "false")
         self.tracking_uri = tracking_uri
         self._last_ms = 0
         with quiet_mlflow():

@@ -22,7 +22,7 @@ from epdbench.specs.profile import load_profile
 from epdbench.tasks.publishing.publish_state import OPTIONAL_ARTIFACTS, PROFILE_FILE
 from epdbench.tasks.rundir.results import read_records
 from epdbench.tasks.rundir.resume import LEDGER, ledger_path, noise_of
-from epdbench.tasks.rundir.traces import read_spans, traces_path
+from epdbench.tasks.rundir.traces import TRACES_DIR, read_spans, traces_path
 
 REPORT_FILES = ("report.md", "report.html")
 NEEDED = ("outcome.json", "records.parquet", "spec.yaml")
@@ -127,10 +127,10 @@ def rerender(rdir: Path, out: Path | None = None) -> list[Path]:
 
 
 def download_comparison(tracking_uri: str, run_id: str, dest: Path | None = None) -> Path:
-    """The comparison run's stored results (outcome, records, spec; the calibration profile if any) into `dest`
-    (default results/<run name>), with each configuration run's cell ledger (evidence/<config>/cells.json): the
-    host-load figures that mark cells contaminated, without which the report would name winners the run's own
-    report withheld."""
+    """The comparison run's stored results (outcome, records, spec; the calibration profile and traces/ if any)
+    into `dest` (default results/<run name>), with each configuration run's cell ledger
+    (evidence/<config>/cells.json): the host-load figures that mark cells contaminated, without which the report
+    would name winners the run's own report withheld."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
@@ -150,7 +150,7 @@ def download_comparison(tracking_uri: str, run_id: str, dest: Path | None = None
         if name not in stored:
             raise ResultsError(f"--run-id {run_id}: the run has no {name} artifact; it cannot be re-rendered")
         client.download_artifacts(run_id, name, str(dest))
-    for name in OPTIONAL_ARTIFACTS:
+    for name in (*OPTIONAL_ARTIFACTS, TRACES_DIR):
         if name in stored:
             client.download_artifacts(run_id, name, str(dest))
     children = client.search_runs([run.info.experiment_id], f"tags.`mlflow.parentRunId` = '{run_id}' and "

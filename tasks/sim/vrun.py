@@ -6,16 +6,22 @@ results folder's record format and summarised by analysis.metrics — so its fig
 No HTTP, no sleeping, no host clock: deterministic for the spec's seed, and as fast as the host can step the
 engines. The HTTP simulator and this share the engine, cost model and caches (benchmarks/vtime_agreement.py
 measures how far they agree).
+
+With a span sink, the traced requests (spec.tracing, as a run samples them) get the client span a run's load
+generator opens (the record's `trace`) and the simulator's spans (sim.vcluster), all on the virtual clock as epoch
+ns from one anchor per deployment (the wall clock when it started, unless given).
 """
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 import pandas as pd
 
 from epdbench.analysis.metrics import summarize
-from epdbench.sim.vcluster import Refused, VirtualCluster
+from epdbench.otlp import new_span_id, new_trace_id
+from epdbench.sim.vcluster import Refused, TraceContext, VirtualCluster
 from epdbench.sim.vloop import VirtualTimeLoop, run as run_loop
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
 from epdbench.specs.workload import Calibration, Cell, build_requests, calibration_keys, plan_cells
@@ -43,7 +49,8 @@ def cell_requests(spec: ExperimentSpec, cell: Cell, trial: int, calibration: Cal
 
 class VirtualLoadGenerator(LoadGenerator):
     """tasks.load.loadgen.LoadGenerator whose requests go to a VirtualCluster instead of over HTTP; its clock is
-    the virtual loop's."""
+    the virtual loop's. A traced request, when the cluster has a span sink, gets its client span (`trace`, epoch
+    ns from the cluster's anchor) and passes its context on, as a run's traceparent."""
 
     def __init__(self, cluster: VirtualCluster, spec: ExperimentSpec, loop: VirtualTimeLoop, tag: str = RUN):
         super().__init__("virtual://", spec.model.name, spec.request_timeout_s, clock=loop.time_ns, run_tag=tag)
@@ -66,11 +73,15 @@ class VirtualLoadGenerator(LoadGenerator):
                      req.image_px, req.image_hash, scheduled_ns, send_ns, send_ns / 1e9)
         t = StreamTiming()
         ends: list[float] = []          # each token's stamp (loop seconds), as the cluster hands it over
+        trace = None
+        if req.traced and self.cluster.spans is not None:
+            rec.trace = [new_trace_id(), new_span_id(), self.cluster.anchor_ns + send_ns, 0]
+            trace = TraceContext(rec.trace[0], rec.trace[1], req.api)
         try:
             prompt = self.cluster.parse(req.api, req.payload)
             rec.status = 200
             async with asyncio.timeout(self.timeout_s):     # in this task: no task per request
-                n_prompt, cached = await self.cluster.generate(rid, prompt, ends)
+                n_prompt, cached = await self.cluster.generate(rid, prompt, ends, trace)
             t.usage = {"prompt_tokens": n_prompt, "completion_tokens": len(ends),
                        "prompt_tokens_details": {"cached_tokens": cached}}
             t.saw_done = True
@@ -83,6 +94,8 @@ class VirtualLoadGenerator(LoadGenerator):
         t.chunk_tokens = [1] * len(stamps)
         t.done_ns = self.clock() - send_ns
         _fill(rec, t)
+        if rec.trace is not None:
+            rec.trace[3] = self.cluster.anchor_ns + send_ns + t.done_ns
         return rec
 
 
@@ -124,11 +137,16 @@ def simulate_configuration(spec: ExperimentSpec, config: ConfigurationSpec, cali
 
 def serve_configuration(spec: ExperimentSpec, config: ConfigurationSpec, calibration: Calibration,
                         keep: Callable[[Cell, int, list[dict]], None], run: str = RUN,
-                        observe: Callable[[VirtualCluster], None] | None = None) -> None:
+                        observe: Callable[[VirtualCluster], None] | None = None,
+                        spans: Callable[[list[dict]], None] | None = None, anchor_ns: int | None = None) -> None:
     """Serve every cell and trial of the spec on one fresh deployment in virtual time, handing each cell's record
     rows (labelled `run`) to `keep` as it ends (a mixed window's cells together, in stream order); `observe`, if
-    given, sees the cluster before and after (VirtualCluster.seen kept per replica)."""
+    given, sees the cluster before and after (VirtualCluster.seen kept per replica). With `spans`, the traced
+    requests' spans (tasks.load.otlp_receiver's form, resource included) go to it as each leg ends — a cell's all
+    before its rows reach `keep` — and their records carry their client span (`trace`); virtual second 0 is
+    `anchor_ns` (default: the wall clock now)."""
     loop = VirtualTimeLoop()
+    anchor = time.time_ns() if anchor_ns is None else anchor_ns
 
     def rows_of(cell: Cell, trial: int, recs: list[Record]) -> list[dict]:
         return [{**r, "run": run, "trial": trial, "config": config.name, "suite": cell.suite,
@@ -136,7 +154,7 @@ def serve_configuration(spec: ExperimentSpec, config: ConfigurationSpec, calibra
                  "concurrency": cell.concurrency} for r in records_as_dicts(recs)]
 
     async def go() -> None:
-        cluster = VirtualCluster(spec, config)
+        cluster = VirtualCluster(spec, config, spans, anchor)
         if observe:
             for rep in cluster.all():
                 rep.seen = set()

@@ -66,7 +66,14 @@ def test_without_spans_the_section_says_tracing_was_off():
     md, _ = render(None)
     assert "No span of a traced request was collected" in section(md)
     md, _ = render(breakdown_view(None, ["aggregated"], True, [], virtual=True))
-    assert "virtual time makes no spans" in section(md)
+    assert "No span of a traced request was collected" in section(md) and "virtual time" not in section(md)
+
+
+def test_spans_made_in_virtual_time_say_on_which_clock():
+    md, html = render(breakdown_view(table(), ["aggregated", "pd-rdma"], True, [], virtual=True))
+    assert "Made in virtual time" in section(md) and "Made in virtual time" in html
+    md, _ = render(breakdown_view(table(), ["aggregated", "pd-rdma"], True, []))
+    assert "Made in virtual time" not in section(md)
 
 
 def test_terminal_lines_name_each_cell_and_its_parts():

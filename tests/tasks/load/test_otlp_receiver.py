@@ -62,3 +62,22 @@ def test_a_body_that_is_not_otlp_is_refused(tmp_path):
         assert status == 400 and col.rejected == 1
     finally:
         col.close(max_wait_s=0.1)
+
+
+def test_without_a_receiver_spans_handed_over_join_their_records_and_discarded_ones_never_do(tmp_path):
+    """As a virtual run uses it: receive() directly, flush(0); a cell served again but not recorded discarded."""
+    path = tmp_path / "traces" / "pd-tcp.parquet"
+    col = TraceCollector(path)
+    resource = {"service.name": "prefill-0", "epdbench.role": "prefill", "epdbench.pod": "prefill-0"}
+    kept, skipped = (new_trace_id(), new_span_id()), (new_trace_id(), new_span_id())
+    col.receive([{**engine_span(t, c), "resource": resource} for t, c in (kept, skipped)])
+    rows = [{**CELL, "request_id": f"epd-{i}", "status": 200, "ok": True, "phase": "measured",
+             "trace": [t, c, 1_000, 4_000]} for i, (t, c) in enumerate((kept, skipped))]
+    col.discard(rows[1:])
+    assert col.add_records(rows[:1]) == 1 and col.flush(0) == 2
+    assert col.add_records(rows[1:]) == 1 and col.flush(0) == 1      # its client span only: its engine's went
+    col.close(0)
+    df = read_spans(path)
+    assert sorted(df[df["request_id"] == "epd-0"]["name"]) == ["client.request", "llm_request"]
+    assert list(df[df["request_id"] == "epd-1"]["name"]) == ["client.request"]
+    assert set(df[df["name"] == "llm_request"]["role"]) == {"prefill"}
