@@ -21,6 +21,8 @@ from tests.reports.report_checks import (SECTIONS, check_bold_winners, check_hea
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = "regress"
+# One suite of one concurrency: its ITL CDF, throughput per GPU and where TTFT goes (no latency-vs-concurrency).
+PLOTS = ["fixed-itl-cdf.png", "fixed-throughput-per-gpu.png", "fixed-ttft-breakdown.png"]
 PAST_ITL_P99_MS = [4.00, 4.04, 3.97, 4.02, 3.99, 4.01]      # the simulator's decode step alone is ~7 ms
 
 
@@ -81,7 +83,8 @@ def test_the_report_has_every_section_and_the_flag(nightly):
     assert check_bold_winners(report, "fixed") >= 2     # TPOT p50 and ITL p99 win outside the noise, at least
     assert check_headline_matches_summary(report, summary) >= 1
     page = parse_html((out / "report.html").read_text())
-    assert len(page.images) == len(list((out / "plots").glob("*.png"))) == 2 and page.external == []
+    assert sorted(p.name for p in (out / "plots").glob("*.png")) == PLOTS
+    assert len(page.images) == len(PLOTS) and page.external == []
 
 
 def test_mlflow_holds_the_html_report_plots_and_verdict_tags(nightly):
@@ -92,7 +95,7 @@ def test_mlflow_holds_the_html_report_plots_and_verdict_tags(nightly):
     parent = json.loads((out / "outcome.json").read_text())["mlflow_run_id"]
     artifacts = {a.path for a in client.list_artifacts(parent)}
     assert {"report.md", "report.html", "plots"} <= artifacts
-    assert len(client.list_artifacts(parent, "plots")) == 2
+    assert sorted(a.path for a in client.list_artifacts(parent, "plots")) == [f"plots/{p}" for p in PLOTS]
     runs = client.search_runs([client.get_run(parent).info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent}'")
     tags = {r.data.tags["epdbench.config"]: r.data.tags["epdbench.regression"] for r in runs}
     assert tags == {"pd-tcp": "regression", "aggregated": "insufficient-history"}
@@ -113,5 +116,5 @@ def test_the_real_report_opens_in_chromium(nightly, tmp_path):
     chromium()
     _, out, _, _ = nightly
     page = probe(out / "report.html", tmp_path)
-    assert page["images"] == page["decoded"] == 2
+    assert page["images"] == page["decoded"] == len(PLOTS)
     assert screenshot(out / "report.html", tmp_path, "report-e2e.png", min(page["height"], 16000)).exists()
