@@ -18,19 +18,20 @@ pytestmark = [pytest.mark.realengine, pytest.mark.timeout(1500)]
 RUN_TIMEOUT_S = 1200     # cpu-tiny took 183 s on the 2-core development VM
 
 
-def engine_python() -> str | None:
+def engine_python() -> str:
+    """vLLM's interpreter (EPDBENCH_VLLM_PYTHON, else the one `epdbench engine-env` made); skips the test without."""
     given = os.environ.get("EPDBENCH_VLLM_PYTHON")
     if given:
         return given
     env = default_env_dir()
-    return str(env_python(env)) if installed(env) else None
+    if not installed(env):
+        pytest.skip("no vLLM environment: make one with `epdbench engine-env` (or set EPDBENCH_VLLM_PYTHON)")
+    return str(env_python(env))
 
 
 @pytest.fixture(scope="module")
 def local_run(tmp_path_factory):
     python = engine_python()
-    if python is None:
-        pytest.skip("no vLLM environment: make one with `epdbench engine-env` (or set EPDBENCH_VLLM_PYTHON)")
     where = tmp_path_factory.mktemp("local")
     out, uri = where / "run", f"sqlite:///{where / 'mlflow.db'}"
     start = time.monotonic()
