@@ -117,6 +117,8 @@ def run_configuration(spec: ExperimentSpec, config: ConfigurationSpec, run: str,
             traces = TraceCollector(traces_path(rdir, config.name))
             tracing["traces_endpoint"] = traces.start()
         dep = target.start(spec, config, rdir / "spec.yaml", log_dir, **tracing)   # each registered as it starts
+        if spec.tracing.enabled and dep.pull_spans is not None:   # engines export to a collector in the cluster
+            traces = TraceCollector(traces_path(rdir, config.name), pull=dep.pull_spans)
         outcome.router = dep.router
         say(f"[{config.name}] serving at {dep.endpoint} via {dep.router}")
         emulated = spec.target.kind == "sim"
@@ -131,7 +133,7 @@ def run_configuration(spec: ExperimentSpec, config: ConfigurationSpec, run: str,
             if in_cluster:
                 items = run_suite_in_cluster(dep, target.schema_version(dep.api, spec), spec, suite.name, config,
                                              run, str(rdir / "records.parquet"), calibration, skip, progress,
-                                             job_timeout_s(spec, suite.name, deadline))
+                                             job_timeout_s(spec, suite.name, deadline), traces)
             else:
                 items = run_suite(dep.endpoint, spec, suite.name, config.name, run, str(rdir / "records.parquet"),
                                   calibration, skip, progress, deadline, dep.health,
@@ -161,9 +163,11 @@ def run_configuration(spec: ExperimentSpec, config: ConfigurationSpec, run: str,
         outcome.error = f"{type(e).__name__}: {e}"
         traceback.print_exc(file=sys.stderr)
     finally:
+        if traces is not None and traces.pull is not None:
+            traces.close()   # while the collector beside the router is still there
         if dep is not None:
             target.stop(dep)
-        if traces is not None:
+        if traces is not None and traces.pull is None:
             traces.close()   # the spans the engines flushed as they stopped
     _end_configuration(outcome, ev_dir)
     return outcome

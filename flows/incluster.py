@@ -21,7 +21,7 @@ from epdbench.tasks.rundir.resume import record_attempt
 RECORD_FIELDS = ("request_id", "index", "phase", "api", "target_prompt_tokens", "max_tokens", "prompt_hash", "image_px",
                  "image_hash", "scheduled_ns", "send_ns", "send_wall_s", "status", "ok", "error", "ttft_ms", "e2e_ms",
                  "done_ms", "prompt_tokens", "output_tokens", "cached_tokens", "chunk_offsets_ns", "chunk_tokens",
-                 "timing", "chunk_arrival_ns")
+                 "timing", "chunk_arrival_ns", "trace")
 
 
 class LoadgenIncomplete(RuntimeError):
@@ -31,9 +31,10 @@ class LoadgenIncomplete(RuntimeError):
 @task(name="run-suite-in-cluster", cache_policy=NO_CACHE, retries=0)
 def run_suite_in_cluster(dep, version: str, spec: ExperimentSpec, suite: str, config: ConfigurationSpec, run: str,
                          records_path: str, calibration: dict, skip: frozenset = frozenset(), progress=None,
-                         timeout_s: float = 3600.0) -> list[dict]:
+                         timeout_s: float = 3600.0, traces=None) -> list[dict]:
     """`dep` the served KubeDeployment: its API client, and its run label, which the Job and its ConfigMap carry
-    so teardown deletes them with the rest of the configuration."""
+    so teardown deletes them with the rest of the configuration. With `traces` (a TraceCollector pulling from the
+    collector beside the router), each cell's traced requests' spans are appended after its records."""
     import pandas as pd
 
     cells = [c for c in plan_cells(spec) if c.suite == suite]
@@ -61,6 +62,8 @@ def run_suite_in_cluster(dep, version: str, spec: ExperimentSpec, suite: str, co
                 for r in result.records if r.get("cell") == cell_id and r.get("trial") == trial]
         if rows:
             append_records(Path(records_path), rows)
+            if traces is not None and traces.add_records(rows):
+                traces.flush()
         noise = result.noise.get((cell_id, trial))
         if noise is None or not result.complete:
             record_attempt(rdir, config.name, cell_id, trial, "failed",

@@ -16,7 +16,8 @@ import yaml
 
 from epdbench.specs import commands
 from epdbench.specs.commands import (EC_SIDE_CHANNEL_PORT, ENGINE_PORT, MOONCAKE_BOOTSTRAP_PORT, NIXL_SIDE_CHANNEL_PORT,
-                                     ROUTER_METRICS_PORT, ROUTER_PORT, ec_transfer_config, engine_args, moves_kv)
+                                     OTLP_PORT, ROUTER_METRICS_PORT, ROUTER_PORT, ec_transfer_config, engine_args,
+                                     moves_kv, otlp_engine_args, otlp_engine_env)
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, KubernetesTargetSpec, RoleSpec
 from epdbench.templating import make_env
 
@@ -127,8 +128,30 @@ def engine_env(spec: ExperimentSpec, config: ConfigurationSpec, role: str) -> li
                                 f"{config.ec_expected}; one UCX_TLS cannot force both: use one transport")
     if ucx:
         env += ucx_env(spec, ucx)
+    if spec.tracing.enabled:
+        env += otlp_env(role)
     env += [{"name": k, "value": v} for k, v in sorted(spec.target.kubernetes.engine.env.items())]   # the spec's own
     return env
+
+
+def traces_endpoint(config: ConfigurationSpec) -> str:
+    """Where the configuration's pods export spans: the trace collector beside the router (its Service's port)."""
+    return f"http://{object_name(config, 'router')}:{OTLP_PORT}/v1/traces"
+
+
+def otlp_env(role: str) -> list[dict]:
+    """The OpenTelemetry SDK's settings of a pod that traces (specs.commands.otlp_engine_env), its pod named by
+    the Downward API (the runner renames it to the process, prefill-0, as on the other targets)."""
+    env = [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+    return env + [{"name": k, "value": v} for k, v in otlp_engine_env(role, "$(POD_NAME)").items()]
+
+
+def traces_context(spec: ExperimentSpec) -> dict | None:
+    """The trace collector container beside the router (tasks.k8s.incluster_traces), when the spec traces."""
+    if not spec.tracing.enabled:
+        return None
+    return {"image": spec.target.kubernetes.runner_image, "port": OTLP_PORT,
+            "args": ["--host", "0.0.0.0", "--port", str(OTLP_PORT)]}
 
 
 def engine_ports(spec: ExperimentSpec, config: ConfigurationSpec, role: str) -> list[dict]:
@@ -178,7 +201,9 @@ def role_context(spec: ExperimentSpec, config: ConfigurationSpec, role: RoleSpec
         "name": object_name(config, role.role), "role": role.role, "replicas": role.replicas,
         "labels": labels(run, config, role.role), "selector": selector_labels(config, role.role),
         "annotations": dict(target.node.rdma_pod_annotations) if rdma else {},
-        "args": engine_args(spec, config, role), "env": engine_env(spec, config, role.role),
+        "args": engine_args(spec, config, role) + (otlp_engine_args(traces_endpoint(config))
+                                                   if spec.tracing.enabled else []),
+        "env": engine_env(spec, config, role.role),
         "ports": engine_ports(spec, config, role.role),
         "resources": engine_resources(target, config, role),
         "capabilities": ["IPC_LOCK"] if rdma else [],
@@ -223,7 +248,15 @@ def router_context(spec: ExperimentSpec, config: ConfigurationSpec, run: str) ->
     return {"name": object_name(config, "router"), "kind": name,
             "labels": labels(run, config, "router"), "selector": selector_labels(config, "router"),
             "image": target.router.image or target.engine.image,
-            "command": command, "args": args, "env": router_urls_env(config), "resources": router_resources(target)}
+            "command": command, "args": args, "resources": router_resources(target),
+            "env": router_urls_env(config) + (router_otlp_env(config) if spec.tracing.enabled else []),
+            "traces": traces_context(spec)}
+
+
+def router_otlp_env(config: ConfigurationSpec) -> list[dict]:
+    """The standard OpenTelemetry variables, for a router that exports spans of its own (vllm-router 0.1.17 and
+    vLLM's EPD proxy make none; they pass the client's `traceparent` on)."""
+    return [{"name": "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "value": traces_endpoint(config)}, *otlp_env("router")]
 
 
 def dns_label(text: str, limit: int = 63) -> str:

@@ -14,6 +14,7 @@ ROUTER_METRICS_PORT = 29000
 MOONCAKE_BOOTSTRAP_PORT = 8998
 NIXL_SIDE_CHANNEL_PORT = 5600   # VLLM_NIXL_SIDE_CHANNEL_PORT (vLLM 0.12 on: one listener per engine, + DP index)
 EC_SIDE_CHANNEL_PORT = 5601     # VLLM_EC_SIDE_CHANNEL_PORT (ECCPUConnector's producer, vLLM 0.30 on)
+OTLP_PORT = 4318                # OTLP/HTTP's registered port: the in-cluster trace collector's
 # ECCPUConnector's shared-memory buffer of encoder outputs (/dev/shm/vllm_ec_<engine id>.mmap): ec_cpu_bytes is
 # mandatory (vllm/distributed/ec_transfer/ec_connector/cpu/); 8 GiB fits the default /dev/shm of 16Gi.
 EC_CPU_BYTES = 8 * 1024 ** 3

@@ -405,6 +405,19 @@ def cmd_loadgen(args) -> int:
     return EXIT_OK
 
 
+def cmd_collect_traces(args) -> int:
+    """The in-cluster trace collector: serve until stopped."""
+    from epdbench.tasks.k8s.incluster_traces import serve
+
+    if not 0 < args.port < 65536:
+        raise CliError(f"--port {args.port}: a TCP port, 1 to 65535")
+    if args.max_spans < 1:
+        raise CliError(f"--max-spans {args.max_spans}: at least 1")
+    try:
+        return serve(args.host, args.port, args.max_spans)
+    except OSError as e:
+        raise CliError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
+
 
 def cmd_engine_env(args) -> int:
     """Make (or check) vLLM's CPU environment; its python on stdout, progress on stderr."""

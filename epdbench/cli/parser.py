@@ -117,6 +117,13 @@ def build_parser() -> argparse.ArgumentParser:
     lg.add_argument("--run", default="loadgen", help="run name (request ids carry its tail)")
     lg.add_argument("--only", default=None, help="comma-separated CELL#tTRIAL to measure (default: every cell)")
 
+    ct = sub.add_parser("collect-traces", help="receive the pods' OTLP spans and hold them for the runner (the "
+                                               "container beside the router on Kubernetes runs this)")
+    ct.add_argument("--host", default="0.0.0.0", help="address to listen on (default: every interface)")
+    ct.add_argument("--port", type=int, default=4318, help="port (default: 4318, OTLP/HTTP's)")
+    ct.add_argument("--max-spans", type=int, default=200_000,
+                    help="spans held for the runner at most; past that they are dropped and counted")
+
     m = sub.add_parser("manifests", help="render and validate the Kubernetes manifests of configurations")
     m.add_argument("--spec", default="smoke", help="spec YAML path or preset name (default: smoke)")
     m.add_argument("--config", default=None, help="configuration name (default: every configuration)")

@@ -49,8 +49,9 @@ def ssl_context(cfg) -> ssl.SSLContext | bool:
 
 
 METHODS = ("GET", "POST")
-# What the pipeline calls on a router or an engine: serving, the probe, tokenizer calibration, metrics.
-ENDPOINTS = ("/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize")
+# What the pipeline calls on a router or an engine: serving, the probe, tokenizer calibration, metrics; and the
+# spans of the trace collector beside the router (tasks.k8s.incluster_traces).
+ENDPOINTS = ("/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize", "/v1/spans")
 _NAME = r"(?:https?:)?[a-z0-9](?:[-a-z0-9.]*[a-z0-9])?(?::[a-z0-9-]+)?"
 _DECODE_ROUNDS = 4
 

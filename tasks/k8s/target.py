@@ -11,14 +11,15 @@ from pathlib import Path
 from typing import Callable
 
 from epdbench.manifests import podsecurity
-from epdbench.manifests.render import (ENGINE_PORT, LABEL_ROLE, ROUTER_PORT, ManifestError, label_value, manifest_files,
-                              object_name, render_loadgen, render_manifests, router_command, run_selector,
-                              schema_version_for, uses_rdma, validate_manifests)
+from epdbench.manifests.render import (ENGINE_PORT, LABEL_ROLE, OTLP_PORT, ROUTER_PORT, ManifestError, label_value,
+                                      manifest_files, object_name, render_loadgen, render_manifests, router_command,
+                                      run_selector, schema_version_for, uses_rdma, validate_manifests)
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, KubernetesTargetSpec
 from epdbench.tasks.k8s import status
 from epdbench.tasks.deployment import Deployment, Process, ProvisionError, probe_until_served
 from epdbench.tasks.k8s.access import open_access
 from epdbench.tasks.k8s.api import LABELLED_KINDS, KubeApi, KubeApiError, connect
+from epdbench.tasks.k8s.traces import SpanPuller
 from epdbench.tasks.rundir.results import write_json
 
 Clock = Callable[[], float]
@@ -247,6 +248,10 @@ def serve(dep: KubeDeployment, spec: ExperimentSpec, config: ConfigurationSpec, 
     dep.processes = [process_for(dep, config, pod) for pod in sorted(pods, key=pod_order)]
     dep.endpoint = next(p.url for p in dep.processes if p.role == "router")
     dep.sync_logs = lambda: sync_logs(dep)
+    if spec.tracing.enabled:   # the collector beside the router (manifests/templates/router.yaml.j2)
+        router = next(p for p in dep.processes if p.role == "router")
+        dep.pull_spans = SpanPuller(dep.access.router_url(object_name(config, "router"), router.pod, OTLP_PORT),
+                                    {p.pod: p.name for p in dep.processes}, say)
     write_json(dep.log_dir / "placement.json",
                status.placement(pods, target.node.gpu_resource, target.node.rdma_resource))
     smoke_chat(dep.endpoint, spec.model.name, time.monotonic() + SMOKE_TIMEOUT_S)

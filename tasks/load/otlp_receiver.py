@@ -17,17 +17,48 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Callable
 
 from epdbench.otlp import decode_spans
 from epdbench.tasks.rundir.traces import append_spans, client_span, span_row
 
 QUIET_S = 0.3          # a cell's spans are taken as all there once none came for this long (exporters batch)
 MAX_BODY = 64 << 20
+PULL_S = 0.2           # between two pulls from an in-cluster collector
+
+
+def reply(handler: BaseHTTPRequestHandler, status: int, body: bytes = b"",
+          content_type: str = "application/x-protobuf") -> None:
+    """An empty body with 200 is an empty ExportTraceServiceResponse: every span accepted."""
+    handler.send_response(status)
+    handler.send_header("Content-Type", content_type)
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
+def read_export(handler: BaseHTTPRequestHandler) -> list[dict] | int:
+    """The spans of one OTLP/HTTP export POSTed to `handler` (protobuf, gzip or not), or the error status to
+    answer: 404 wrong path, 413 too large, 400 not an export."""
+    n = int(handler.headers.get("Content-Length") or 0)
+    if handler.path.rstrip("/") != "/v1/traces" or n > MAX_BODY:
+        return 404 if n <= MAX_BODY else 413
+    body = handler.rfile.read(n)
+    try:
+        if handler.headers.get("Content-Encoding", "").lower() == "gzip":
+            body = gzip.decompress(body)
+        return decode_spans(body)
+    except (ValueError, OSError, EOFError):
+        return 400
 
 
 class TraceCollector:
-    def __init__(self, path: Path, host: str = "127.0.0.1", quiet_s: float = QUIET_S):
-        self.path, self.host, self.quiet_s = Path(path), host, quiet_s
+    """`pull`: where the engines cannot reach this process (Kubernetes), a callable returning the spans an
+    in-cluster collector received since the last call (tasks.k8s.traces); flush() polls it instead of listening."""
+
+    def __init__(self, path: Path, host: str = "127.0.0.1", quiet_s: float = QUIET_S,
+                 pull: Callable[[], list[dict]] | None = None):
+        self.path, self.host, self.quiet_s, self.pull = Path(path), host, quiet_s, pull
         self._lock = threading.Lock()
         self._spans: dict[str, list[dict]] = {}     # trace id -> engine/router spans received, not yet written
         self._records: dict[str, dict] = {}         # trace id -> its record row (request id, cell columns)
@@ -45,24 +76,12 @@ class TraceCollector:
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802 - http.server's name
-                n = int(self.headers.get("Content-Length") or 0)
-                if self.path.rstrip("/") != "/v1/traces" or n > MAX_BODY:
-                    return self._reply(404 if n <= MAX_BODY else 413)
-                body = self.rfile.read(n)
-                try:
-                    if self.headers.get("Content-Encoding", "").lower() == "gzip":
-                        body = gzip.decompress(body)
-                    collector.receive(decode_spans(body))
-                except (ValueError, OSError, EOFError):
+                spans = read_export(self)
+                if isinstance(spans, int):
                     collector.rejected += 1
-                    return self._reply(400)
-                self._reply(200)
-
-            def _reply(self, status: int) -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", "0")    # an empty ExportTraceServiceResponse: all accepted
-                self.end_headers()
+                    return reply(self, spans)
+                collector.receive(spans)
+                reply(self, 200)
 
             def log_message(self, *args):   # no access lines on the run's console
                 pass
@@ -76,6 +95,11 @@ class TraceCollector:
     def endpoint(self) -> str:
         assert self._server is not None, "start() first"
         return f"http://{self.host}:{self._server.server_address[1]}/v1/traces"
+
+    def receive_some(self, spans: list[dict]) -> None:
+        """receive(), only when there are spans (an empty pull is no news: the quiet time runs on)."""
+        if spans:
+            self.receive(spans)
 
     def receive(self, spans: list[dict]) -> None:
         with self._lock:
@@ -109,12 +133,14 @@ class TraceCollector:
         the spans of recorded traces not yet written; returns how many were written."""
         deadline = time.monotonic() + max_wait_s
         while time.monotonic() < deadline:
+            if self.pull is not None:
+                self.receive_some(self.pull())
             with self._lock:
                 quiet = time.monotonic() - self._last >= self.quiet_s
                 missing = bool(self._waiting - self._joined)    # a trace with its client span only, so far
             if quiet and not missing:
                 break
-            time.sleep(0.05)
+            time.sleep(PULL_S if self.pull is not None else 0.05)
         with self._lock:
             self._waiting.clear()          # waited for once: a late span still goes out with a later flush
             rows = []

@@ -46,6 +46,8 @@ class PodLife:
     started: bool = False
     ready: bool = False
     job: str | None = None          # the Job a load generator pod belongs to
+    ports: dict[int, int] = field(default_factory=dict)          # a container port -> the local port behind it
+    sidecars: dict[str, "PodLife"] = field(default_factory=dict)  # the pod's other containers, by name
 
 
 class Kubelet:
@@ -57,6 +59,7 @@ class Kubelet:
         self.store, self.work_dir, self.spec_path = store, work_dir, spec_path
         self.behaviour, self.env_overrides = behaviour, env_overrides
         self.lives: dict[str, PodLife] = {}
+        self.service_ports: dict[tuple[str, str, int], int] = {}   # (namespace, Service, port) -> a local port
         self._session: aiohttp.ClientSession | None = None
 
     # --- pods coming and going -------------------------------------------------------------------
@@ -79,10 +82,13 @@ class Kubelet:
             self.kill(life)
 
     def running_processes(self) -> list[subprocess.Popen]:
-        return [life.process for life in self.lives.values() if life.process and life.process.poll() is None]
+        lives = [x for life in self.lives.values() for x in (life, *life.sidecars.values())]
+        return [life.process for life in lives if life.process and life.process.poll() is None]
 
-    @staticmethod
-    def kill(life: PodLife) -> None:
+    @classmethod
+    def kill(cls, life: PodLife) -> None:
+        for sidecar in life.sidecars.values():
+            cls.kill(sidecar)
         if life.process and life.process.poll() is None:
             os.killpg(life.process.pid, signal.SIGTERM)
             try:
@@ -113,7 +119,8 @@ class Kubelet:
             with self.store.lock:
                 self._finish_job_pod(pod, life)
             return
-        if life.script == RUN and life.port and await self._healthy(life.port):
+        if (life.script == RUN and life.port and await self._healthy(life.port)
+                and all([await self._healthy(x.port) for x in life.sidecars.values()])):
             with self.store.lock:
                 life.ready = True
                 self._set_status(pod, "Running", ready=True)
@@ -172,9 +179,10 @@ class Kubelet:
             cmd = self._epdbench_command(pod, life, labels)
             if cmd is None:
                 return False
+        ns = pod["metadata"]["namespace"]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT),
                **{e["name"]: e["value"] for e in pod["spec"]["containers"][0].get("env", []) if "value" in e},
-               **self.env_overrides}
+               **self.otlp_env(ns, pod["spec"]["containers"][0]), **self.env_overrides}
         for name, value in env.items():       # a path inside a mounted volume: the volume's local folder
             for mount, local in mounts.items():
                 if value == mount or value.startswith(mount + "/"):
@@ -183,8 +191,49 @@ class Kubelet:
         with open(life.log_path, "ab") as fh:
             life.process = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             env=env, cwd=ROOT, start_new_session=True)
+        self._start_sidecars(pod, life, env)
         self._set_status(pod, "Running")
         return True
+
+    # --- tracing: the collector beside the router, and the pods that export to it -----------------
+    def service_loopback(self, ns: str, url: str) -> str:
+        """http://SERVICE:PORT/path as the local URL of the process that serves it (a port chosen on first sight,
+        bound by the collector when its pod starts)."""
+        m = re.match(r"^http://([a-z0-9-]+):(\d+)(/.*)?$", url)
+        if not m:
+            return url
+        port = self.service_ports.setdefault((ns, m.group(1), int(m.group(2))), free_port())
+        return f"http://127.0.0.1:{port}{m.group(3) or ''}"
+
+    def otlp_env(self, ns: str, container: dict) -> dict[str, str]:
+        """The simulator's export address for a pod that traces: vLLM's --otlp-traces-endpoint argument or the
+        standard variable of the manifest, resolved to the collector's local port."""
+        args = container.get("args", [])
+        url = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--otlp-traces-endpoint"), None)
+        url = url or next((e["value"] for e in container.get("env", [])
+                           if e["name"] == "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), None)
+        return {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": self.service_loopback(ns, url)} if url else {}
+
+    def _start_sidecars(self, pod: dict, life: PodLife, env: dict[str, str]) -> None:
+        """The trace collector container (`epdbench collect-traces`) on the port its Service's pods export to."""
+        ns = pod["metadata"]["namespace"]
+        for container in pod["spec"]["containers"][1:]:
+            if container.get("command") != ["epdbench", "collect-traces"]:
+                continue
+            port = container["ports"][0]["containerPort"]
+            service = next(svc["metadata"]["name"] for svc in self.store.find("services", ns)
+                           if all(pod["metadata"]["labels"].get(k) == v for k, v in svc["spec"]["selector"].items())
+                           and any(p["port"] == port for p in svc["spec"]["ports"]))
+            local = int(self.service_loopback(ns, f"http://{service}:{port}").rsplit(":", 1)[1])
+            side = PodLife(script=RUN, port=local, started=True,
+                           log_path=self.work_dir / f"{pod['metadata']['name']}.{container['name']}.log")
+            with open(side.log_path, "ab") as fh:
+                side.process = subprocess.Popen(
+                    [sys.executable, "-m", "epdbench.cli", "collect-traces", "--host", "127.0.0.1", "--port",
+                     str(local)], stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=ROOT,
+                    start_new_session=True)
+            life.sidecars[container["name"]] = side
+            life.ports[port] = local
 
     def _epdbench_command(self, pod: dict, life: PodLife, labels: dict) -> list[str] | None:
         """An engine pod runs the simulator, a router pod sim.proxy (once its engines have ports: None until
@@ -305,6 +354,8 @@ class Kubelet:
         container = request.query.get("container", containers[0])
         if container not in containers:
             return status_body(400, "BadRequest", f"container {container} is not valid for pod {name}")
+        if life is not None and container in life.sidecars:
+            life = life.sidecars[container]
         if request.query.get("previous") == "true":
             if life is None or life.script != CRASH_LOOP:
                 return status_body(400, "BadRequest", f'previous terminated container "{container}" not found')

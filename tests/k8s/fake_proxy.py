@@ -21,11 +21,14 @@ class PodProxy:
 
     def backend_port(self, plural: str, ns: str, name: str) -> int | None:
         """Port of the process behind a pod (pods/NAME:PORT) or a ready pod of a service (services/NAME:PORT)."""
-        name = name.split(":", 1)[0]
+        name, _, port = name.partition(":")
+        port = int(port) if port.isdigit() else None
+
+        def behind(life) -> int | None:   # the container port's process (a sidecar's), else the pod's own
+            return life.ports.get(port, life.port) if life else None
         with self.store.lock:
             if plural == "pods":
-                life = self.kubelet.ready_life(name)
-                return life.port if life else None
+                return behind(self.kubelet.ready_life(name))
             service = self.store.get("services", ns, name)
             if service is None:
                 return None
@@ -33,7 +36,7 @@ class PodProxy:
             for pod in self.store.find("pods", ns, selector=selector):
                 life = self.kubelet.ready_life(pod["metadata"]["name"])
                 if life:
-                    return life.port
+                    return behind(life)
         return None
 
     async def proxy(self, request: web.Request, plural: str, ns: str, name: str, tail: str) -> web.StreamResponse:
@@ -50,7 +53,7 @@ class PodProxy:
         """v4.channel.k8s.io: per port a data channel (0) and an error channel (1), each opened with
         a frame carrying the port number (little endian); then data frames prefixed by their channel."""
         port = int(request.query.get("ports", "0"))
-        backend = self.backend_port("pods", ns, name)
+        backend = self.backend_port("pods", ns, f"{name}:{port}")
         ws = web.WebSocketResponse(protocols=("v4.channel.k8s.io",))
         await ws.prepare(request)
         await ws.send_bytes(bytes([0]) + port.to_bytes(2, "little"))

@@ -1,7 +1,7 @@
 """End to end: `epdbench compare --target kubernetes` against the fake API server, whose pods front the
 simulator. One run (Prefect and MLflow start-up dominate, so one run carries every scenario): pd-rdma never
-schedules and fails with the scheduler's reason, epd then provisions, serves, runs its suites and is
-collected, and the run is interrupted (SIGINT) while pd-tcp serves. Nothing labelled is left; and
+schedules and fails with the scheduler's reason, epd then provisions, serves, runs its suites, its traces come
+back from the cluster and it is collected, and the run is interrupted (SIGINT) while pd-tcp serves. Nothing labelled is left; and
 `epdbench cleanup` removes a crashed run's leftovers."""
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import pytest
 from epdbench.manifests.render import render_manifests
 from epdbench.tasks.k8s.api import connect
 from tests.k8s.fake_apiserver import READY, RUN, SPEC_PATH, UNSCHEDULABLE, FakeApiServer, k8s_spec
+from tests.spanrows import tree_problems
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,6 +103,22 @@ def test_evidence_and_manifests_land_in_the_results_folder(run):
         assert len(list((run["out"] / "manifests" / config).glob("*.yaml"))) >= 7
 
 
+def test_every_traced_request_has_its_tree_from_the_collector_beside_the_router(run):
+    """Engines and the router's proxy exported to the collector container in the router's pod; the runner took the
+    spans back through the API server's proxy and joined them with the load generator Job's records."""
+    records = pd.read_parquet(run["out"] / "records.parquet")
+    measured = records[(records["config"] == "epd") & (records["phase"] == "measured")]
+    spans = pd.read_parquet(run["out"] / "traces" / "epd.parquet")
+    assert set(spans["request_id"]) == set(measured["request_id"])   # tracing.per_cell 32: every one traced
+    for tid, trace in spans.groupby("trace_id"):
+        assert tree_problems(trace) == [], tid
+        engines = trace[trace["name"] == "llm_request"]
+        roles = {"prefill-0", "decode-0"} | ({"encode-0"} if trace["suite"].iloc[0] == "mm" else set())
+        assert set(engines["pod"]) == roles and (trace["name"] == "kv_transfer").sum() == 1, tid
+        assert (trace["role"] == "proxy").sum() == 1
+    assert "traces:" not in run["output"]                               # no collector problem was said
+
+
 def test_mlflow_configuration_runs_carry_manifests_and_evidence(run):
     from mlflow.tracking import MlflowClient
     client = MlflowClient(tracking_uri=f"sqlite:///{run['work'] / 'mlflow.db'}")
@@ -110,6 +127,9 @@ def test_mlflow_configuration_runs_carry_manifests_and_evidence(run):
     epd = next(r for r in runs if r.data.tags["epdbench.config"] == "epd")
     assert {a.path for a in client.list_artifacts(epd.info.run_id)} >= {"evidence", "manifests"}
     assert epd.data.params["image"] == "vllm/vllm-openai:v0.33.0"
+    traces = client.search_traces(locations=[exp.experiment_id], max_results=100)
+    folder = pd.read_parquet(run["out"] / "traces" / "epd.parquet")
+    assert {t.info.tags["epdbench.trace_id"] for t in traces} == set(folder["trace_id"])
 
 
 def test_the_interrupted_run_deletes_everything_it_applied(run):

@@ -12,6 +12,7 @@ import pytest
 from prefect.exceptions import TerminationSignal
 
 from epdbench.manifests.render import ManifestError, render_manifests, run_selector
+from epdbench.otlp import format_traceparent, new_span_id, new_trace_id
 from epdbench.tasks.k8s import target as k8s_target
 from epdbench.tasks.deployment import ProvisionError
 from epdbench.tasks.k8s.api import KubeApiError, connect
@@ -30,10 +31,10 @@ def start_config(fake, tmp_path: Path, config: str, **kube):
     return spec, dep
 
 
-def chat(url: str, model: str) -> dict:
+def chat(url: str, model: str, headers: dict | None = None) -> dict:
     body = json.dumps({"model": model, "max_tokens": 3, "messages": [{"role": "user", "content": "hello"}]})
     req = urllib.request.Request(url + "/v1/chat/completions", data=body.encode(),
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json", **(headers or {})})
     with urllib.request.urlopen(req, timeout=30) as r:
         return json.loads(r.read())
 
@@ -41,6 +42,17 @@ def chat(url: str, model: str) -> dict:
 def fetch(url: str) -> str:
     with urllib.request.urlopen(url, timeout=10) as r:
         return r.read().decode()
+
+
+def traced_spans(dep, model: str, expected: int) -> list[tuple[str, str]]:
+    """(name, pod) of the spans the pods exported for one traced chat, taken from the collector beside the router
+    through the runner's way in (dep.pull_spans), once `expected` have come (or after 10 s)."""
+    trace_id, client = new_trace_id(), new_span_id()
+    chat(dep.endpoint, model, {"traceparent": format_traceparent(trace_id, client)})
+    spans: list[dict] = []
+    wait_until(lambda: spans.extend(s for s in dep.pull_spans() if s["trace_id"] == trace_id) or
+               len(spans) >= expected, timeout_s=10, interval_s=0.2)
+    return sorted((s["name"], s["resource"]["epdbench.pod"]) for s in spans)
 
 
 def assert_nothing_left(fake) -> None:
@@ -60,6 +72,8 @@ def test_service_proxy_serves_syncs_logs_and_stop_waits_until_everything_is_gone
         assert {p["process"]: (p["node"], p["gpus"]) for p in placement}["server-0"] == ("gpu-node-1", 1)
         assert len(list((tmp_path / "results/run-1/manifests/aggregated").glob("*.yaml"))) == 5
         assert_log_sync_appends_only_new_lines(dep, spec.model.name)
+        # the fake's router is the simulator's proxy, which exports its span as a router that traces would
+        assert traced_spans(dep, spec.model.name, 2) == [("llm_request", "server-0"), ("router.request", "router")]
     finally:
         k8s_target.stop(dep)
     assert_nothing_left(fake)
@@ -97,6 +111,9 @@ def test_port_forward_reaches_router_and_pod_metrics(cluster, tmp_path):
         assert chat(dep.endpoint, spec.model.name)["usage"]["completion_tokens"] >= 1
         prefill = next(p for p in dep.processes if p.name == "prefill-0")
         assert "vllm:" in fetch(prefill.metrics_url)
+        assert traced_spans(dep, spec.model.name, 4) == [
+            ("kv_transfer", "decode-0"), ("llm_request", "decode-0"), ("llm_request", "prefill-0"),
+            ("router.request", "router")]
     finally:
         k8s_target.stop(dep)
     assert_nothing_left(fake)
