@@ -77,3 +77,13 @@ def test_vllm_python_and_the_local_targets_limits_are_said_in_one_line(in_tmp, c
     assert err == "error: --vllm-python: applies to --target local only (this run's target is sim)"
     err = refused(capsys, "compare", "--target", "local", "--spec", "smoke")
     assert "MooncakeConnector does not start without an accelerator" in err and "use kv_connector nixl" in err
+
+
+def test_the_trace_collector_refuses_a_bad_port_a_bound_below_one_and_a_port_taken(capsys):
+    import socket
+    assert refused(capsys, "collect-traces", "--port", "70000") == "error: --port 70000: a TCP port, 1 to 65535"
+    assert refused(capsys, "collect-traces", "--max-spans", "0") == "error: --max-spans 0: at least 1"
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        assert refused(capsys, "collect-traces", "--host", "127.0.0.1", "--port", str(port)) == (
+            f"error: cannot listen on 127.0.0.1:{port}: Address already in use")
