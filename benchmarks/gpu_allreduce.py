@@ -34,12 +34,10 @@ MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1
 os.environ.update(MULTICAST_OFF)        # before torch (and NCCL) load; the spawned ranks inherit it
 
 import argparse                                    # noqa: E402
-import csv                                         # noqa: E402
 import datetime                                    # noqa: E402
 import importlib.util                              # noqa: E402
 import math                                        # noqa: E402
 import socket                                      # noqa: E402
-import statistics                                  # noqa: E402
 import subprocess                                  # noqa: E402
 import sys                                         # noqa: E402
 import time                                        # noqa: E402
@@ -197,27 +195,6 @@ class Case:
             del graph
 
 
-class Sink:
-    """Writes rows to the CSV as they are measured (a run cut short keeps what it measured)."""
-
-    def __init__(self, path: Path, meta: dict):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.file = path.open("w", newline="")
-        self.writer = csv.DictWriter(self.file, fieldnames=G.COLUMNS)
-        self.writer.writeheader()
-        self.meta = meta
-
-    def emit(self, impl: str, times: list[float], *, model: str, tp: int, tokens: int, elems: int) -> float:
-        med = statistics.median(times)
-        self.writer.writerow({**self.meta, "op": "allreduce", "impl": impl, "model": model,
-                              **{c: "" for c in G.SHAPE_COLUMNS}, "tp": tp, "tokens": tokens,
-                              "flops": (tp - 1) * elems, "bytes": 2 * elems, "time_ms": f"{med:.5g}",
-                              "time_min_ms": f"{min(times):.5g}", "time_max_ms": f"{max(times):.5g}",
-                              "repeats": len(times)})
-        self.file.flush()
-        return med
-
-
 def bus_gb_s(n_bytes: float, tp: int, ms: float) -> float:
     """nccl-tests' bus bandwidth of an all-reduce: bytes · 2(TP−1)/TP per second, in GB/s."""
     return n_bytes * 2 * (tp - 1) / tp / (ms / 1e3) / 1e9
@@ -228,7 +205,7 @@ def measure(rank: int, world: int, device: torch.device, opts: dict) -> None:
     grid = G.ALLREDUCE_GRIDS[opts["grid"]]
     l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 * 2 ** 20) if cuda else 2 ** 20
     label = f"nccl {opts['nccl']}" if cuda else "gloo"
-    sink = Sink(Path(opts["out"]), opts["meta"]) if rank == 0 else None
+    sink = G.OpsWriter(Path(opts["out"]), opts["meta"]) if rank == 0 else None
     failed = 0
     for tp in opts["tps"]:
         group = dist.new_group(list(range(tp)))              # every rank takes part in making it
@@ -243,9 +220,10 @@ def measure(rank: int, world: int, device: torch.device, opts: dict) -> None:
                     inner = inner_calls(case.estimate_ms(), grid.target_ms, case.copies)
                     graph, eager = case.graph(inner), case.eager(inner)
                     if sink is not None:
-                        common = dict(model=model, tp=tp, tokens=tokens, elems=elems)
-                        g = sink.emit(f"{label} cuda-graph" if cuda else f"{label} host-loop", graph, **common)
-                        e = sink.emit(f"{label} eager", eager, **common)
+                        common = dict(model=model, tp=tp, tokens=tokens, flops=(tp - 1) * elems, bytes_=2 * elems)
+                        g = sink.emit("allreduce", f"{label} cuda-graph" if cuda else f"{label} host-loop", graph,
+                                      **common)
+                        e = sink.emit("allreduce", f"{label} eager", eager, **common)
                         print(f"  tp{tp} {model} {tokens} tokens, {2 * elems} B: graph {g * 1e3:.1f} µs "
                               f"({bus_gb_s(2 * elems, tp, g):.0f} GB/s bus), eager {e * 1e3:.1f} µs; {inner} per "
                               f"replay over {case.copies} copies; sum rel err {err:.1e}"

@@ -37,11 +37,9 @@ these two copied and nothing installed.
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import importlib.util
 import math
-import statistics
 import subprocess
 import sys
 import time
@@ -125,30 +123,6 @@ class Timer:
         return times
 
 
-class Sink:
-    """Writes rows to the CSV as they are measured (a run cut short keeps what it measured)."""
-
-    def __init__(self, path: Path, meta: dict):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.file = path.open("w", newline="")
-        self.writer = csv.DictWriter(self.file, fieldnames=G.COLUMNS)
-        self.writer.writeheader()
-        self.meta = meta
-        self.rows = 0
-
-    def emit(self, op: str, impl: str, times: list[float], *, model: str = "", flops: float = 0,
-             bytes_: float = 0, **shape) -> float:
-        med = statistics.median(times)
-        row = {**self.meta, "op": op, "impl": impl, "model": model, **{c: "" for c in G.SHAPE_COLUMNS},
-               **{k: v for k, v in shape.items()}, "flops": round(flops), "bytes": round(bytes_),
-               "time_ms": f"{med:.5g}", "time_min_ms": f"{min(times):.5g}", "time_max_ms": f"{max(times):.5g}",
-               "repeats": len(times)}
-        self.writer.writerow(row)
-        self.file.flush()
-        self.rows += 1
-        return med
-
-
 def rnd(*shape, scale: float = 1.0) -> torch.Tensor:
     t = torch.empty(*shape, dtype=DT, device=DEV)
     return t.normal_(0.0, scale)
@@ -209,7 +183,7 @@ def check_kernels() -> list[str]:
     return lines
 
 
-def peaks(t: Timer, sink: Sink) -> None:
+def peaks(t: Timer, sink: G.OpsWriter) -> None:
     n = 8192
     a, b = rnd(n, n), rnd(n, n)
     ms = sink.emit("peak.gemm", "torch.matmul bf16", t.graph(lambda i: a @ b), tokens=n,
@@ -224,7 +198,7 @@ def peaks(t: Timer, sink: Sink) -> None:
         print(f"  peak.copy 2 GiB, {impl}: {4 * GIB / ms / 1e9:.2f} TB/s (read + write)")
 
 
-def gemms(t: Timer, sink: Sink) -> None:
+def gemms(t: Timer, sink: G.OpsWriter) -> None:
     for name, shape in G.LM_MODELS.items():
         for tp in G.PRESET_TPS[name]:
             for op, (n, k) in shape.gemms(tp).items():
@@ -242,7 +216,7 @@ def gemms(t: Timer, sink: Sink) -> None:
                 del ws, bs
 
 
-def prefill_attention(t: Timer, sink: Sink) -> None:
+def prefill_attention(t: Timer, sink: G.OpsWriter) -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     sdpa_ok = True
     for name, shape in G.LM_MODELS.items():
@@ -282,7 +256,7 @@ def prefill_attention(t: Timer, sink: Sink) -> None:
                 del qs, ks, vs
 
 
-def decode_attention(t: Timer, sink: Sink) -> None:
+def decode_attention(t: Timer, sink: G.OpsWriter) -> None:
     for name, shape in G.LM_MODELS.items():
         for tp in G.PRESET_TPS[name]:
             h, kv, d = shape.heads_at(tp), shape.kv_heads_at(tp), shape.head_dim
@@ -349,7 +323,7 @@ class DecodeStack:
         return logits.argmax(dim=-1)
 
 
-def decode_steps(t: Timer, sink: Sink) -> None:
+def decode_steps(t: Timer, sink: G.OpsWriter) -> None:
     for name, tp in G.DECODE_STEP_MODELS:
         shape = G.LM_MODELS[name]
         per_token = shape.kv_bytes_per_token(tp)
@@ -455,7 +429,7 @@ class VisionTower:
         return dict(tower=tower, merger=merger, attn_full=attn_full, attn_window=attn_window)
 
 
-def vision(t: Timer, sink: Sink) -> None:
+def vision(t: Timer, sink: G.OpsWriter) -> None:
     for name, v in G.VISION_MODELS.items():
         tower = VisionTower(v)
         weights = 2 * (tower.embed.numel() + sum(w.numel() for b in tower.blocks for w in b.values())
@@ -538,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"gpu_ops: {meta} SMs {props.multi_processor_count} L2 {l2 / 2 ** 20:.0f} MiB "
           f"memory {props.total_memory / GIB:.0f} GiB grid {'quick' if args.quick else 'full'}")
     print(f"  flash op: {torch.ops.aten._flash_attention_forward.default._schema}")
-    sink, timer, failed = Sink(args.out, meta), Timer(grid, l2), []
+    sink, timer, failed = G.OpsWriter(args.out, meta), Timer(grid, l2), []
     start = time.perf_counter()
     with torch.inference_mode():
         try:

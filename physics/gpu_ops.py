@@ -15,6 +15,7 @@ import csv
 import datetime
 import io
 import math
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -178,6 +179,37 @@ META_COLUMNS = ("gpu", "driver", "torch", "cuda", "date")
 SHAPE_COLUMNS = ("tp", "layers", "tokens", "batch", "context", "image_px")
 COLUMNS = (*META_COLUMNS, "op", "impl", "model", *SHAPE_COLUMNS, "flops", "bytes",
            "time_ms", "time_min_ms", "time_max_ms", "repeats")
+
+
+def op_row(meta: dict, op: str, impl: str, times_ms: list[float], *, model: str = "", flops: float = 0,
+           bytes_: float = 0, **shape) -> dict:
+    """The CSV row (COLUMNS) of an operator timed once per repeat (`times_ms`, ms per call): the median as time_ms,
+    the spread as time_min_ms and time_max_ms; shape columns not given are empty. What the benchmark scripts
+    write (benchmarks/gpu_ops.py, gpu_allreduce.py) and parse_ops_csv reads."""
+    if not times_ms:
+        raise ValueError(f"{op}: no timings")
+    return {**meta, "op": op, "impl": impl, "model": model, **{c: "" for c in SHAPE_COLUMNS}, **shape,
+            "flops": round(flops), "bytes": round(bytes_), "time_ms": f"{statistics.median(times_ms):.5g}",
+            "time_min_ms": f"{min(times_ms):.5g}", "time_max_ms": f"{max(times_ms):.5g}", "repeats": len(times_ms)}
+
+
+class OpsWriter:
+    """Writes op_row rows to a CSV as they are measured, flushing each (a run cut short keeps what it measured)."""
+
+    def __init__(self, path: Path, meta: dict):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = path.open("w", newline="")
+        self.writer = csv.DictWriter(self.file, fieldnames=COLUMNS)
+        self.writer.writeheader()
+        self.meta = meta
+        self.rows = 0
+
+    def emit(self, op: str, impl: str, times_ms: list[float], **columns) -> float:
+        """Write the row; returns its median time (ms)."""
+        self.writer.writerow(op_row(self.meta, op, impl, times_ms, **columns))
+        self.file.flush()
+        self.rows += 1
+        return statistics.median(times_ms)
 
 
 class GpuOpsError(ValueError):

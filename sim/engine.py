@@ -26,76 +26,15 @@ import asyncio
 import bisect
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from epdbench.physics.costmodel import CostModel, chunk_prefill, output_seconds
 from epdbench.sim.fused import decode_stretch
 from epdbench.sim.lag import Lag
 from epdbench.sim.prefix_cache import BLOCK_TOKENS, PrefixCache
+from epdbench.sim.sequence import Sequence, admission_order, blocks, drop, new_blocks
 from epdbench.specs.models import EngineSpec
 from epdbench.timer import cancel_and_wait
-
-
-@dataclass
-class Sequence:
-    request_id: str
-    prompt_tokens: int
-    max_tokens: int
-    image_tokens: list[int] = field(default_factory=list)   # LM tokens of each image this engine must encode
-                                                            # with its first prefill chunk
-    computed: int = 0              # prompt tokens already in the KV cache (and recomputed ones after a preemption)
-    cached: int = 0                # of which found in the prefix cache
-    generated: int = 0
-    out: asyncio.Queue = field(default_factory=asyncio.Queue)
-    finish_reason: str | None = None
-    aborted: bool = False
-    block_hashes: list[int] | None = None   # its prompt's full blocks (sim.prefix_cache); None: not cached
-    hit: int = 0                   # prefix-cache blocks its lookup found: taken when it is admitted
-    shared: list[int] = field(default_factory=list)   # the prefix cache's blocks it holds, in prompt order
-    arrived: float | None = None   # host clock at submit: no step that serves it can start earlier
-    admitted: int | None = None    # when it got KV blocks (vLLM's running order); None while it holds none
-    recompute_tokens: int = 0      # generated tokens a preemption dropped from the KV: prefilled again
-    preemptions: int = 0
-    reported_cached: int | None = None   # the cached tokens its usage reports, when not its own (a PD decode
-                                         # reports its prefill's: sim.responses.usage)
-    # the modelled timeline it went through (host clock), for its span (sim.spans): first step that served it,
-    # the end of the step that completed its prefill, when its first and last tokens left the API server
-    scheduled_at: float | None = None
-    prefill_end_at: float | None = None
-    first_token_at: float | None = None
-    last_token_at: float | None = None
-
-    @property
-    def context(self) -> int:
-        return self.computed + self.generated
-
-    @property
-    def prefill_end(self) -> int:
-        """Where its prefill ends: the prompt, plus the generated tokens to recompute after a preemption."""
-        return self.prompt_tokens + self.recompute_tokens
-
-
-def blocks(tokens: int) -> int:
-    """KV cache blocks that hold `tokens` tokens."""
-    return -(-tokens // BLOCK_TOKENS)
-
-
-def new_blocks(decodes: list[Sequence]) -> int:
-    """KV blocks a step of these decodes takes: one for each whose KV so far fills whole blocks."""
-    return sum(1 for s in decodes if (s.computed + s.generated - 1) % BLOCK_TOKENS == 0)
-
-
-def _order(seq: Sequence) -> int:
-    return -1 if seq.admitted is None else seq.admitted
-
-
-def _drop(queue, seq: Sequence) -> bool:
-    """Remove `seq` (by identity) from a list or deque; whether it was there."""
-    for i, s in enumerate(queue):
-        if s is seq:
-            del queue[i]
-            return True
-    return False
 
 
 @dataclass
@@ -196,7 +135,7 @@ class Engine:
                 continue                     # it came after the step was modelled to start
             elif len(fresh) < slots:
                 fresh.append(s)
-        candidates = (sorted(admitted, key=_order) + fresh)[:slots]
+        candidates = (sorted(admitted, key=admission_order) + fresh)[:slots]
         chunks = chunk_prefill([(s.computed, s.prefill_end) for s in candidates], budget)
         scheduled: list = []
         for i, c in chunks:
@@ -249,7 +188,7 @@ class Engine:
         policy); returns the free blocks and whether `seq` itself is still admitted."""
         while need > free:
             newest = max([s for s in self.waiting if s.admitted is not None] + self.running[-1:],
-                         key=_order)
+                         key=admission_order)
             free += self._preempt(newest, decodes)
             if newest is seq:
                 return free, False
@@ -259,13 +198,13 @@ class Engine:
         """Recompute preemption (vLLM `_preempt_request`): free the sequence's blocks and put it back at the
         front of the waiting queue with nothing computed; returns the blocks freed (with the one a decode
         planned in this step had taken)."""
-        if _drop(self.running, seq):
+        if drop(self.running, seq):
             kv = seq.computed + seq.generated
             own = blocks(kv - 1)
-            if _drop(decodes, seq):
+            if drop(decodes, seq):
                 own += blocks(kv) - blocks(kv - 1)
         else:
-            _drop(self.waiting, seq)
+            drop(self.waiting, seq)
             own = blocks(seq.computed)
         freed = self._release(seq, own)
         seq.recompute_tokens = seq.generated
@@ -377,8 +316,8 @@ class Engine:
                     self.prefix_cache.register(seq.block_hashes, seq.shared)
                 seq.computed -= seq.recompute_tokens   # recomputed output tokens count as generated again
                 seq.recompute_tokens = 0
-                _drop(self.waiting, seq)
-                bisect.insort(self.running, seq, key=_order)
+                drop(self.waiting, seq)
+                bisect.insort(self.running, seq, key=admission_order)
                 emitted.append(seq)    # the step that completes a prefill also samples the next token
         for seq, stamp in zip(emitted, self.output_stamps(modelled_end, len(emitted))):
             self._emit(seq, stamp)
@@ -448,9 +387,9 @@ class Engine:
         """Drop a sequence whose client went away (also mid-step: the step's results skip it)."""
         self._cut_stretch()
         seq.aborted = True
-        if _drop(self.running, seq):
+        if drop(self.running, seq):
             self._release(seq, blocks(seq.computed + seq.generated - 1))
-        elif _drop(self.waiting, seq) and seq.admitted is not None:
+        elif drop(self.waiting, seq) and seq.admitted is not None:
             self._release(seq, blocks(seq.computed))
         seq.admitted = None
         self._wake.set()   # its blocks are free: a sequence waiting for them may fit now

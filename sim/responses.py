@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from epdbench.analysis.logformats import MODELLED_FIELD
-from epdbench.sim.engine import Sequence
+from epdbench.sim.sequence import Sequence
 
 if TYPE_CHECKING:
     from epdbench.sim.replica import Replica

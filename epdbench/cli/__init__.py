@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 
-from epdbench.cli import commands, planning
+from epdbench.cli import commands, entrypoints, planning
 from epdbench.cli.common import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NO_SPACE, INTERRUPTED_RUN, NO_SPACE_ERRNOS,
                                  CliError)
 from epdbench.cli.parser import build_parser
@@ -23,8 +23,8 @@ from epdbench.cli.parser import build_parser
 COMMANDS = {"compare": commands.cmd_compare, "report": commands.cmd_report, "history": commands.cmd_history,
             "plan": commands.cmd_plan, "up": commands.cmd_up, "down": commands.cmd_down, "sync": commands.cmd_sync,
             "verify-transport": commands.cmd_verify_transport, "manifests": commands.cmd_manifests,
-            "cleanup": commands.cmd_cleanup, "loadgen": commands.cmd_loadgen,
-            "collect-traces": commands.cmd_collect_traces, "engine-env": commands.cmd_engine_env,
+            "cleanup": commands.cmd_cleanup, "loadgen": entrypoints.cmd_loadgen,
+            "collect-traces": entrypoints.cmd_collect_traces, "engine-env": entrypoints.cmd_engine_env,
             "whatif": planning.cmd_whatif, "calibrate": planning.cmd_calibrate}
 
 

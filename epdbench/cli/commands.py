@@ -307,7 +307,7 @@ def cmd_sync(args) -> int:
     quiet_defaults()
     from epdbench.tasks.publishing.publish import check_publishable, sync_results
     from epdbench.tasks.rundir.resume import StateError
-    from epdbench.tasks.publishing.tracking import failure_reason, is_unreachable
+    from epdbench.tasks.publishing.mlflow_quiet import failure_reason, is_unreachable
     rdir = results_dir_of(args.run)
     try:
         check_publishable(rdir)
@@ -379,55 +379,3 @@ def print_reasons(result: dict) -> None:
     is one reason already)."""
     for reason in result["reasons"] or ["no reason given"]:
         print(f"{result['verdict']}: {reason}")
-
-
-def cmd_loadgen(args) -> int:
-    """The in-cluster load generator: one suite, every record on stdout as soon as it finishes."""
-    import json
-
-    from epdbench.specs.models import SpecError, load_spec
-    from epdbench.tasks.k8s.incluster_loadgen import run_loadgen
-    try:
-        spec = load_spec(args.spec)
-    except SpecError as e:
-        raise CliError(str(e)) from None
-    calibration = None
-    if args.calibration:
-        try:
-            calibration = json.loads(Path(args.calibration).read_text())
-        except (OSError, ValueError) as e:
-            raise CliError(f"{args.calibration}: unreadable calibration ({type(e).__name__}: {e})") from None
-    try:
-        only = set(filter(None, args.only.split(","))) if args.only else None
-        run_loadgen(spec, args.suite, args.url, calibration, args.run, only)
-    except ValueError as e:
-        raise CliError(str(e)) from None
-    return EXIT_OK
-
-
-def cmd_collect_traces(args) -> int:
-    """The in-cluster trace collector: serve until stopped."""
-    from epdbench.tasks.k8s.incluster_traces import serve
-
-    if not 0 < args.port < 65536:
-        raise CliError(f"--port {args.port}: a TCP port, 1 to 65535")
-    if args.max_spans < 1:
-        raise CliError(f"--max-spans {args.max_spans}: at least 1")
-    try:
-        return serve(args.host, args.port, args.max_spans)
-    except OSError as e:
-        raise CliError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
-
-
-def cmd_engine_env(args) -> int:
-    """Make (or check) vLLM's CPU environment; its python on stdout, progress on stderr."""
-    from epdbench.tasks.local.engine_env import EngineEnvError, ensure_engine_env
-
-    try:
-        python = ensure_engine_env(Path(args.dir) if args.dir else None,
-                                   say=lambda line: print(line, file=sys.stderr, flush=True))
-    except EngineEnvError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_FAILURES
-    print(python)
-    return EXIT_OK

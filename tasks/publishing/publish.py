@@ -42,7 +42,8 @@ from epdbench.tasks.publishing.publish_state import (OPTIONAL_ARTIFACTS, PARENT_
                                           store_id)
 from epdbench.reports.environment import engine_image
 from epdbench.reports.mlflow_names import valid_keys
-from epdbench.tasks.publishing.tracking import KEY_TAG, Tracker, failure_reason, is_unreachable
+from epdbench.tasks.publishing.mlflow_quiet import failure_reason, is_unreachable
+from epdbench.tasks.publishing.tracking import KEY_TAG, Tracker
 
 # --- reading the folder --------------------------------------------------------------------------------
 
@@ -383,7 +384,7 @@ def _sync_pieces(tracker: Tracker, parent: str, spec: ExperimentSpec, state: dic
 # --- the user's view of an outage ----------------------------------------------------------------------
 
 def outage_line(e: BaseException, tracking_uri: str | None, rdir, what: str = "") -> str:
-    """One line for an MLflow failure: what failed and why (MLflow's whole reason: tracking.failure_reason),
+    """One line for an MLflow failure: what failed and why (MLflow's whole reason: mlflow_quiet.failure_reason),
     and that the results are kept for `epdbench sync`."""
     where = f"results kept in {rdir}; publish later with: epdbench sync {rdir}"
     if is_unreachable(e):

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from epdbench.sim import server
-from epdbench.sim.engine import Sequence
+from epdbench.sim.sequence import Sequence
 from epdbench.sim.replica import Replica
 
 

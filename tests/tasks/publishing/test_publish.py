@@ -19,7 +19,8 @@ from epdbench.tasks.publishing import mlflow_check
 from epdbench.tasks.publishing import publish
 from epdbench.tasks.publishing import publish_state
 from epdbench.tasks.rundir.results import append_records, read_records, write_json, write_summary
-from epdbench.tasks.publishing.tracking import KEY_TAG, MlflowUnreachable, QuietClient, Tracker
+from epdbench.tasks.publishing.mlflow_quiet import MlflowUnreachable, QuietClient
+from epdbench.tasks.publishing.tracking import KEY_TAG, Tracker
 from tests.reports.synthetic_run import synthetic_records
 
 DATA = Path(__file__).parents[2] / "data"
