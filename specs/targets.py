@@ -231,7 +231,9 @@ class KubernetesTargetSpec(Strict):
                                     description="Volume mounted as the Hugging Face cache of every engine.")
     runner_image: str = Field("ghcr.io/epdbench/epdbench:0.1.0", min_length=1, title="epdbench image",
                               description="Image built from the repository's Dockerfile (target `runner`): the "
-                                          "in-cluster load generator Jobs run `epdbench loadgen` from it.")
+                                          "in-cluster load generator Jobs run `epdbench loadgen` from it and, "
+                                          "with tracing on, the router's pod its trace collector "
+                                          "(`epdbench collect-traces`).")
     loadgen: KubeLoadgenSpec = Field(default_factory=KubeLoadgenSpec, title="Load generator",
                                      description="Placement and resources of the in-cluster load generator Jobs.")
 

@@ -75,11 +75,22 @@ def latest_warning(events: list[dict], name: str) -> str | None:
     return latest_warning_among([e for e in events if e.get("involvedObject", {}).get("name") == name])
 
 
+# What a container beside a pod's main one is, for the one line of a pod that failed because of it
+# (short: the line is cut at MESSAGE_MAX)
+SIDECAR_HINTS = {"traces": "the trace collector: set target.kubernetes.runner_image, or tracing: {enabled: false}"}
+
+
 def pod_problem(pod: dict, events: list[dict]) -> str:
-    """Why one pod is not ready, in the cluster's own words."""
+    """Why one pod is not ready, in the cluster's own words; the container named when the pod has several (and what
+    it is, for epdbench's own)."""
+    first = ((pod.get("spec") or {}).get("containers") or [{}])[0].get("name")
     for status in pod.get("status", {}).get("containerStatuses") or []:
         problem = container_problem(status)
         if problem:
+            name = status.get("name")
+            if name and name != first:
+                hint = SIDECAR_HINTS.get(name)
+                return f"container {name}: {problem}" + (f" ({hint})" if hint else "")
             return problem
     scheduled = condition(pod, "PodScheduled")
     if scheduled and scheduled.get("status") == "False":

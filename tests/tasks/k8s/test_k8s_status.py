@@ -56,6 +56,17 @@ def test_image_pull_back_off_names_the_image_problem():
     assert status.pod_problem(p, []) == 'ImagePullBackOff: Back-off pulling image "vllm/x"'
 
 
+def test_a_failing_container_beside_the_main_one_is_named_with_what_it_is():
+    p = pod("x-router-abc", role="router", containers=[
+        {"name": "router", "ready": True, "state": {"running": {}}},
+        {**waiting("ImagePullBackOff", 'Back-off pulling image "ghcr.io/epdbench/epdbench:0.1.0"'), "name": "traces"}])
+    p["spec"]["containers"] = [{"name": "router"}, {"name": "traces"}]
+    problem = ('container traces: ImagePullBackOff: Back-off pulling image "ghcr.io/epdbench/epdbench:0.1.0" (the '
+               "trace collector: set target.kubernetes.runner_image, or tracing: {enabled: false})")
+    assert status.pod_problem(p, []) == problem
+    assert status.diagnose([p], [], [], expected=1, waited_s=600) == f"not ready after 600 s: x-router-abc: {problem}"
+
+
 def test_crash_loop_says_restarts_and_last_exit_code():
     p = pod("x-decode-0", phase="Running",
             containers=[waiting("CrashLoopBackOff", "back-off 40s", restarts=4, last_exit=1)])
