@@ -163,8 +163,8 @@ def run_configuration(spec: ExperimentSpec, config: ConfigurationSpec, run: str,
         outcome.error = f"{type(e).__name__}: {e}"
         traceback.print_exc(file=sys.stderr)
     finally:
-        if traces is not None and traces.pull is not None:
-            traces.close()   # while the collector beside the router is still there
+        if traces is not None and traces.pull is not None:   # while the collector beside the router is still there
+            traces.close(0 if INTERRUPTED.is_set() else 1.0)   # (interrupted: what each cell flushed is kept)
         if dep is not None:
             target.stop(dep)
         if traces is not None and traces.pull is None:
