@@ -121,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                "container beside the router on Kubernetes runs this)")
     ct.add_argument("--host", default="0.0.0.0", help="address to listen on (default: every interface)")
     ct.add_argument("--port", type=int, default=4318, help="port (default: 4318, OTLP/HTTP's)")
-    ct.add_argument("--max-spans", type=int, default=200_000,
+    ct.add_argument("--max-spans", type=int, default=100_000,
                     help="spans held for the runner at most; past that they are dropped and counted")
 
     m = sub.add_parser("manifests", help="render and validate the Kubernetes manifests of configurations")

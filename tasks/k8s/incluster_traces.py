@@ -20,10 +20,10 @@ from collections import deque
 from itertools import islice
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from epdbench.tasks.load.otlp_receiver import read_export, reply
+from epdbench.tasks.load.otlp_http import read_export, reply
 
 PORT = 4318                 # OTLP/HTTP's own port
-MAX_SPANS = 200_000         # about 1 KB each as JSON: a couple of hundred MB at most
+MAX_SPANS = 100_000         # 1-2 KB each in memory: within the container's 512Mi; a traced request has 2-6
 PAGE_SPANS = 5_000          # per GET: one answer stays a few MB through the API server's proxy
 
 

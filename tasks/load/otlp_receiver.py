@@ -12,44 +12,17 @@ In virtual time (flows.virtual) no receiver listens: the virtual core hands its 
 cell's before its records, and flush(0) writes them without waiting."""
 from __future__ import annotations
 
-import gzip
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Callable
 
-from epdbench.otlp import decode_spans
+from epdbench.tasks.load.otlp_http import read_export, reply
 from epdbench.tasks.rundir.traces import append_spans, client_span, span_row
 
 QUIET_S = 0.3          # a cell's spans are taken as all there once none came for this long (exporters batch)
-MAX_BODY = 64 << 20
 PULL_S = 0.2           # between two pulls from an in-cluster collector
-
-
-def reply(handler: BaseHTTPRequestHandler, status: int, body: bytes = b"",
-          content_type: str = "application/x-protobuf") -> None:
-    """An empty body with 200 is an empty ExportTraceServiceResponse: every span accepted."""
-    handler.send_response(status)
-    handler.send_header("Content-Type", content_type)
-    handler.send_header("Content-Length", str(len(body)))
-    handler.end_headers()
-    handler.wfile.write(body)
-
-
-def read_export(handler: BaseHTTPRequestHandler) -> list[dict] | int:
-    """The spans of one OTLP/HTTP export POSTed to `handler` (protobuf, gzip or not), or the error status to
-    answer: 404 wrong path, 413 too large, 400 not an export."""
-    n = int(handler.headers.get("Content-Length") or 0)
-    if handler.path.rstrip("/") != "/v1/traces" or n > MAX_BODY:
-        return 404 if n <= MAX_BODY else 413
-    body = handler.rfile.read(n)
-    try:
-        if handler.headers.get("Content-Encoding", "").lower() == "gzip":
-            body = gzip.decompress(body)
-        return decode_spans(body)
-    except (ValueError, OSError, EOFError):
-        return 400
 
 
 class TraceCollector:

@@ -122,3 +122,13 @@ def test_pulled_spans_join_their_records_and_the_wait_ends_once_each_has_come(co
     df = read_spans(path)
     assert sorted(df["name"]) == ["client.request", "llm_request"]
     assert df.set_index("name").loc["llm_request", "pod"] == "prefill-0"
+
+
+def test_the_collector_container_imports_nothing_heavy():
+    """It runs in the router's pod under a 512Mi limit: no pandas, pyarrow, Prefect or MLflow in its process."""
+    import subprocess
+    import sys
+    code = ("import sys, epdbench.cli, epdbench.tasks.k8s.incluster_traces; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'pandas', 'pyarrow', 'prefect', 'mlflow'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
