@@ -20,9 +20,9 @@ from collections import deque
 from itertools import islice
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from epdbench.specs.commands import OTLP_PORT
 from epdbench.tasks.load.otlp_http import read_export, reply
 
-PORT = 4318                 # OTLP/HTTP's own port
 MAX_SPANS = 100_000         # 1-2 KB each in memory: within the container's 512Mi; a traced request has 2-6
 PAGE_SPANS = 5_000          # per GET: one answer stays a few MB through the API server's proxy
 
@@ -102,7 +102,7 @@ def make_server(buffer: SpanBuffer, host: str, port: int) -> ThreadingHTTPServer
     return server
 
 
-def serve(host: str = "0.0.0.0", port: int = PORT, max_spans: int = MAX_SPANS) -> int:
+def serve(host: str = "0.0.0.0", port: int = OTLP_PORT, max_spans: int = MAX_SPANS) -> int:
     """Serve until SIGTERM or SIGINT; one line at start and one at the end, with the counts."""
     buffer = SpanBuffer(max_spans)
     server = make_server(buffer, host, port)
