@@ -1,0 +1,123 @@
+"""Ground truth of real vLLM cells (pure): the rows of `benchmarks/data/vllm_truth_<gpu>.csv`, one per tool × cell,
+from the product's load generator's records or from `vllm bench serve`'s result file, each with the engine's own
+step timings over the cell read from its /metrics histograms (after − before, sum ÷ count).
+
+The benchmark that measures them is `benchmarks/vllm_truth.py`; what reads them is `benchmarks/sim_vs_real.py` and
+`epdbench calibrate --engine-steps`.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+from epdbench.analysis.prom import parse_prometheus
+
+TRUTH_KEYS = ["gpu", "vllm_version", "model", "tool", "config", "suite", "workload", "input_tokens", "image_px",
+              "output_tokens", "concurrency"]
+CLIENT_FIGURES = ["n_measured", "requests_ok", "prompt_tokens_mean", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms",
+                  "itl_p99_ms", "output_tok_s", "req_s"]
+# vLLM's own request histograms (vllm/v1/metrics/loggers.py, 0.26): the engine core's view of each request, free of
+# the client, the HTTP server and the network.
+ENGINE_HISTOGRAMS = {"engine_queue_ms_mean": "vllm:request_queue_time_seconds",
+                     "engine_prefill_ms_mean": "vllm:request_prefill_time_seconds",
+                     "engine_decode_ms_mean": "vllm:request_decode_time_seconds",
+                     "engine_ttft_ms_mean": "vllm:time_to_first_token_seconds",
+                     "engine_tpot_ms_mean": "vllm:request_time_per_output_token_seconds"}
+ENGINE_FIGURES = list(ENGINE_HISTOGRAMS)
+TRUTH_COLUMNS = TRUTH_KEYS + CLIENT_FIGURES + ENGINE_FIGURES
+TOOLS = ("epdbench", "vllm-bench")
+
+
+def _histogram_totals(text: str, name: str) -> tuple[float, float] | None:
+    """(sum, count) of histogram `name` over all its label sets, or None when the text has no such histogram."""
+    total = count = None
+    for sample, _labels, value in parse_prometheus(text):
+        if math.isnan(value):
+            continue
+        if sample == name + "_sum":
+            total = (total or 0.0) + value
+        elif sample == name + "_count":
+            count = (count or 0.0) + value
+    return None if total is None or count is None else (total, count)
+
+
+def engine_means(before: str, after: str) -> dict[str, float | None]:
+    """Mean engine time (ms) per request of each histogram over the window between two /metrics texts; None where
+    the histogram is missing or no request ended in the window (never 0)."""
+    out: dict[str, float | None] = {}
+    for key, name in ENGINE_HISTOGRAMS.items():
+        a, b = _histogram_totals(after, name), _histogram_totals(before, name) or (0.0, 0.0)
+        if a is None or a[1] - b[1] <= 0:
+            out[key] = None
+            continue
+        out[key] = round((a[0] - b[0]) / (a[1] - b[1]) * 1e3, 4)
+    return out
+
+
+def _num(value) -> float | None:
+    if value is None:
+        return None
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(v) else v
+
+
+def client_figures_from_summary(stats: dict) -> dict:
+    """The client columns from epdbench's own cell summary (analysis.metrics.summarize_cell)."""
+    return {"n_measured": stats.get("requests_total"), "requests_ok": stats.get("requests_ok"),
+            "prompt_tokens_mean": _num(stats.get("prompt_tokens_mean")),
+            **{k: _num(stats.get(k)) for k in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "itl_p99_ms",
+                                               "output_tok_s", "req_s")}}
+
+
+def client_figures_from_bench(result: dict) -> dict:
+    """The client columns from `vllm bench serve --save-result`'s JSON (vllm/benchmarks/serve.py: median_* and
+    p99_* per metric with --metric-percentiles 50,99, output_throughput, request_throughput)."""
+    done = result.get("completed")
+    total_in = _num(result.get("total_input_tokens"))
+    return {"n_measured": result.get("num_prompts"), "requests_ok": done,
+            "prompt_tokens_mean": round(total_in / done, 1) if total_in is not None and done else None,
+            "ttft_p50_ms": _num(result.get("median_ttft_ms")), "ttft_p99_ms": _num(result.get("p99_ttft_ms")),
+            "tpot_p50_ms": _num(result.get("median_tpot_ms")), "itl_p99_ms": _num(result.get("p99_itl_ms")),
+            "output_tok_s": _num(result.get("output_throughput")), "req_s": _num(result.get("request_throughput"))}
+
+
+def bench_serve_args(*, api: str, input_tokens: int, output_tokens: int, image_px: int | None, concurrency: int,
+                     n_measured: int, n_warmup: int, base_url: str, model: str, tokenizer: str, seed: int,
+                     result_dir: str, result_file: str) -> list[str]:
+    """Arguments after `vllm bench serve` for one cell on the same server: the same endpoint kind as the product's
+    load generator (`api`: chat or completions), the same input and output lengths (random tokens; images of the
+    cell's edge through the random-mm dataset, one per request, chat only), EOS ignored as the product does,
+    closed loop at the cell's concurrency."""
+    chat = api == "chat" or image_px
+    args = ["--backend", "openai-chat" if chat else "openai", "--base-url", base_url,
+            "--endpoint", "/v1/chat/completions" if chat else "/v1/completions",
+            "--model", model, "--tokenizer", tokenizer, "--seed", str(seed),
+            "--num-prompts", str(n_measured), "--max-concurrency", str(concurrency), "--num-warmups", str(n_warmup),
+            "--random-input-len", str(input_tokens), "--random-output-len", str(output_tokens),
+            "--random-range-ratio", "0.0", "--ignore-eos", "--temperature", "0",
+            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
+            "--save-result", "--result-dir", result_dir, "--result-filename", result_file, "--disable-tqdm"]
+    if image_px:
+        return ["--dataset-name", "random-mm", *args, "--random-mm-base-items-per-request", "1",
+                "--random-mm-num-mm-items-range-ratio", "0", "--random-mm-limit-mm-per-prompt",
+                json.dumps({"image": 1, "video": 0}),
+                "--random-mm-bucket-config", f"{{({image_px}, {image_px}, 1): 1.0}}"]
+    return ["--dataset-name", "random", *args]
+
+
+def truth_row(keys: dict, client: dict, engine: dict) -> dict:
+    """One CSV row in TRUTH_COLUMNS order; a key missing from all three is null."""
+    merged = {**keys, **client, **engine}
+    return {c: round(v, 3) if isinstance(v, float) else v for c in TRUTH_COLUMNS for v in [merged.get(c)]}
+
+
+def median_abs_error(pairs: list[tuple[float | None, float | None]]) -> float | None:
+    """Median of |a / b − 1| over the pairs where both are positive figures; None when there is none."""
+    errs = sorted(abs(a / b - 1) for a, b in pairs if a and b and a > 0 and b > 0)
+    if not errs:
+        return None
+    mid = len(errs) // 2
+    return errs[mid] if len(errs) % 2 else (errs[mid - 1] + errs[mid]) / 2

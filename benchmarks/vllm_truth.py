@@ -1,0 +1,219 @@
+"""Ground truth of real vLLM on a GPU: one aggregated engine (the spec's model, its real shapes, dummy weights), every
+cell of the spec measured with the product's own load generator and, on the same server, with `vllm bench serve`;
+the engine's own step timings over each cell from its /metrics histograms. Writes one CSV row per tool × cell
+(analysis/truth.py's columns) and prints them.
+
+    python benchmarks/vllm_truth.py --vllm-python PY --spec vllm-truth --out DIR [--tools epdbench,vllm-bench]
+
+Runs where vLLM runs (a GPU host; `epdbench engine-env --wheelhouse` brings vLLM to one without network). Needs
+epdbench importable (its light part: specs, the load generator; no Prefect or MLflow). Every process it starts is
+ended when it returns, also on Ctrl-C. `--url URL` measures a server already running instead (any
+OpenAI-compatible one; the simulator in tests).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from epdbench.analysis.metrics import summarize_cell
+from epdbench.analysis.truth import (TRUTH_COLUMNS, bench_serve_args, client_figures_from_bench,
+                                     client_figures_from_summary, engine_means, truth_row)
+from epdbench.specs.commands import VLLM_SERVER_MODULE, local_engine_args, local_engine_env
+from epdbench.specs.models import load_spec
+from epdbench.specs.workload import Calibration, build_requests, calibration_keys, image_tokens, plan_cells
+from epdbench.tasks.load.calibrate import calibrate
+from epdbench.tasks.load.loadgen import LoadGenerator, records_as_dicts
+
+HEALTH_TIMEOUT_S = 1200      # a 7B multimodal engine: weights, torch.compile, CUDA graphs, the encoder's profile run
+
+
+def say(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def get(url: str, timeout: float = 10.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read().decode()
+
+
+def gpu_name() -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30).stdout.strip().splitlines()
+        return out[0] if out else "unknown"
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+def start_engine(args, spec, model_dir: str, log: Path) -> tuple[subprocess.Popen, str]:
+    config = spec.configurations[0]
+    role = config.roles[0]
+    port = args.port
+    cmd = [args.vllm_python, "-m", VLLM_SERVER_MODULE,
+           *local_engine_args(spec, config, role, model=model_dir, port=port)]
+    if "--load-format" not in cmd:
+        cmd += ["--load-format", "dummy"]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(local_engine_env(spec, config, role.role, nixl_port=None, gpus=[0]))
+    env.pop("VLLM_LOGGING_CONFIG_PATH", None)
+    say("engine: " + " ".join(cmd))
+    fh = open(log, "ab")
+    proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + HEALTH_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace").splitlines()[-30:]
+            raise RuntimeError("engine exited with code %s:\n%s" % (proc.returncode, "\n".join(tail)))
+        try:
+            get(url + "/health", 2)
+            say(f"engine healthy after {HEALTH_TIMEOUT_S - (deadline - time.monotonic()):.0f} s")
+            return proc, url
+        except OSError:
+            time.sleep(2)
+    raise RuntimeError(f"engine not healthy within {HEALTH_TIMEOUT_S} s")
+
+
+def stop(proc: subprocess.Popen | None) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, 15)
+        proc.wait(60)
+    except (OSError, subprocess.TimeoutExpired):
+        os.killpg(proc.pid, 9)
+
+
+def cell_keys(spec, cell, req, gpu: str, version: str, tool: str) -> dict:
+    img = req.image_px
+    text_tokens = (req.target_prompt_tokens - spec.model.chat_overhead_tokens - image_tokens(spec.model, img, img)
+                   if img else req.target_prompt_tokens)
+    return {"gpu": gpu, "vllm_version": version, "model": spec.model.name, "tool": tool,
+            "config": spec.configurations[0].name, "suite": cell.suite, "workload": cell.workload,
+            "input_tokens": text_tokens, "image_px": img or 0, "output_tokens": req.max_tokens,
+            "concurrency": cell.concurrency}
+
+
+async def measure_cells(spec, url: str, cal: Calibration, keys_of, records_out: list) -> list[dict]:
+    rows = []
+    async with LoadGenerator(url, spec.model.name, spec.request_timeout_s, run_tag="truth") as lg:
+        for cell in plan_cells(spec):
+            reqs = build_requests(spec, cell, 0, calibration=cal)
+            warm = [r for r in reqs if r.phase == "warmup"]
+            measured = [r for r in reqs if r.phase == "measured"]
+            if warm:
+                await lg.run_phase(lg.session, warm, cell.concurrency)
+            before = await asyncio.to_thread(get, url + "/metrics")
+            recs = await lg.run_phase(lg.session, measured, cell.concurrency)
+            after = await asyncio.to_thread(get, url + "/metrics")
+            import pandas as pd
+            dicts = [{**d, "run": "truth", "trial": 0, "config": spec.configurations[0].name, "suite": cell.suite,
+                      "cell": cell.cell_id, "workload": cell.workload, "stream": cell.stream,
+                      "concurrency": cell.concurrency} for d in records_as_dicts(recs)]
+            records_out.extend(dicts)
+            stats = summarize_cell(pd.DataFrame(dicts))
+            row = truth_row(keys_of(cell, measured[0], "epdbench"), client_figures_from_summary(stats),
+                            engine_means(before, after))
+            rows.append(row)
+            say(line(row))
+    return rows
+
+
+def bench_cells(args, spec, url: str, tokenizer: str, keys_of, raw: Path) -> list[dict]:
+    rows = []
+    vllm = str(Path(args.vllm_python).parent / "vllm")
+    for cell in plan_cells(spec):
+        req = build_requests(spec, cell, 0)[-1]
+        keys = keys_of(cell, req, "vllm-bench")
+        name = f"bench-{cell.slug}.json"
+        cmd = [vllm, "bench", "serve", *bench_serve_args(
+            api=req.api, input_tokens=keys["input_tokens"], output_tokens=req.max_tokens,
+            image_px=req.image_px, concurrency=cell.concurrency, n_measured=cell.n_measured,
+            n_warmup=cell.n_warmup, base_url=url, model=spec.model.name, tokenizer=tokenizer, seed=spec.seed,
+            result_dir=str(raw), result_file=name)]
+        before = get(url + "/metrics")
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.bench_timeout_s)
+        after = get(url + "/metrics")
+        (raw / f"bench-{cell.slug}.log").write_text(done.stdout[-20000:] + done.stderr[-20000:])
+        if done.returncode != 0 or not (raw / name).exists():
+            say(f"vllm bench serve failed on {cell.cell_id} (exit {done.returncode}): "
+                f"{(done.stderr.strip().splitlines() or ['(no output)'])[-1][:300]}")
+            continue
+        result = json.loads((raw / name).read_text())
+        row = truth_row(keys, client_figures_from_bench(result), engine_means(before, after))
+        rows.append(row)
+        say(line(row))
+    return rows
+
+
+def line(row: dict) -> str:
+    f = lambda v: "-" if v is None else (f"{v:.1f}" if isinstance(v, float) else str(v))  # noqa: E731
+    return (f"{row['tool']:10} {row['workload']:15} c{row['concurrency']:<3} ok {f(row['requests_ok'])}/"
+            f"{f(row['n_measured'])}  prompt {f(row['prompt_tokens_mean'])}  TTFT p50 {f(row['ttft_p50_ms'])} "
+            f"p99 {f(row['ttft_p99_ms'])}  TPOT {f(row['tpot_p50_ms'])}  ITL p99 {f(row['itl_p99_ms'])}  "
+            f"{f(row['output_tok_s'])} tok/s | engine prefill {f(row['engine_prefill_ms_mean'])} "
+            f"decode {f(row['engine_decode_ms_mean'])} queue {f(row['engine_queue_ms_mean'])} ms")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--spec", default="vllm-truth")
+    ap.add_argument("--vllm-python", default=sys.executable)
+    ap.add_argument("--model-dir", help="the model folder (config, tokenizer); default: made from the spec")
+    ap.add_argument("--url", help="measure this running server instead of starting one")
+    ap.add_argument("--port", type=int, default=18000)
+    ap.add_argument("--tools", default="epdbench,vllm-bench")
+    ap.add_argument("--out", required=True, help="folder: truth.csv, records.parquet, engine.log, bench files")
+    ap.add_argument("--bench-timeout-s", type=float, default=600)
+    args = ap.parse_args(argv)
+    spec = load_spec(args.spec)
+    out = Path(args.out)
+    raw = out / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    tools = [t.strip() for t in args.tools.split(",") if t.strip()]
+    model_dir = args.model_dir
+    if not model_dir and not args.url:
+        from epdbench.tasks.local.target import model_to_serve
+        model_dir = model_to_serve(spec, out)
+    proc = None
+    rows: list[dict] = []
+    try:
+        if args.url:
+            url = args.url.rstrip("/")
+        else:
+            proc, url = start_engine(args, spec, model_dir, out / "engine.log")
+        version = json.loads(get(url + "/version")).get("version", "?") if not args.url else "external"
+        gpu = gpu_name()
+        keys_of = lambda cell, req, tool: cell_keys(spec, cell, req, gpu, version, tool)  # noqa: E731
+        cal = calibrate(url, spec.model.name, calibration_keys(spec))
+        say("prompt calibration: " + ", ".join(f"{k}: {a:.3f} tok/word + {b:.0f}" for k, (a, b) in cal.fits.items()))
+        records: list[dict] = []
+        if "epdbench" in tools:
+            rows += asyncio.run(measure_cells(spec, url, cal, keys_of, records))
+            from epdbench.tasks.rundir.results import append_records
+            append_records(out / "records.parquet", records)
+        if "vllm-bench" in tools:
+            rows += bench_cells(args, spec, url, model_dir or spec.model.name, keys_of, raw)
+        if proc is not None:
+            (out / "metrics-final.txt").write_text(get(url + "/metrics"))
+    finally:
+        stop(proc)
+        with open(out / "truth.csv", "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=TRUTH_COLUMNS)
+            w.writeheader()
+            w.writerows(rows)
+        say(f"{len(rows)} rows -> {out / 'truth.csv'}")
+    return 0 if rows else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""The ground-truth rows: engine means from /metrics deltas, vllm bench serve's result file, its command line."""
+import pytest
+
+from epdbench.analysis.truth import (TRUTH_COLUMNS, bench_serve_args, client_figures_from_bench, engine_means,
+                                     median_abs_error, truth_row)
+
+
+def metrics(prefill_sum: float, prefill_count: int, with_queue: bool = True) -> str:
+    """vLLM 0.26's exposition of two of its request histograms, one engine, two label sets summed."""
+    lines = ["# HELP vllm:request_prefill_time_seconds Histogram of time spent in PREFILL phase for request.",
+             "# TYPE vllm:request_prefill_time_seconds histogram",
+             f'vllm:request_prefill_time_seconds_sum{{engine="0",model_name="m"}} {prefill_sum / 2}',
+             f'vllm:request_prefill_time_seconds_count{{engine="0",model_name="m"}} {prefill_count / 2}',
+             f'vllm:request_prefill_time_seconds_sum{{engine="1",model_name="m"}} {prefill_sum / 2}',
+             f'vllm:request_prefill_time_seconds_count{{engine="1",model_name="m"}} {prefill_count / 2}',
+             f'vllm:request_prefill_time_seconds_bucket{{engine="0",le="+Inf",model_name="m"}} {prefill_count / 2}']
+    if with_queue:
+        lines += ['vllm:request_queue_time_seconds_sum{engine="0",model_name="m"} 0.5',
+                  'vllm:request_queue_time_seconds_count{engine="0",model_name="m"} 10']
+    return "\n".join(lines) + "\n"
+
+
+def test_engine_means_are_window_deltas_in_ms():
+    out = engine_means(metrics(1.0, 10), metrics(1.8, 14))
+    assert out["engine_prefill_ms_mean"] == pytest.approx(200.0)        # 0.8 s over 4 requests
+    assert out["engine_queue_ms_mean"] is None                          # no request ended in the window
+    assert out["engine_decode_ms_mean"] is None                         # not exposed at all
+
+
+def test_engine_means_from_nothing_before_and_missing_histograms():
+    assert engine_means("", metrics(0.3, 2))["engine_prefill_ms_mean"] == pytest.approx(150.0)
+    assert set(engine_means("", "")) == {c for c in TRUTH_COLUMNS if c.startswith("engine_")}
+    assert all(v is None for v in engine_means("", "").values())
+
+
+def test_bench_result_maps_to_the_product_columns():
+    result = {"num_prompts": 8, "completed": 8, "total_input_tokens": 8 * 1047, "median_ttft_ms": 41.5,
+              "p99_ttft_ms": 60.25, "median_tpot_ms": 6.5, "p99_itl_ms": 7.75, "output_throughput": 150.0,
+              "request_throughput": 1.2}
+    got = client_figures_from_bench(result)
+    assert got == {"n_measured": 8, "requests_ok": 8, "prompt_tokens_mean": 1047.0, "ttft_p50_ms": 41.5,
+                   "ttft_p99_ms": 60.25, "tpot_p50_ms": 6.5, "itl_p99_ms": 7.75, "output_tok_s": 150.0,
+                   "req_s": 1.2}
+    assert client_figures_from_bench({"num_prompts": 4, "completed": 0})["prompt_tokens_mean"] is None
+
+
+def test_bench_args_text_and_image():
+    common = dict(output_tokens=128, concurrency=8, n_measured=16, n_warmup=2, base_url="http://127.0.0.1:1",
+                  model="m", tokenizer="/tok", seed=0, result_dir="/r", result_file="f.json")
+    text = bench_serve_args(api="completions", input_tokens=4096, image_px=None, **common)
+    assert text[:2] == ["--dataset-name", "random"]
+    assert text[text.index("--endpoint") + 1] == "/v1/completions"
+    assert text[text.index("--random-input-len") + 1] == "4096"
+    assert "--ignore-eos" in text and text[text.index("--max-concurrency") + 1] == "8"
+    image = bench_serve_args(api="chat", input_tokens=400, image_px=1260, **common)
+    assert image[:2] == ["--dataset-name", "random-mm"]
+    assert image[image.index("--backend") + 1] == "openai-chat"
+    assert image[image.index("--random-mm-bucket-config") + 1] == "{(1260, 1260, 1): 1.0}"
+    assert image[image.index("--random-mm-base-items-per-request") + 1] == "1"
+
+
+def test_truth_row_orders_columns_rounds_and_keeps_nulls():
+    row = truth_row({"tool": "epdbench", "concurrency": 1}, {"ttft_p50_ms": 12.345678}, {"engine_prefill_ms_mean": None})
+    assert list(row) == TRUTH_COLUMNS
+    assert row["ttft_p50_ms"] == 12.346 and row["engine_prefill_ms_mean"] is None and row["gpu"] is None
+
+
+def test_median_abs_error_skips_missing():
+    assert median_abs_error([(1.1, 1.0), (0.5, 1.0), (None, 2.0), (3.0, 0)]) == pytest.approx(0.3)
+    assert median_abs_error([(None, 1.0)]) is None
