@@ -24,7 +24,7 @@ import urllib.request
 from pathlib import Path
 
 from epdbench.analysis.metrics import summarize_cell
-from epdbench.analysis.truth import (TRUTH_COLUMNS, bench_serve_args, client_figures_from_bench,
+from epdbench.analysis.truth_rows import (TRUTH_COLUMNS, bench_serve_args, client_figures_from_bench,
                                      client_figures_from_summary, engine_means, truth_row)
 from epdbench.specs.commands import VLLM_SERVER_MODULE, local_engine_args, local_engine_env
 from epdbench.specs.models import load_spec

@@ -1,7 +1,7 @@
 """The ground-truth rows: engine means from /metrics deltas, vllm bench serve's result file, its command line."""
 import pytest
 
-from epdbench.analysis.truth import (TRUTH_COLUMNS, bench_serve_args, client_figures_from_bench, engine_means,
+from epdbench.analysis.truth_rows import (TRUTH_COLUMNS, bench_serve_args, client_figures_from_bench, engine_means,
                                      median_abs_error, truth_row)
 
 
