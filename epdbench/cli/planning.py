@@ -16,7 +16,7 @@ def cmd_calibrate(args) -> int:
     from epdbench.specs.profile import CalibrationProfile, cell_fingerprints
     from epdbench.tasks.sim.vrun import simulate_summary
 
-    given = [flag for flag, value in (("--from", args.source), ("--ops", args.ops),
+    given = [flag for flag, value in (("--ops", args.ops), ("--from", args.source),
                                       ("--engine-steps", args.engine_steps)) if value is not None]
     if len(given) > 1:
         raise CliError(f"{' and '.join(given)}: give one — a run to fit (--from), a gpu_ops CSV to carry (--ops) or "
