@@ -26,7 +26,7 @@ together:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,7 +34,7 @@ import pandas as pd
 
 from epdbench.analysis import table_check
 from epdbench.analysis.dfo import BudgetExhausted, least_squares_dfo
-from epdbench.physics.measured import law_sources
+from epdbench.physics.measured import law_sources, vision_measured
 from epdbench.specs.models import ExperimentSpec
 from epdbench.specs.profile import FREE_CONSTANTS
 from epdbench.specs.suites import sends_images as suite_sends_images
@@ -51,6 +51,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "hbm_efficiency": (0.05, 1.0),
     "measured_compute_factor": (0.05, 10.0),
     "measured_hbm_factor": (0.05, 10.0),
+    "measured_vision_factor": (0.05, 10.0),
     "rdma_efficiency": (0.05, 1.0),
     "step_overhead_ms": (1e-3, 1e3),
     "allreduce_latency_us": (1e-3, 1e4),
@@ -227,9 +228,11 @@ def sends_images(spec: ExperimentSpec) -> bool:
     return any(suite_sends_images(s) for s in spec.suites)
 
 
-def structural_constants(spec: ExperimentSpec) -> tuple[list[str], dict[str, str]]:
-    """(constants the spec's configurations use, {constant: why not} for the others). KV moves over the
-    configuration's transport; EPD also sends image embeddings over TCP; all-reduces need TP > 1."""
+def structural_constants(spec: ExperimentSpec, constants: Sequence[str] = FREE_CONSTANTS
+                         ) -> tuple[list[str], dict[str, str]]:
+    """(of `constants`, those the spec's configurations use, {constant: why not} for the others). KV moves over
+    the configuration's transport; EPD also sends image embeddings over TCP; all-reduces need TP > 1; the vision
+    tower's speed needs images and its measured law."""
     used = {"tcp": any(c.kv_transport == "tcp" or c.topology == "epd" for c in spec.configurations),
             "rdma": any(c.kv_transport == "rdma" for c in spec.configurations)}
     left = {name: f"no configuration of the run moves data over {link.upper()}"
@@ -237,12 +240,15 @@ def structural_constants(spec: ExperimentSpec) -> tuple[list[str], dict[str, str
     if all(r.tp == 1 for c in spec.configurations for r in c.roles):
         left["allreduce_latency_us"] = "no role of the run is tensor-parallel: tp is 1 throughout"
     if not sends_images(spec):
-        left["image_preprocess_ms_per_mp"] = "no cell of the run sends images"
+        left["image_preprocess_ms_per_mp"] = left["measured_vision_factor"] = "no cell of the run sends images"
+    elif not vision_measured(spec.model, spec.hardware):
+        left["measured_vision_factor"] = ("the spec's vision tower follows the roofline laws, not the measured one "
+                                          "it acts on")
     laws = law_sources(spec.model, spec.hardware, sends_images(spec))
     for name in LAW_CONSTANTS.keys() - laws:
         left.update({n: f"the spec's operators follow the {' and '.join(sorted(laws))} laws (hardware.op_laws), "
                         f"not the {name} ones it acts on" for n in LAW_CONSTANTS[name]})
-    return [n for n in FREE_CONSTANTS if n not in left], left
+    return [n for n in constants if n not in left], {n: why for n, why in left.items() if n in constants}
 
 
 def spec_with(spec: ExperimentSpec, values: dict[str, float]) -> ExperimentSpec:
@@ -363,12 +369,14 @@ def _probe(ev: _Evaluator, candidates: list[str], base: np.ndarray, hi: np.ndarr
 
 def fit_constants(spec: ExperimentSpec, observed: pd.DataFrame, predict: Callable[[ExperimentSpec], pd.DataFrame],
                   max_evaluations: int = 60, cache: dict | None = None,
-                  on_evaluation: Callable[[int, int, float, float], None] | None = None) -> FitResult:
-    """Fit the free constants of `spec` that the observed cells identify. `observed`: observed_cells(...),
-    restricted to the cells to fit. At most `max_evaluations` calls of `predict`; `on_evaluation(count, budget,
-    loss, best loss)` after each. FitInputError when no observed cell is among the predicted ones, or the budget
-    cannot even probe the constants."""
-    candidates, left = structural_constants(spec)
+                  on_evaluation: Callable[[int, int, float, float], None] | None = None,
+                  constants: Sequence[str] = FREE_CONSTANTS) -> FitResult:
+    """Fit those of `constants` (by default what a run's client figures can tell: FREE_CONSTANTS) that the
+    observed cells identify. `observed`: observed_cells(...), restricted to the cells to fit. At most
+    `max_evaluations` calls of `predict`; `on_evaluation(count, budget, loss, best loss)` after each.
+    FitInputError when no observed cell is among the predicted ones, or the budget cannot even probe the
+    constants."""
+    candidates, left = structural_constants(spec, constants)
     if max_evaluations < len(candidates) + 1:
         raise FitInputError(f"at least {len(candidates) + 1} simulator runs are needed to probe "
                             f"{len(candidates)} constants (got {max_evaluations})")

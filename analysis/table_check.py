@@ -21,14 +21,14 @@ import numbers
 import pandas as pd
 
 
-def _blank(value) -> bool:
+def blank(value) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value)) or (
         isinstance(value, str) and not value.strip())
 
 
-def _row_text(row: pd.Series, label, keys: list[str]) -> str:
+def row_text(row: pd.Series, label, keys: list[str]) -> str:
     """`row N (config a, suite s, …)`: N counts data rows from 1 (a CSV's line N + 1), keys that are there."""
-    shown = ", ".join(f"{k} {_shown(row[k])}" for k in keys if k in row.index and not _blank(row[k]))
+    shown = ", ".join(f"{k} {_shown(row[k])}" for k in keys if k in row.index and not blank(row[k]))
     where = f"row {label + 1}" if isinstance(label, numbers.Integral) else f"row {label}"
     return f"{where} ({shown})" if shown else where
 
@@ -56,19 +56,19 @@ def unreadable(frame: pd.DataFrame, keys: list[str], metrics: list[str]) -> str 
     for pos, label in enumerate(frame.index):
         row = frame.iloc[pos]
         for k in keys:
-            if _blank(row[k]):
-                return f"{_row_text(row, label, keys)} has no {k}: every row needs {', '.join(keys)}"
+            if blank(row[k]):
+                return f"{row_text(row, label, keys)} has no {k}: every row needs {', '.join(keys)}"
         c = _number(row["concurrency"]) if "concurrency" in keys else 1.0
         if c is None or not math.isfinite(c) or c != round(c):
-            return (f"{_row_text(row, label, [k for k in keys if k != 'concurrency'])}: concurrency "
+            return (f"{row_text(row, label, [k for k in keys if k != 'concurrency'])}: concurrency "
                     f"{str(row['concurrency']).strip()!r} is not a whole number")
         for m in metrics:
             value = row[m]
-            if _blank(value):
+            if blank(value):
                 continue
             x = _number(value)
             if x is None or not math.isfinite(x):
-                return (f"{_row_text(row, label, keys)}: {m} {str(value).strip()!r} is not a plain number; write "
+                return (f"{row_text(row, label, keys)}: {m} {str(value).strip()!r} is not a plain number; write "
                         "figures in the column's unit without separators or units (1234.5), and leave a figure "
                         "not known empty")
     return None
@@ -125,7 +125,7 @@ def repeated(frame: pd.DataFrame, keys: list[str]) -> str | None:
     if not dup.any():
         return None
     n_cells = len(names[names.duplicated(keep=False).to_numpy()].drop_duplicates())
-    first = _row_text(frame.iloc[int(dup.argmax())], frame.index[int(dup.argmax())], keys)
+    first = row_text(frame.iloc[int(dup.argmax())], frame.index[int(dup.argmax())], keys)
     what = "cell and trial" if "trial" in frame.columns else "cell"
     return (f"{_rows(dup.sum())} repeat{'s' if dup.sum() == 1 else ''} the {what} of another row ({n_cells} "
             f"cell{'s' if n_cells != 1 else ''}; the first: {first}): averaged with it as trials are")

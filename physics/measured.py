@@ -58,6 +58,7 @@ class EngineLaws:
     layers: int
     tp: int
     node: Node
+    vision_speed: float = 1.0     # hardware.measured_vision_factor: a vision pass takes its law's time over it
 
     @functools.cached_property
     def _tps(self) -> tuple[int, int, int, int]:
@@ -131,10 +132,10 @@ class EngineLaws:
 
     def encode_s(self, counts: Sequence[int]) -> float:
         """One vision-tower pass over images of these LM-token counts: its GPU time (sharded over TP, scaled to
-        the node's compute), at least the launch floor, else the launch gap longer."""
+        the node's compute), at least the launch floor, else the launch gap longer; all of it over vision_speed."""
         v = self.tables.vision
         gpu = v.gpu_seconds(counts) * self.node.compute / self.tp
-        return max(v.launch_floor_s, gpu + v.launch_gap_s)
+        return max(v.launch_floor_s, gpu + v.launch_gap_s) / self.vision_speed
 
 
 def engine_laws(model: ModelSpec, hw: HardwareSpec, tp: int) -> EngineLaws | None:
@@ -142,7 +143,14 @@ def engine_laws(model: ModelSpec, hw: HardwareSpec, tp: int) -> EngineLaws | Non
     t, _ = tables(model, hw)
     if t is None:
         return None
-    return EngineLaws(t, model.n_layers, tp, node_of(hw, source(hw)[3]))
+    return EngineLaws(t, model.n_layers, tp, node_of(hw, source(hw)[3]), hw.measured_vision_factor)
+
+
+def vision_measured(model: ModelSpec, hw: HardwareSpec) -> bool:
+    """Whether the cost model times `model`'s vision tower by the measured laws (what measured_vision_factor acts
+    on): a vision model whose measured laws have vision rows."""
+    t, _ = tables(model, hw)
+    return model.vision is not None and t is not None and t.vision is not None
 
 
 def law_sources(model: ModelSpec, hw: HardwareSpec, encodes: bool = True) -> set[str]:
@@ -167,6 +175,7 @@ def describe(model: ModelSpec, hw: HardwareSpec) -> str:
               f"scaled to {hw.bf16_tflops * hw.measured_compute_factor:g} TFLOP/s and "
               f"{hw.hbm_tb_s * hw.measured_hbm_factor:g} TB/s from the measured GPU's "
               f"{peaks.flops_s / 1e12:g} and {peaks.bytes_s / 1e12:g}")
-    vision = ("" if model.vision is None or t.vision is not None
-              else "; the vision tower on the roofline (no vision rows)")
+    vision = ("" if model.vision is None else "; the vision tower on the roofline (no vision rows)"
+              if t.vision is None else f"; the vision tower {hw.measured_vision_factor:g} times as fast"
+              if hw.measured_vision_factor != 1 else "")
     return f"measured on {gpu} ({name}), {scaled}{vision}"

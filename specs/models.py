@@ -260,14 +260,15 @@ NOT_COMPARED = {"tracking", "tracing", "description"}   # where results are logg
                                                      # (ingest within noise: benchmarks/loadgen.py --tracing), and prose
 
 
-LAW_FIELDS = ("op_laws", "op_timings", "measured_compute_factor", "measured_hbm_factor")
+LAW_FIELDS = ("op_laws", "op_timings", "measured_compute_factor", "measured_hbm_factor", "measured_vision_factor")
 
 
 def roofline_as_before(hardware: dict) -> dict:
     """A hardware section (as JSON) on the roofline laws with the measured laws' fields at their defaults loses
     those fields, in place: its physics is the one before them, and so is its fingerprint."""
     if hardware.get("op_laws") == "roofline" and hardware.get("op_timings") is None and all(
-            hardware.get(f) == HardwareSpec.model_fields[f].default for f in LAW_FIELDS[2:]):
+            hardware.get(f, HardwareSpec.model_fields[f].default) == HardwareSpec.model_fields[f].default
+            for f in LAW_FIELDS[2:]):
         for field in LAW_FIELDS:
             hardware.pop(field, None)
     return hardware
@@ -285,6 +286,8 @@ def spec_fingerprint(spec: ExperimentSpec) -> str:
         del data["target"]["local"]
     if data["engine"]["block_size"] is None:   # vLLM's default block: fingerprints stay as before the field
         del data["engine"]["block_size"]
+    if data["hardware"]["measured_vision_factor"] == 1.0:   # as measured: fingerprints stay as before the field
+        del data["hardware"]["measured_vision_factor"]
     roofline_as_before(data["hardware"])
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 

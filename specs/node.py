@@ -213,6 +213,12 @@ class HardwareSpec(Strict):
                                        description="Speed of the measured laws' memory-bound parts as a multiple "
                                                    "of the measurement's, scaled to this node (1: as measured); "
                                                    "op_laws measured only. epdbench calibrate fits it.")
+    measured_vision_factor: float = Field(1.0, gt=0, le=10, title="Measured vision tower speed factor",
+                                          description="Speed of the vision tower's passes as a multiple of the "
+                                                      "measured law's (its GPU time scaled to this node, its launch "
+                                                      "floor and gap): a pass takes the law's time divided by it (1: "
+                                                      "as measured); op_laws measured only. epdbench calibrate "
+                                                      "--engine-steps fits it from the engine's own prefill times.")
     compute_efficiency: float = Field(0.5, gt=0, le=1, title="Achievable fraction of peak FLOP/s",
                                       description="Model FLOPs utilisation assumed for prefill (compute-bound) by "
                                                   "the roofline laws (op_laws roofline, or a model the measured "

@@ -22,18 +22,27 @@ from epdbench.specs.node import OperatorTimings
 
 HOLDOUT_VERDICTS = ("better", "worse", "no clear difference", "too few cells")   # analysis.holdout
 
-# The hardware fields the cost model reads that no datasheet gives: what calibration fits.
-# (The per-ring-step NVLink latency is left out: for a given TP it only adds to the all-reduce's base latency.)
-# The efficiencies act under the roofline laws, the measured factors under the measured ones (hardware.op_laws).
+# The hardware fields the cost model reads that no datasheet gives: what `calibrate --from` fits to a run's client
+# figures. (The per-ring-step NVLink latency is left out: for a given TP it only adds to the all-reduce's base
+# latency.) The efficiencies act under the roofline laws, the measured factors under the measured ones
+# (hardware.op_laws).
 FREE_CONSTANTS = ("compute_efficiency", "hbm_efficiency", "measured_compute_factor", "measured_hbm_factor",
                   "step_overhead_ms", "allreduce_latency_us", "tcp_gb_s", "tcp_latency_ms", "rdma_efficiency",
                   "rdma_latency_ms", "image_preprocess_ms_per_mp", "request_hop_ms")
+# The free constants that act inside an engine, on its steps and vision passes: what `calibrate --engine-steps` fits
+# to the engines' own step timings. The vision tower's speed is among them alone: a client's TTFT cannot tell it
+# from the API server's image preprocessing and the hops, an engine's prefill time can.
+ENGINE_CONSTANTS = ("compute_efficiency", "hbm_efficiency", "measured_compute_factor", "measured_hbm_factor",
+                    "measured_vision_factor", "step_overhead_ms", "allreduce_latency_us")
+# What a profile may set: every free constant of either fit.
+PROFILE_CONSTANTS = FREE_CONSTANTS + tuple(n for n in ENGINE_CONSTANTS if n not in FREE_CONSTANTS)
 
 
 def check_constant(name: str, value: float) -> float:
     """`value` if it is allowed for hardware field `name` (HardwareSpec's own bounds), else ValueError."""
-    if name not in FREE_CONSTANTS:
-        raise ValueError(f"'{name}' is not a free constant of the simulator; allowed: {', '.join(FREE_CONSTANTS)}")
+    if name not in PROFILE_CONSTANTS:
+        raise ValueError(f"'{name}' is not a free constant of the simulator; allowed: "
+                         f"{', '.join(PROFILE_CONSTANTS)}")
     field = HardwareSpec.model_fields[name]
     try:
         return TypeAdapter(Annotated[float, *field.metadata]).validate_python(value)
@@ -93,6 +102,12 @@ class CalibrationProfile(Strict):
         None, title="Operator timings",
         description="The gpu_ops measurement the measured laws come from (epdbench calibrate --ops, or the fitted "
                     "run's own): applying the profile sets hardware.op_timings. Absent: the spec's own.")
+    fitted_figures: Literal["client", "engine"] = Field(
+        "client", title="Figures fitted",
+        description="client: a run's client-side figures (TTFT, TPOT, throughput: epdbench calibrate --from); "
+                    "engine: the engines' own step timings, prefill time and decode time per token (epdbench "
+                    "calibrate --engine-steps), so its errors are of those figures. Absent in profiles written "
+                    "before it was recorded: client.")
     holdout_verdict: dict[str, Literal[HOLDOUT_VERDICTS]] = Field(
         default_factory=dict, title="Hold-out verdict",
         description="Per metric: whether the fitted constants predict the held-out cells better or worse than the "
@@ -113,7 +128,7 @@ class CalibrationProfile(Strict):
     @field_validator("left_as_in_spec")
     @classmethod
     def _check_left(cls, names: list[str]) -> list[str]:
-        unknown = [n for n in names if n not in FREE_CONSTANTS]
+        unknown = [n for n in names if n not in PROFILE_CONSTANTS]
         if unknown:
             raise ValueError(f"not free constants: {', '.join(unknown)}")
         return names
@@ -146,7 +161,7 @@ def calibration_changes(stored: ExperimentSpec, spec: ExperimentSpec) -> list[st
     """What `spec` changes of `stored` (the spec.yaml a run kept) in what the virtual-time core reproduces of the
     run (specs.models.spec_changes): the free constants are where the fit starts, and the name and target are
     not modelled, so none of them counts."""
-    hardware = stored.hardware.model_copy(update={n: getattr(spec.hardware, n) for n in FREE_CONSTANTS})
+    hardware = stored.hardware.model_copy(update={n: getattr(spec.hardware, n) for n in PROFILE_CONSTANTS})
     return spec_changes(stored.model_copy(update={"hardware": hardware, "target": spec.target, "name": spec.name}),
                         spec)
 
@@ -158,7 +173,7 @@ def cell_fingerprints(spec: ExperimentSpec) -> dict[str, str]:
     target, trials or free constants."""
     common = spec.model_dump(mode="json", include={"seed", "model", "engine", "hardware"})
     roofline_as_before(common["hardware"])        # profiles fitted before the measured laws keep their cells
-    for name in FREE_CONSTANTS:
+    for name in PROFILE_CONSTANTS:
         common["hardware"].pop(name, None)
     out = {}
     for c in spec.configurations:
@@ -197,9 +212,11 @@ def error_bar(profile: dict | None, spec: ExperimentSpec | None = None) -> str:
     if profile is None:
         return ("uncalibrated: the spec's hardware constants, no measured error bar (epdbench calibrate fits them "
                 "to a run and measures one)")
+    engine = ("fitted to engine step timings (its errors are of the engines' prefill and decode times, not of "
+              "client TTFT or throughput): " if profile.get("fitted_figures") == "engine" else "")
     if profile.get("source_target") == "sim":
-        return "fitted to a simulator run (emulated figures, not hardware): " + _error_bar(profile, spec)
-    return _error_bar(profile, spec)
+        return "fitted to a simulator run (emulated figures, not hardware): " + engine + _error_bar(profile, spec)
+    return engine + _error_bar(profile, spec)
 
 
 def _error_bar(profile: dict, spec: ExperimentSpec | None) -> str:
@@ -271,7 +288,8 @@ def profile_origin(profile: dict) -> str:
                 "the measured laws derived from them")
     on = ", ".join(x for x in (profile.get("gpu"), profile.get("model")) if x)
     laws = "roofline laws" if profile.get("op_laws", "roofline") == "roofline" else "measured laws"
-    return (f"fitted to a run of spec {profile['spec']}" + (f" ({on})" if on else "")
+    what = "the engine step timings of a run" if profile.get("fitted_figures") == "engine" else "a run"
+    return (f"fitted to {what} of spec {profile['spec']}" + (f" ({on})" if on else "")
             + f" ({profile['source']}, {profile['created']}) on the {laws}: {fitted or 'no constant'}")
 
 

@@ -61,12 +61,19 @@ def build_parser() -> argparse.ArgumentParser:
                                            "operator laws on a gpu_ops CSV of your GPU (--ops)")
     cal.add_argument("--spec", default=None, help="spec YAML path or preset name the run used (default: the "
                                                    "spec.yaml of the run's folder, beside --from); with --ops, the "
-                                                   "spec whose hardware is the GPU the CSV was measured on")
+                                                   "spec whose hardware is the GPU the CSV was measured on; with "
+                                                   "--engine-steps, the spec of the table's cells (default: "
+                                                   "vllm-truth)")
     cal.add_argument("--from", dest="source", default=None,
                      help="the run's results folder, or its summary.csv or records.parquet, or a published table")
     cal.add_argument("--ops", default=None, metavar="CSV",
                      help="a CSV of benchmarks/gpu_ops.py run on your GPU: the profile carries its operator laws "
                           "instead of fitting a run")
+    cal.add_argument("--engine-steps", default=None, metavar="CSV",
+                     help="a truth table of a real engine's figures (benchmarks/data/README.md): fit the engine "
+                          "constants to its own step timings (prefill, decode per token) of its lone requests")
+    cal.add_argument("--tool", default="epdbench",
+                     help="with --engine-steps: the load generator whose rows to read (default: epdbench)")
     cal.add_argument("--out", required=True, help="where to write the profile (YAML)")
     cal.add_argument("--evaluations", type=int, default=100,
                      help="simulator runs each fit may use (default: 100; the hold-out check fits again)")

@@ -16,14 +16,20 @@ def cmd_calibrate(args) -> int:
     from epdbench.specs.profile import CalibrationProfile, cell_fingerprints
     from epdbench.tasks.sim.vrun import simulate_summary
 
+    given = [flag for flag, value in (("--ops", args.ops), ("--from", args.source),
+                                      ("--engine-steps", args.engine_steps)) if value is not None]
+    if len(given) > 1:
+        raise CliError(f"{' and '.join(given)}: give one — a run to fit (--from), a gpu_ops CSV to carry (--ops) or "
+                       "a truth table of engine step timings to fit (--engine-steps)")
     if args.ops is not None:
-        if args.source is not None:
-            raise CliError("--ops and --from: give one, a gpu_ops CSV to carry or a run to fit")
         from epdbench.cli.ops import cmd_calibrate_ops
         return cmd_calibrate_ops(args)
+    if args.engine_steps is not None:
+        from epdbench.cli.engine_steps import cmd_calibrate_engine_steps
+        return cmd_calibrate_engine_steps(args)
     if args.source is None:
-        raise CliError("--from: give the run to fit (its results folder, summary.csv or records.parquet), or --ops "
-                       "with a gpu_ops CSV")
+        raise CliError("--from: give the run to fit (its results folder, summary.csv or records.parquet), --ops "
+                       "with a gpu_ops CSV, or --engine-steps with a truth table")
     metrics, out = _calibrate_flags(args)
     args.source = _run_file(args.source)
     signal.signal(signal.SIGTERM, signal.default_int_handler)     # SIGTERM stops it as Ctrl-C does
@@ -51,11 +57,11 @@ def cmd_calibrate(args) -> int:
         print("note: the run was made by the simulator (target sim in its spec.yaml): this fits the simulator to its "
               "own emulated figures, not to hardware, and the profile says so wherever it is used", flush=True)
     cache: dict = {}      # simulator runs shared by the two fits (both start from the spec's constants)
-    full = _calibrate_fit("fit on every cell", spec, observed, simulate_summary, args.evaluations, cache)
+    full = calibrate_fit("fit on every cell", spec, observed, simulate_summary, args.evaluations, cache)
     cells = fit.matched(observed, full.start_predicted)
     if len(cells) < len(observed):
         print(f"  {len(observed) - len(cells)} observed cells got no figure from the simulator; left out")
-    _print_constants(run_spec, full)
+    print_constants(run_spec, full)
     if not full.values:
         raise CliError("none of the free constants moves the observed figures: nothing to fit")
     held = fit.holdout_mask(cells.index, args.holdout_seed)
@@ -66,7 +72,7 @@ def cmd_calibrate(args) -> int:
     holdout_spec_error: dict = {}
     checks: dict = {}
     if held.any():
-        half = _calibrate_fit(f"hold-out check (seed {args.holdout_seed}): fit on {int((~held).sum())} cells, "
+        half = calibrate_fit(f"hold-out check (seed {args.holdout_seed}): fit on {int((~held).sum())} cells, "
                               f"predict {int(held.sum())}", spec, cells[~held], simulate_summary,
                               args.evaluations, cache)
         n_held = int(held.sum())
@@ -74,7 +80,7 @@ def cmd_calibrate(args) -> int:
                                                                                          full.start_predicted)
         holdout_error = errors[f"held out ({n_held}), fitted"] = fit.relative_errors(cells[held], half.predicted)
         checks = holdout.compare_on_held_out(cells[held], full.start_predicted, half.predicted)
-    _print_errors(errors)
+    print_errors(errors)
     if checks:
         print(f"\nhold-out check: {holdout.summary_line(checks)} (sign test over the cells; the metrics "
               f"together at p < {holdout.ALPHA}, Holm's correction)")
@@ -199,8 +205,9 @@ def _read_run(source: str):
     raise CliError(f"--from {source}: give a .csv summary or a .parquet of records or a summary")
 
 
-def _calibrate_fit(title: str, spec, observed, predict, budget: int, cache: dict):
-    """fit.fit_constants with a progress line per simulator run."""
+def calibrate_fit(title: str, spec, observed, predict, budget: int, cache: dict, constants=None):
+    """fit.fit_constants (of `constants`, by default those a run's client figures tell) with a progress line per
+    simulator run."""
     import time
 
     from epdbench.analysis import fit
@@ -213,7 +220,8 @@ def _calibrate_fit(title: str, spec, observed, predict, budget: int, cache: dict
               flush=True)
 
     try:
-        result = fit.fit_constants(spec, observed, predict, budget, cache, progress)
+        result = fit.fit_constants(spec, observed, predict, budget, cache, progress,
+                                   fit.FREE_CONSTANTS if constants is None else constants)
     except fit.FitInputError as e:
         raise CliError(f"{e}") from None
     print(f"  loss {result.start_loss:.3g} with the spec's constants, {result.loss:.3g} fitted "
@@ -221,7 +229,7 @@ def _calibrate_fit(title: str, spec, observed, predict, budget: int, cache: dict
     return result
 
 
-def _print_constants(spec, result) -> None:
+def print_constants(spec, result) -> None:
     names = list(result.values) + list(result.left)
     width = max(len(n) for n in names)
     print(f"\n{'constant':<{width}}  {'spec':>10}  {'fitted':>10}")
@@ -237,7 +245,7 @@ def _print_constants(spec, result) -> None:
               "spec is the run's (GPU, model)", flush=True)
 
 
-def _print_errors(errors: dict[str, dict]) -> None:
+def print_errors(errors: dict[str, dict]) -> None:
     metrics = list(next(iter(errors.values())))
     width = max(len(m) for m in metrics)
     print(f"\nmedian relative error over cells, per metric:\n{'metric':<{width}}  "

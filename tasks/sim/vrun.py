@@ -37,9 +37,10 @@ _REQUESTS: dict[tuple, list] = {}
 def cell_requests(spec: ExperimentSpec, cell: Cell, trial: int, calibration: Calibration) -> list:
     """specs.workload.build_requests, kept per process for the last REQUEST_CACHE_CELLS cells: what a cell's
     requests are depends on the seed, the model and the suites (never on hardware or deployment), and
-    synthesising long prompts costs more than serving them in virtual time."""
+    synthesising long prompts costs more than serving them in virtual time. Which of them are traced follows
+    spec.tracing, part of the key too."""
     key = (spec.seed, spec.model.model_dump_json(), tuple(s.model_dump_json() for s in spec.suites), cell, trial,
-           tuple(sorted(calibration.fits.items())))
+           tuple(sorted(calibration.fits.items())), spec.tracing.model_dump_json())
     if key not in _REQUESTS:
         if len(_REQUESTS) >= REQUEST_CACHE_CELLS:
             _REQUESTS.pop(next(iter(_REQUESTS)))

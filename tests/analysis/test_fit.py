@@ -135,6 +135,23 @@ def test_the_operator_laws_of_the_spec_choose_between_the_efficiencies_and_the_m
     assert set(fit.LAW_CONSTANTS["roofline"]) <= set(used) and set(fit.LAW_CONSTANTS["measured"]) <= set(left)
 
 
+def test_the_engine_constants_are_those_acting_inside_an_engine_the_vision_speed_among_them():
+    from epdbench.specs.profile import ENGINE_CONSTANTS
+
+    truth = load_spec("vllm-truth")
+    used, left = fit.structural_constants(truth, ENGINE_CONSTANTS)
+    assert used == ["measured_compute_factor", "measured_hbm_factor", "measured_vision_factor", "step_overhead_ms"]
+    assert set(left) == {"compute_efficiency", "hbm_efficiency", "allreduce_latency_us"}
+    text = truth.model_copy(update={"suites": truth.suites[:1]})
+    assert fit.structural_constants(text, ENGINE_CONSTANTS)[1]["measured_vision_factor"] == \
+        "no cell of the run sends images"
+    rooflined = fit.structural_constants(roofline("vllm-truth"), ENGINE_CONSTANTS)[1]
+    assert "vision tower follows the roofline laws" in rooflined["measured_vision_factor"]
+    # a run's client figures cannot tell the tower from the API server's preprocessing: calibrate --from leaves
+    # it out, as before it existed
+    assert "measured_vision_factor" not in fit.structural_constants(truth)[0] + list(fit.structural_constants(truth)[1])
+
+
 def test_a_constant_that_moves_no_observed_figure_is_not_fitted(smoke):
     def predictor(spec):   # the RDMA latency does not reach any figure
         return synthetic_summary(fit.spec_with(spec, {"rdma_latency_ms": 1.0}))

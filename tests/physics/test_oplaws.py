@@ -164,6 +164,18 @@ def test_calibrated_factors_speed_the_compute_and_memory_bound_parts():
     assert big[1] == pytest.approx(big[0] / 2)                          # the tower is compute-bound
 
 
+def test_the_vision_factor_speeds_the_towers_whole_pass_and_nothing_else():
+    model = "Qwen/Qwen2.5-VL-7B-Instruct"
+    base, fast = cost(model, **H200), cost(model, **H200, measured_vision_factor=2.0)
+    for tokens in (400, 4096):                      # a launch-bound pass and a compute-bound one
+        assert fast.encode_seconds(tokens) == pytest.approx(base.encode_seconds(tokens) / 2)
+    assert fast.step_seconds([2048], [PrefillChunk(0, 1024)]) == base.step_seconds([2048], [PrefillChunk(0, 1024)])
+    assert describe(fast.model, fast.hw).endswith("; the vision tower 2 times as fast")
+    assert "vision" not in describe(base.model, base.hw)
+    roofline = cost(model, **H200, op_laws="roofline", measured_vision_factor=2.0)
+    assert roofline.encode_seconds(4096) == cost(model, **H200, op_laws="roofline").encode_seconds(4096)
+
+
 def test_an_unmeasured_tp_takes_the_nearest_measured_one_ideally_sharded():
     tp1, tp2, tp4 = (cost("Qwen/Qwen3-32B", tp, **H200) for tp in (1, 2, 4))
     residual = tp2.laws.residual_s                   # decode steps were measured at TP 2 only

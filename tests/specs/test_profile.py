@@ -203,3 +203,13 @@ def test_what_a_spec_changes_of_a_runs_spec_yaml_for_calibration_leaves_out_the_
                                     "hardware": run.hardware.model_copy(update={"gpus_per_node": 4})})
     assert sorted(calibration_changes(run, other)) == [f"hardware.gpus_per_node: {run.hardware.gpus_per_node} → 4",
                                                        f"seed: {run.seed} → {run.seed + 1}"]
+
+
+def test_a_profile_may_set_the_vision_factor_which_leaves_the_fingerprints_of_specs_and_cells_as_they_were():
+    from epdbench.specs.profile import cell_fingerprints
+
+    spec = load_spec("vllm-truth")
+    faster = apply_profile(spec, a_profile(hardware={"measured_vision_factor": 0.8}, op_laws="measured"))
+    assert faster.hardware.measured_vision_factor == 0.8
+    assert cell_fingerprints(faster) == cell_fingerprints(spec)       # a free constant: where a fit starts
+    assert spec_fingerprint(faster) != spec_fingerprint(spec)

@@ -1,0 +1,106 @@
+"""The simulator against a real engine, cell by cell (pure): sim / real per figure, and per metric the median
+error |sim / real − 1| (how far) and the median sim / real (which way: under 1, the simulator is faster or, for
+throughput, slower). `overall` pools every figure of every compared metric.
+
+The compared metrics are analysis.truth.COMPARED: the client's TTFT p50 and p99, TPOT p50, ITL p99 and output
+throughput, and the engine's own prefill time and decode time per output token.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from epdbench.analysis.labels import cell_label
+from epdbench.analysis.truth import COMPARED
+from epdbench.specs.models import ExperimentSpec
+from epdbench.specs.workload import plan_cells
+
+OVERALL = "overall"
+SHORT = {"ttft_p50_ms": "TTFT p50", "ttft_p99_ms": "TTFT p99", "tpot_p50_ms": "TPOT p50", "itl_p99_ms": "ITL p99",
+         "output_tok_s": "out tok/s", "engine_prefill_ms": "eng prefill", "engine_decode_ms_per_token": "eng decode/tok"}
+PROMPT_TOLERANCE = 0.02    # prompts whose mean length differs more than this are not the same cells
+
+
+def ratios(real: pd.DataFrame, sim: pd.DataFrame, metrics: list[str] = COMPARED) -> pd.DataFrame:
+    """sim / real per cell of `real` (its index) and metric; NaN where either figure is missing or not positive."""
+    r = real.reindex(columns=metrics).astype(float)
+    s = sim.reindex(index=real.index, columns=metrics).astype(float)
+    return (s / r).where((r > 0) & (s > 0))
+
+
+def summary(ratio: pd.DataFrame) -> pd.DataFrame:
+    """Per metric (and `overall`, every figure pooled): cells compared, median |sim / real − 1| and median
+    sim / real; NaN medians where no cell has both figures."""
+    rows = {m: ratio[m].dropna().to_numpy() for m in ratio.columns}
+    rows[OVERALL] = np.concatenate(list(rows.values())) if rows else np.array([])
+    return pd.DataFrame({"cells": {m: len(v) for m, v in rows.items()},
+                         "median_error": {m: float(np.median(np.abs(v - 1))) if len(v) else np.nan
+                                          for m, v in rows.items()},
+                         "median_ratio": {m: float(np.median(v)) if len(v) else np.nan for m, v in rows.items()}})
+
+
+def in_plan_order(frame: pd.DataFrame, spec: ExperimentSpec) -> pd.DataFrame:
+    """The cells of `frame` (index MATCH_KEYS) in the order the spec runs them; any other cells after them."""
+    order = [(c.name, cell.suite, cell.workload, cell.concurrency, cell.stream)
+             for c in spec.configurations for cell in plan_cells(spec)]
+    rank = {key: i for i, key in enumerate(order)}
+    keys = sorted(frame.index, key=lambda k: rank.get(k, len(rank)))
+    return frame.loc[keys]
+
+
+def prompt_mismatches(real: pd.DataFrame, sim: pd.DataFrame, tolerance: float = PROMPT_TOLERANCE) -> list[str]:
+    """Cells whose mean prompt length (prompt_tokens_mean, as the server counted) differs between the two by more
+    than `tolerance`, as 'cell: sim N, real M' — their figures are of other prompts."""
+    out = []
+    for key in real.index:
+        a = sim["prompt_tokens_mean"].get(key, np.nan) if "prompt_tokens_mean" in sim else np.nan
+        b = real["prompt_tokens_mean"].get(key, np.nan) if "prompt_tokens_mean" in real else np.nan
+        if a == a and b == b and b > 0 and abs(a / b - 1) > tolerance:
+            out.append(f"{_label(key)}: sim {a:.0f}, real {b:.0f} tokens")
+    return out
+
+
+def _label(key: tuple) -> str:
+    config, suite, workload, concurrency, stream = key
+    return f"{suite} {cell_label(workload, concurrency, stream, short=True)}"
+
+
+def _ratio_text(before: float, after: float | None) -> str:
+    return _num(before) if after is None else f"{_num(before)}→{_num(after)}"
+
+
+def cell_lines(before: pd.DataFrame, after: pd.DataFrame | None = None) -> list[str]:
+    """A table of sim / real per cell (rows) and metric (columns); with `after` (the same with a profile), each
+    figure as before→after."""
+    metrics = list(before.columns)
+    widths = [max(5 if after is None else 11, len(SHORT.get(m, m))) for m in metrics]
+    labels = [_label(k) for k in before.index]
+    first = max([len("cell")] + [len(s) for s in labels])
+    lines = [f"{'cell':<{first}}  " + "  ".join(f"{SHORT.get(m, m):>{w}}" for m, w in zip(metrics, widths))]
+    for key, label in zip(before.index, labels):
+        lines.append(f"{label:<{first}}  " + "  ".join(
+            f"{_ratio_text(before.at[key, m], None if after is None else after.at[key, m]):>{w}}"
+            for m, w in zip(metrics, widths)))
+    return lines
+
+
+def summary_lines(before: pd.DataFrame, after: pd.DataFrame | None = None) -> list[str]:
+    """Per metric and overall: the cells compared, median error and median sim / real (summary()); with `after`
+    (the same with a profile), its two beside them."""
+    heads = ["error", "sim/real"] if after is None else ["error before", "sim/real before", "error after",
+                                                          "sim/real after"]
+    width = max(len(h) for h in heads)
+    lines = [f"{'metric':<26}  {'cells':>5}  " + "  ".join(f"{h:>{width}}" for h in heads)]
+    for m in before.index:
+        figures = [before] if after is None else [before, after]
+        parts = [text for s in figures for text in (_pct(s.at[m, "median_error"]), _num(s.at[m, "median_ratio"]))]
+        lines.append(f"{m:<26}  {int(before.at[m, 'cells']):>5}  " + "  ".join(f"{p:>{width}}" for p in parts))
+    return lines
+
+
+def _pct(v: float) -> str:
+    return "—" if v != v else f"{v:.1%}"
+
+
+def _num(v: float) -> str:
+    return "—" if v != v else f"{v:.3f}"

@@ -1,0 +1,75 @@
+"""benchmarks/sim_vs_real.py: the simulator set beside a truth table — here one the simulator made with moved engine
+constants (tests/truth_tables.py) — is off by what the moves make before the profile calibrate --engine-steps fits,
+and matches it after; bad input is one line and exit 2."""
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+from epdbench.cli import main as cli
+from tests.truth_tables import synthetic_truth
+
+SCRIPT = Path(__file__).parents[1] / "benchmarks" / "sim_vs_real.py"
+
+
+def script():
+    spec = importlib.util.spec_from_file_location("sim_vs_real", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def overall(printed: str) -> list[str]:
+    """The figures of the summary's `overall` line."""
+    (line,) = [x for x in printed.splitlines() if x.strip().startswith("overall ")]
+    return line.split()[1:]
+
+
+def test_before_and_after_the_fitted_profile(tmp_path, capsys):
+    table = synthetic_truth(tmp_path / "truth.csv")
+    profile = tmp_path / "engine.yaml"
+    assert cli(["calibrate", "--engine-steps", str(table), "--out", str(profile)]) == 0
+    capsys.readouterr()
+    assert script().main(["--truth", str(table), "--profile", str(profile)]) == 0
+    printed = capsys.readouterr().out
+    cells, error_before, ratio_before, error_after, ratio_after = overall(printed)
+    assert cells == str(15 * 7)
+    assert float(error_before.rstrip("%")) > 10 and float(ratio_before) < 0.9      # the hidden engine is slower
+    assert float(error_after.rstrip("%")) < 0.1 and float(ratio_after) == pytest.approx(1.0, abs=1e-3)
+    lines = printed.splitlines()
+    first = lines.index(next(x for x in lines if "sim / real before → after the profile per cell" in x))
+    assert lines[first + 2].split()[:3] == ["text", "1024/128", "c=1"]           # the spec's order
+    assert re.search(r"image 1792px\+400/128 c=4 +\d\.\d{3}→1\.000", printed)
+    assert "15 cells simulated twice in" in printed and "warning" not in printed
+
+
+def test_other_prompts_are_named(tmp_path, capsys):
+    import pandas as pd
+
+    table = synthetic_truth(tmp_path / "truth.csv")
+    frame = pd.read_csv(table)
+    frame.loc[frame["workload"] == "4096/128", "prompt_tokens_mean"] = 4000
+    frame.to_csv(table, index=False)
+    assert script().main(["--truth", str(table)]) == 0
+    printed = capsys.readouterr().out
+    assert "warning: prompts differ, text 4096/128 c=1: sim 4096, real 4000 tokens" in printed
+    assert len(overall(printed)) == 3
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--truth", "{dir}/none.csv"], "--truth {dir}/none.csv: no such file"),
+    (["--truth", "{table}", "--profile", "{dir}/none.yaml"], "--profile {dir}/none.yaml: no such file"),
+    (["--truth", "{table}", "--tool", "vllm-bench"], "no row of tool 'vllm-bench': the table has epdbench"),
+    (["--truth", "{table}", "--spec", "smoke"], "suite text not in spec smoke (it has fixed, mm-context, mixed)"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, expected):
+    table = tmp_path / "truth.csv"
+    table.write_text("gpu,tool,config,suite,workload,concurrency,input_tokens,image_px,output_tokens\n"
+                     "NVIDIA H100 80GB HBM3,epdbench,aggregated,text,1024/128,1,1024,0,128\n")
+    fill = {"dir": str(tmp_path), "table": str(table)}
+    assert script().main([a.format(**fill) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and expected.format(**fill) in err, err
