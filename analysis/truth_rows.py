@@ -3,29 +3,24 @@ from the product's load generator's records or from `vllm bench serve`'s result 
 step timings over the cell read from its /metrics histograms (after − before, sum ÷ count).
 
 The benchmark that measures them is `benchmarks/vllm_truth.py`; what reads them is `benchmarks/sim_vs_real.py` and
-`epdbench calibrate --engine-steps`.
+`epdbench calibrate --engine-steps`, through analysis/truth.py (the table's contract and checks).
 """
 from __future__ import annotations
 
 import json
 import math
 
+from epdbench.analysis.engine_steps import ENGINE_MEANS
 from epdbench.analysis.prom import parse_prometheus
+from epdbench.analysis.truth import COLUMNS
 
-TRUTH_KEYS = ["gpu", "vllm_version", "model", "tool", "config", "suite", "workload", "input_tokens", "image_px",
-              "output_tokens", "concurrency"]
-CLIENT_FIGURES = ["n_measured", "requests_ok", "prompt_tokens_mean", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms",
-                  "itl_p99_ms", "output_tok_s", "req_s"]
-# vLLM's own request histograms (vllm/v1/metrics/loggers.py, 0.26): the engine core's view of each request, free of
-# the client, the HTTP server and the network.
-ENGINE_HISTOGRAMS = {"engine_queue_ms_mean": "vllm:request_queue_time_seconds",
-                     "engine_prefill_ms_mean": "vllm:request_prefill_time_seconds",
-                     "engine_decode_ms_mean": "vllm:request_decode_time_seconds",
-                     "engine_ttft_ms_mean": "vllm:time_to_first_token_seconds",
-                     "engine_tpot_ms_mean": "vllm:request_time_per_output_token_seconds"}
-ENGINE_FIGURES = list(ENGINE_HISTOGRAMS)
-TRUTH_COLUMNS = TRUTH_KEYS + CLIENT_FIGURES + ENGINE_FIGURES
-TOOLS = ("epdbench", "vllm-bench")
+# vLLM's own request histograms (vllm/v1/metrics/loggers.py, 0.26) behind the table's engine means
+# (analysis.engine_steps.ENGINE_MEANS): the engine core's view of each request, free of the client, the HTTP server
+# and the network.
+ENGINE_HISTOGRAMS = dict(zip(ENGINE_MEANS, ("vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds",
+                                            "vllm:request_decode_time_seconds", "vllm:time_to_first_token_seconds",
+                                            "vllm:request_time_per_output_token_seconds")))
+TRUTH_COLUMNS = COLUMNS
 
 
 def _histogram_totals(text: str, name: str) -> tuple[float, float] | None:
@@ -113,11 +108,3 @@ def truth_row(keys: dict, client: dict, engine: dict) -> dict:
     merged = {**keys, **client, **engine}
     return {c: round(v, 3) if isinstance(v, float) else v for c in TRUTH_COLUMNS for v in [merged.get(c)]}
 
-
-def median_abs_error(pairs: list[tuple[float | None, float | None]]) -> float | None:
-    """Median of |a / b − 1| over the pairs where both are positive figures; None when there is none."""
-    errs = sorted(abs(a / b - 1) for a, b in pairs if a and b and a > 0 and b > 0)
-    if not errs:
-        return None
-    mid = len(errs) // 2
-    return errs[mid] if len(errs) % 2 else (errs[mid - 1] + errs[mid]) / 2

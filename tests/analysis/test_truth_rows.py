@@ -2,7 +2,7 @@
 import pytest
 
 from epdbench.analysis.truth_rows import (TRUTH_COLUMNS, bench_serve_args, client_figures_from_bench, engine_means,
-                                     median_abs_error, truth_row)
+                                     truth_row)
 
 
 def metrics(prefill_sum: float, prefill_count: int, with_queue: bool = True) -> str:
@@ -64,7 +64,3 @@ def test_truth_row_orders_columns_rounds_and_keeps_nulls():
     assert list(row) == TRUTH_COLUMNS
     assert row["ttft_p50_ms"] == 12.346 and row["engine_prefill_ms_mean"] is None and row["gpu"] is None
 
-
-def test_median_abs_error_skips_missing():
-    assert median_abs_error([(1.1, 1.0), (0.5, 1.0), (None, 2.0), (3.0, 0)]) == pytest.approx(0.3)
-    assert median_abs_error([(None, 1.0)]) is None
