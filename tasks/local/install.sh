@@ -88,7 +88,7 @@ def check_environment():
     if report.returncode != 0:
         last = (report.stdout.strip().splitlines() or report.stderr.strip().splitlines() or ["(no output)"])[-1]
         fail(3, f"import check in {venv} failed: {last[:400]}")
-    say(report.stdout.strip())
+    say((report.stdout.strip().splitlines() or ["(no output)"])[-1])    # vLLM logs to stdout before it
 
 
 CHECK = r'''

@@ -1,7 +1,7 @@
-"""The offline vLLM bundle for a GPU host without network, as data: which of vLLM's files to leave out and its RECORD
-without them, which wheels vLLM's requirements reach on the host (and which the host's image or a reason covers),
-how one tar splits into parts, and the manifest that install.sh reads. No file or network I/O here: the build
-(wheelhouse_build.py) feeds these functions what it read and writes what they return."""
+"""The offline vLLM bundle for a GPU host without network, as data: which files of vLLM's (and NIXL's) wheels to
+leave out and their RECORD without them, which wheels vLLM's requirements reach on the host (and which the host's
+image or a reason covers), how one tar splits into parts, and the manifest that install.sh reads. No file or
+network I/O here: the build (wheelhouse_build.py) feeds these functions what it read and writes what they return."""
 from __future__ import annotations
 
 import csv
@@ -65,17 +65,17 @@ def needed_glibc(files) -> str:
     return "%d.%d" % max(versions) if versions else "any"
 
 
-# ---- vLLM's wheel, trimmed ---------------------------------------------------------------------------------------
+# ---- wheels, trimmed ----------------------------------------------------------------------------------------------
 
-def trim_plan(entries: list[str], trims: dict[str, str]) -> dict[str, str]:
+def trim_plan(entries: list[str], trims: dict[str, str], wheel: str = "vllm") -> dict[str, str]:
     """{entry: reason} of the wheel's entries that `trims` leaves out (a key ending in / takes the folder). Every
-    trim must match: a vLLM release that moved a file is refused, not silently shipped whole."""
+    trim must match: a release that moved a file is refused, not silently shipped whole."""
     removed: dict[str, str] = {}
     for path, reason in trims.items():
         hits = [e for e in entries if (e.startswith(path) if path.endswith("/") else e == path)]
         if not hits:
-            raise WheelhouseError(f"the vLLM wheel has no {path}: the trims in wheelhouse_pins.py are for another "
-                                  "vLLM release; read where this one loads it and update VLLM_TRIMS")
+            raise WheelhouseError(f"the {wheel} wheel has no {path}: the trims in wheelhouse_pins.py are for another "
+                                  f"{wheel} release; read where this one loads it and update TRIMS")
         removed.update(dict.fromkeys(hits, reason))
     if any(e.endswith(RECORD_SUFFIX) or ".dist-info/" in e for e in removed):
         raise WheelhouseError("a trim reaches the wheel's .dist-info folder; only package files may be left out")
@@ -225,7 +225,7 @@ def from_image_checks(found: Closure, notes: dict[str, str], image_versions: dic
 
 
 def build_manifest(*, stem: str, pins: dict, target: dict, wheels: list[dict], found: Closure,
-                   trimmed: list[dict], dropped: dict[str, str], image_checks: list[dict], tar: dict,
+                   trimmed: dict[str, list[dict]], dropped: dict[str, str], image_checks: list[dict], tar: dict,
                    parts: list[dict], import_check: tuple[str, ...]) -> dict:
     """The manifest.json beside the parts: everything install.sh verifies and installs, and every version and
     reason the bundle stands on."""
@@ -238,7 +238,7 @@ def build_manifest(*, stem: str, pins: dict, target: dict, wheels: list[dict], f
         "tar": tar,
         "parts": parts,
         "wheels": [{**by_name[n], "required_by": sorted(set(found.carried.get(n, [])))} for n in sorted(by_name)],
-        "vllm_trimmed": trimmed,
+        "trimmed": trimmed,
         "dropped": {n: {"reason": dropped[n], "required_by": sorted(set(found.dropped.get(n, [])))}
                     for n in sorted(dropped)},
         "from_image": image_checks,

@@ -63,12 +63,12 @@ def read_wheel(path: Path) -> Wheel:
         raise WheelhouseError(f"{path}: unreadable wheel ({type(e).__name__}); delete it and build again") from None
 
 
-def trim_vllm_wheel(src: Path, dst: Path) -> list[dict]:
-    """Write `src` again as `dst` without VLLM_TRIMS, its RECORD rewritten; every other file as it was (name,
-    date, mode, compression). Returns the manifest's rows of what was left out."""
+def trim_wheel(src: Path, dst: Path, trims: dict[str, str]) -> list[dict]:
+    """Write `src` again as `dst` without `trims`, its RECORD rewritten; every other file as it was (name, date,
+    mode, compression). Returns the manifest's rows of what was left out."""
     with zipfile.ZipFile(src) as zin:
         infos = zin.infolist()
-        removed = trim_plan([i.filename for i in infos], pins.VLLM_TRIMS)
+        removed = trim_plan([i.filename for i in infos], trims, wheel_identity(src.name)[0])
         record = next(i for i in infos if i.filename.endswith(RECORD_SUFFIX) and i.filename.count("/") == 1)
         with zipfile.ZipFile(dst, "w", compression=zipfile.ZIP_DEFLATED) as zout:
             for info in infos:
@@ -82,7 +82,7 @@ def trim_vllm_wheel(src: Path, dst: Path) -> list[dict]:
                     continue
                 with zin.open(info) as r, zout.open(new, "w", force_zip64=info.file_size > 2**31) as w:
                     shutil.copyfileobj(r, w, CHUNK)
-    return trimmed_summary(removed, {i.filename: i.file_size for i in infos}, pins.VLLM_TRIMS)
+    return trimmed_summary(removed, {i.filename: i.file_size for i in infos}, trims)
 
 
 def write_tar(members: list[Path], tar_path: Path) -> None:
@@ -166,10 +166,13 @@ def build_bundle(out_dir: Path, downloads: Path | None = None, vllm_wheel: Path 
     out_dir.mkdir(parents=True, exist_ok=True)
     _remove_earlier_bundle(out_dir)
     with tempfile.TemporaryDirectory(prefix=".build-", dir=out_dir) as tmp:
-        trimmed_vllm = Path(tmp) / pins.VLLM_WHEEL
-        say(f"writing vLLM's wheel without {len(pins.VLLM_TRIMS)} parts the GPU host never loads ...")
-        trimmed = trim_vllm_wheel(vllm_src, trimmed_vllm)
-        members = [trimmed_vllm, *deps.values()]
+        sources, trimmed = {"vllm": vllm_src, **deps}, {}
+        for name, trims in pins.TRIMS.items():
+            say(f"writing {name}'s wheel without {len(trims)} part(s) the GPU host never loads ...")
+            dst = Path(tmp) / sources[name].name
+            trimmed[name] = trim_wheel(sources[name], dst, trims)
+            sources[name] = dst
+        members = list(sources.values())
         tar_path = Path(tmp) / f"{STEM}.tar"
         write_tar(members, tar_path)
         say(f"cutting {tar_path.stat().st_size / 2**20:.0f} MiB into parts of {part_mib} MiB ...")

@@ -54,6 +54,15 @@ VLLM_TRIMS = {
         "vllm/models/minimax_m3/nvidia/; never on Hopper",
 }
 
+# The same for NIXL: its expert-parallel all-to-all (nixl_ep, for MoE) ships builds for torch 2.12 to 2.14 only.
+_NIXL_EP = ("NIXL's expert-parallel all-to-all for MoE models (nixl_ep), built for torch 2.12, 2.13 and 2.14 only: "
+            "nixl_ep_cu13/__init__.py imports nixl_ep_cpp_torch211 under the host's torch 2.11, which is absent, so "
+            "vLLM's has_nixl_ep() (vllm/utils/import_utils.py, a trial import) would print a traceback at every "
+            "engine start and find it unusable; a dense model has no experts")
+NIXL_TRIMS = {"nixl_ep/": _NIXL_EP}
+NIXL_CU13_TRIMS = {"nixl_ep_cu13/": _NIXL_EP}
+TRIMS = {"vllm": VLLM_TRIMS, "nixl": NIXL_TRIMS, "nixl-cu13": NIXL_CU13_TRIMS}
+
 # vLLM's Requires-Dist left out: heavy optional kernel or codec packages that the Hopper bf16 dense path never
 # imports at start-up (the import check after installing proves that part).
 DROPPED = {

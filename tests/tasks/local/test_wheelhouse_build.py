@@ -36,9 +36,11 @@ def fake(tmp_path, monkeypatch):
                requires=["dep-a>=2", "heavy-kernels", "pytest"])
     make_wheel(downloads, "dep-a", "2.1")
     make_wheel(downloads, "nixl", "1.5.1", requires=["nixl-cu12==1.5.1", "nixl-cu13==1.5.1"])
-    make_wheel(downloads, "nixl-cu13", "1.5.1", requires=["pytest"])
+    make_wheel(downloads, "nixl-cu13", "1.5.1", {"nixl_cu13/__init__.py": b"", "nixl_cu13/ep/x.so": b"\1" * 300},
+               requires=["pytest"])
     for name, value in {"VLLM_VERSION": "1.0", "VLLM_WHEEL": "vllm-1.0-py3-none-any.whl",
-                        "VLLM_TRIMS": {"vllm/big.so": "never loaded", "vllm/kern/": "another chip's"},
+                        "TRIMS": {"vllm": {"vllm/big.so": "never loaded", "vllm/kern/": "another chip's"},
+                                  "nixl-cu13": {"nixl_cu13/ep/": "other torch"}},
                         "DROPPED": {"heavy-kernels": "not on this path", "nixl-cu12": "CUDA 13 host"},
                         "IMAGE_PACKAGES": ("pytest",), "IMAGE_VERSIONS": {}, "IMAGE_NOTES": {},
                         "DEPENDENCY_PINS": {"dep-a": "2.1", "nixl": "1.5.1", "nixl-cu13": "1.5.1"},
@@ -58,7 +60,8 @@ def built(tmp_path, downloads) -> tuple[Path, dict]:
 
 def record_of(wheel: Path) -> tuple[dict, set]:
     with zipfile.ZipFile(wheel) as z:
-        rows = {r[0]: r for r in csv.reader(io.StringIO(z.read("vllm-1.0.dist-info/RECORD").decode()))}
+        record = next(n for n in z.namelist() if n.endswith(".dist-info/RECORD"))
+        rows = {r[0]: r for r in csv.reader(io.StringIO(z.read(record).decode()))}
         digests = {n: "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(z.read(n)).digest()).rstrip(b"=").decode()
                    for n in z.namelist()}
     return rows, digests
@@ -75,13 +78,15 @@ def test_the_bundle_is_parts_of_one_tar_with_a_trimmed_vllm_whose_record_names_e
     assert [(w["name"], w["required_by"]) for w in manifest["wheels"]] == [
         ("dep-a", ["vllm 1.0"]), ("nixl", []), ("nixl-cu13", ["nixl 1.5.1"]), ("vllm", [])]
     assert manifest["dropped"]["nixl-cu12"] == {"reason": "CUDA 13 host", "required_by": ["nixl 1.5.1"]}
-    assert [(t["path"], t["files"], t["bytes"]) for t in manifest["vllm_trimmed"]] == [("vllm/big.so", 1, 5000),
-                                                                                       ("vllm/kern/", 1, 6)]
+    assert {w: [(t["path"], t["files"], t["bytes"]) for t in rows] for w, rows in manifest["trimmed"].items()} == {
+        "vllm": [("vllm/big.so", 1, 5000), ("vllm/kern/", 1, 6)], "nixl-cu13": [("nixl_cu13/ep/", 1, 300)]}
     unpacked = tmp_path / "unpacked"
     subprocess.run(["tar", "-xf", "-", "-C", str(unpacked.mkdir() or unpacked)], input=joined, check=True)
-    rows, digests = record_of(unpacked / "wheels" / "vllm-1.0-py3-none-any.whl")
-    assert set(rows) == set(digests) and "vllm/big.so" not in rows and "vllm/kern/a.py" not in rows
-    assert all(rows[n][1] == d for n, d in digests.items() if not n.endswith("RECORD"))
+    for wheel, gone in (("vllm-1.0-py3-none-any.whl", {"vllm/big.so", "vllm/kern/a.py"}),
+                        ("nixl_cu13-1.5.1-py3-none-any.whl", {"nixl_cu13/ep/x.so"})):
+        rows, digests = record_of(unpacked / "wheels" / wheel)
+        assert set(rows) == set(digests) and not gone & set(rows)
+        assert all(rows[n][1] == d for n, d in digests.items() if not n.endswith("RECORD"))
     assert os.access(out / "install.sh", os.X_OK)
 
 
