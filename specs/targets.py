@@ -245,9 +245,11 @@ class LocalTargetSpec(Strict):
     vllm_python: str | None = Field(None, title="vLLM's Python",
                                     description="Interpreter of the Python environment vLLM is installed in (its "
                                                 "own venv, as users run vLLM); every engine starts as `PATH -m "
-                                                "vllm.entrypoints.openai.api_server`. None: the environment "
-                                                "`epdbench engine-env` makes (~/.cache/epdbench/vllm-cpu). "
-                                                "compare --vllm-python overrides it.")
+                                                "vllm.entrypoints.openai.api_server`. None: on device cpu the "
+                                                "environment `epdbench engine-env` makes (~/.cache/epdbench/"
+                                                "vllm-cpu), on device cuda the one the offline bundle's install.sh "
+                                                "makes (~/.cache/epdbench/vllm-gpu). compare --vllm-python "
+                                                "overrides it.")
     host: str = Field("127.0.0.1", pattern=r"^(127\.\d+\.\d+\.\d+|localhost)$", title="Bind address",
                       description="Loopback address the engines, their NIXL side channels and the router listen on.")
     device: Literal["cpu", "cuda"] = Field(

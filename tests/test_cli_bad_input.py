@@ -87,3 +87,21 @@ def test_the_trace_collector_refuses_a_bad_port_a_bound_below_one_and_a_port_tak
         port = taken.getsockname()[1]
         assert refused(capsys, "collect-traces", "--host", "127.0.0.1", "--port", str(port)) == (
             f"error: cannot listen on 127.0.0.1:{port}: Address already in use")
+
+
+def test_a_local_run_without_vllms_interpreter_is_one_line_before_prefect_or_mlflow_load(tmp_path):
+    """The whole command, as a user runs it: exit 2, one line naming the fix, in seconds, nothing started."""
+    import subprocess
+    import sys
+    import time
+
+    code = ("import sys\nfrom epdbench.cli import main\n"
+            "rc = main(['compare', '--target', 'local', '--spec', 'cpu-tiny', '--vllm-python', '/nonexistent'])\n"
+            "print(sorted(m for m in ('prefect', 'mlflow') if m in sys.modules))\nsys.exit(rc)\n")
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and time.monotonic() - start < 60
+    assert done.stderr.strip() == ("error: --vllm-python /nonexistent: no such file; give the interpreter of a Python "
+                                   "environment with vLLM (make one with: epdbench engine-env)")
+    assert done.stdout.strip() == "[]"                   # neither Prefect nor MLflow was imported
+    assert list(tmp_path.iterdir()) == []

@@ -29,7 +29,7 @@ def test_the_wheel_holds_one_top_level_name_with_its_data(wheel):
     for must in ("epdbench/flows/compare.py", "epdbench/tasks/load/loadgen.py", "epdbench/physics/costmodel.py",
                  "epdbench/specs/smoke.yaml", "epdbench/specs/pd-text.yaml", "epdbench/reports/templates/report.md.j2",
                  "epdbench/manifests/templates/engine.yaml.j2", "epdbench/cli/__main__.py",
-                 "epdbench/physics/data/gpu_ops_h200.csv"):
+                 "epdbench/physics/data/gpu_ops_h200.csv", "epdbench/tasks/local/install.sh"):
         assert must in names, must
 
 

@@ -141,20 +141,19 @@ def load_compare_spec(args) -> tuple:
     spec = select_configurations(spec, config_names(args.configs))
     check_keep_fits(spec)
     if spec.target.kind == "local":
-        check_vllm_python(spec)
+        check_local_target(spec)
     return spec, profile
 
 
-def check_vllm_python(spec) -> None:
-    """Before anything starts: the engines' interpreter imports vllm (one line naming it and the fix, if not)."""
-    from epdbench.tasks.local.engine_env import EngineEnvError
-    from epdbench.tasks.local.target import check_engine
+def check_local_target(spec) -> None:
+    """Before anything starts: tokenizers for the tiny model, vllm-router, an engine interpreter that imports vllm
+    (one line naming what lacks and the command that supplies it)."""
+    from epdbench.tasks.local.preflight import PreflightError, preflight_local
 
     try:
-        check_engine(spec)
-    except EngineEnvError as e:
-        flag = "--vllm-python" if spec.target.local.vllm_python else "target.local.vllm_python (unset: the default)"
-        raise CliError(f"{flag} {e}") from None
+        preflight_local(spec)
+    except PreflightError as e:
+        raise CliError(str(e)) from None
 
 
 def config_names(value: str | None, flag: str = "--configs") -> list[str] | None:

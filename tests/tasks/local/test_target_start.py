@@ -29,7 +29,7 @@ def test_an_interpreter_without_vllm_is_refused_in_one_line_naming_the_field(tmp
 
 def test_a_port_taken_before_the_engine_starts_is_refused_in_one_line_and_nothing_is_left(tmp_path, monkeypatch):
     spec = local_spec(sys.executable)
-    monkeypatch.setattr(target, "vllm_version", lambda python: "0.32.0")
+    monkeypatch.setattr(target, "vllm_version", lambda python, make: "0.32.0")
     spawned = []
     monkeypatch.setattr(target, "spawn", lambda *a, **k: spawned.append(a))
     with socket.socket() as held:
