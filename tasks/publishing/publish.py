@@ -29,7 +29,7 @@ from pathlib import Path
 
 from epdbench.analysis.breakdown import cell_metrics
 from epdbench.analysis.metrics import summarize
-from epdbench.specs.commands import kv_connector_name
+from epdbench.specs.commands import ec_path, kv_connector_name
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, load_spec, spec_fingerprint
 from epdbench.specs.workload import hash_prompt_hashes, plan_cells
 from epdbench.tasks.rundir.results import read_records, write_json
@@ -148,7 +148,7 @@ def publish_configuration(tracker: Tracker, parent: str, spec: ExperimentSpec, c
               "epdbench.router": o.get("router") or "", "epdbench.error": (o.get("error") or "")[:5000]},
         params={"topology": config.topology, "roles": roles_text(config), "gpus": config.gpus,
                 "tp": ",".join(f"{r.role}={r.tp}" for r in config.roles), "transport": config.kv_transport,
-                "connectors": kv_connector_name(config), "ec_transport": config.ec_expected,
+                "connectors": kv_connector_name(config), "ec_transport": ec_path(spec, config),
                 "image": "epdbench-sim" if spec.target.kind == "sim" else engine_image(spec),
                 "engine_args": spec.engine.model_dump_json()},
         metrics={"transport_verified": 1.0 if t.get("verdict") == "verified" else 0.0,
