@@ -10,8 +10,9 @@ engine and that fit the GPU together, with every process's CUDA context (outside
 
 Each engine's least share: its weights (the whole model, or the vision tower alone on an encode engine with
 --mm-encoder-only), an allowance for the profiling run and CUDA graphs, and on a language-model engine the KV of
-one max_model_len sequence. What the GPU has beyond the least shares goes to the KV caches of the language-model
-engines, equally; no share exceeds engine.gpu_memory_utilization.
+one max_model_len sequence. A role's share given in target.local.gpu_shares is taken as it is; what the GPU has
+beyond the others goes to the KV caches of the remaining language-model engines, equally; no computed share exceeds
+engine.gpu_memory_utilization.
 """
 from __future__ import annotations
 
@@ -89,17 +90,15 @@ def gpu_shares(spec: "ExperimentSpec", config: "ConfigurationSpec") -> dict[str,
                          f"{spec.engine.max_model_len}-token sequence's KV) of the {room:.1f} GB they may share: "
                          "lower engine.max_model_len, drop a role, or use a GPU with more memory (hardware.hbm_gb)")
     cap = spec.engine.gpu_memory_utilization
-    shares: dict[str, float] = {}
+    given = spec.target.local.gpu_shares
+    shares = {n.role: given[n.role] for n in needs if n.role in given}
     for n in needs:              # an engine without a KV cache gets its least share, rounded up
-        if not n.holds_kv:
+        if not n.holds_kv and n.role not in shares:
             shares[n.role] = min(_ceil(n.least_gb / hbm), cap)
-    kv_engines = [n for n in needs if n.holds_kv]
-    left = room - sum(shares[n.role] * hbm for n in needs if not n.holds_kv)
-    for n in kv_engines:         # the rest, equally, to the KV caches
-        shares[n.role] = min(_floor(left / len(kv_engines) / hbm), cap)
-    for role, share in spec.target.local.gpu_shares.items():
-        if role in shares:
-            shares[role] = share
+    rest = [n for n in needs if n.role not in shares]
+    left = room - sum(shares[n.role] * hbm for n in needs if n.role in shares)
+    for n in rest:               # what is left, equally, to the KV caches
+        shares[n.role] = min(_floor(left / len(rest) / hbm), cap)
     for n in needs:
         if shares[n.role] * hbm < n.least_gb:
             raise ValueError(f"{where}: {n.role}'s share {shares[n.role]:.2f} ({shares[n.role] * hbm:.1f} GB) cannot "
