@@ -24,8 +24,8 @@ if TYPE_CHECKING:      # specs.models checks a spec's shares with these function
     from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
 
 GB = 1e9
-# Per engine process, outside vLLM's fraction: the CUDA context and library workspaces (0.5-0.7 GB on an H100 with
-# CUDA 12-13, lazy module loading); rounded up.
+# Per engine process, outside vLLM's fraction: the CUDA context and library workspaces (CUDA context and cuBLAS took
+# 0.62 GB on an H100 80GB HBM3 with torch 2.11+cu130, 2026-12-05), rounded up for NCCL and UCX's.
 CONTEXT_GB = 0.75
 # vLLM's profiling run and CUDA graphs of a language-model engine: the dummy batch of max_num_batched_tokens, the
 # sampler's logits, and the vision tower's dummy encode of its largest image (Qwen2.5-VL-7B at 16,384 image tokens:
