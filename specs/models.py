@@ -85,7 +85,9 @@ class ExperimentSpec(Strict):
         if len(set(suites)) != len(suites):
             raise ValueError(f"suite names must be unique: {suites}")
         for i, c in enumerate(self.configurations):
-            if c.gpus > self.hardware.gpus_per_node and not self.shares_one_gpu:
+            # a spec whose engines share one GPU on the local target keeps its node's one GPU on the simulator too,
+            # which models a GPU per role (it cannot model a shared one)
+            if c.gpus > self.hardware.gpus_per_node and not self.target.local.gpu_share:
                 raise ValueError(f"field 'configurations.{i}' ({c.name}) needs {c.gpus} GPUs but "
                                  f"'hardware.gpus_per_node' is {self.hardware.gpus_per_node}: "
                                  "lower replicas or tp, or use a bigger node")
