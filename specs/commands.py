@@ -4,6 +4,7 @@ three can never drift apart."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 
 from epdbench.specs.gpu_share import gpu_shares
@@ -170,6 +171,25 @@ VLLM_LOGGING_CONFIG = {
                 "vllm.entrypoints.logger": {"level": "DEBUG"},
                 # EPD's encoder-cache connectors: ECExampleConnector's save and load lines per mm_hash (DEBUG)
                 "vllm.distributed.ec_transfer": {"level": "DEBUG"}}}
+
+
+# vLLM before 0.32 (0.26 read): its NewLineFormatter takes (fmt, datefmt, style) only — the log_level keyword above
+# makes its logging config fail and the engine with it — and its records carry no vllm_process_name: the
+# `(APIServer pid=N) ` prefix is written by its decorated stdout instead (vllm/utils/system_utils.py
+# `decorate_logs`). Its own default, with the same loggers.
+VLLM_LEGACY_LOG_FORMAT = "%(levelname)s %(asctime)s [%(fileinfo)s:%(lineno)d] %(message)s"
+FIRST_PROCESS_NAME_FORMAT = (0, 32)
+
+
+def vllm_logging_config(version: str) -> dict:
+    """VLLM_LOGGING_CONFIG for the vLLM of `version` (e.g. 0.26.0, 0.32.0+cpu): the legacy formatter before 0.32;
+    a version that cannot be read gets the current one."""
+    m = re.match(r"^(\d+)\.(\d+)", version.strip())
+    if m is None or (int(m.group(1)), int(m.group(2))) >= FIRST_PROCESS_NAME_FORMAT:
+        return VLLM_LOGGING_CONFIG
+    legacy = {"class": "vllm.logging_utils.NewLineFormatter", "datefmt": "%m-%d %H:%M:%S",
+              "format": VLLM_LEGACY_LOG_FORMAT}
+    return {**VLLM_LOGGING_CONFIG, "formatters": {"vllm": legacy}}
 
 
 def local_engine_env(spec: ExperimentSpec, config: ConfigurationSpec, role: str, *, nixl_port: int | None,

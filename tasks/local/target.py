@@ -13,9 +13,10 @@ import sys
 import time
 from pathlib import Path
 
-from epdbench.specs.commands import (BUILTIN_ROUTER_MODULE, VLLM_LOGGING_CONFIG, VLLM_SERVER_MODULE,
+from epdbench.specs.commands import (BUILTIN_ROUTER_MODULE, VLLM_SERVER_MODULE,
                                      builtin_router_args, local_cpu_binds, local_engine_args, local_engine_env,
-                                     local_gpus, moves_kv, otlp_engine_args, otlp_engine_env, vllm_router_args)
+                                     local_gpus, moves_kv, otlp_engine_args, otlp_engine_env, vllm_logging_config,
+                                     vllm_router_args)
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
 from epdbench.tasks.deployment import Deployment, Process, ProvisionError
 from epdbench.tasks.local.engine_env import EngineEnvError, default_env_dir, env_python, vllm_version
@@ -83,7 +84,7 @@ def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_
     host = local.host
     python = vllm_python(spec)
     try:
-        vllm_version(python)
+        version = vllm_version(python)
     except EngineEnvError as e:
         raise ProvisionError(f"target.local.vllm_python {e}") from None
     model = model_to_serve(spec, spec_path.parent)
@@ -91,7 +92,7 @@ def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_
     gpus = local_gpus(config, spec.shares_one_gpu)
     cpus = local_cpu_binds(config, sorted(os.sched_getaffinity(0))) if local.device == "cpu" else {}
     logging_config = spec_path.parent / "vllm-logging.json"
-    logging_config.write_text(json.dumps(VLLM_LOGGING_CONFIG, indent=2))
+    logging_config.write_text(json.dumps(vllm_logging_config(version), indent=2))
     dep = Deployment(config=config.name, endpoint="", router="")
     try:
         if config.topology == "epd":

@@ -119,3 +119,51 @@ def test_epd_engines_need_the_encoder_output_folder(spec):
     config = spec.configuration("epd")
     with pytest.raises(ValueError, match="^epd encode: EPD on the local target needs the encoder-output folder$"):
         local_engine_args(spec, config, config.role("encode"), model=MODEL_DIR, port=1)
+
+
+class NewLineFormatter026(__import__("logging").Formatter):
+    """vLLM 0.26's formatter as it takes its arguments (vllm/logging_utils/formatter.py): fmt, datefmt, style only;
+    the file's name as fileinfo."""
+
+    def __init__(self, fmt, datefmt=None, style="%"):
+        super().__init__(fmt, datefmt, style)
+
+    def format(self, record):
+        record.fileinfo = record.filename
+        return super().format(record)
+
+
+def test_vllm_026_gets_a_logging_config_it_can_load_and_whose_lines_the_parsers_read(monkeypatch, capsys):
+    import logging
+    import logging.config
+    import types
+
+    from epdbench.analysis.ec_files import ec_files_of_pod
+    from epdbench.specs.commands import VLLM_LOGGING_CONFIG, vllm_logging_config
+
+    module = types.ModuleType("vllm.logging_utils")
+    module.NewLineFormatter = NewLineFormatter026
+    parent = types.ModuleType("vllm")
+    parent.logging_utils = module
+    monkeypatch.setitem(__import__("sys").modules, "vllm", parent)
+    monkeypatch.setitem(__import__("sys").modules, "vllm.logging_utils", module)
+    with pytest.raises(ValueError, match="Unable to configure formatter 'vllm'"):
+        logging.config.dictConfig(json.loads(json.dumps(VLLM_LOGGING_CONFIG)))     # 0.32's: log_level keyword
+    assert vllm_logging_config("0.32.0+cpu") is VLLM_LOGGING_CONFIG is vllm_logging_config("unknown")
+    try:
+        logging.config.dictConfig(json.loads(json.dumps(vllm_logging_config("0.26.0"))))
+        logger = logging.getLogger("vllm.distributed.ec_transfer.ec_connector.example_connector")
+        record = logger.makeRecord(logger.name, logging.DEBUG, "/x/example_connector.py", 118,
+                                   "Save cache successful for mm_hash %s", ("ab12",), None)
+        logger.handle(record)
+        logging.getLogger("vllm.distributed.kv_transfer").debug("not at DEBUG: left out")
+        out = capsys.readouterr().out
+        # 0.26 writes the process prefix on its decorated stdout (utils/system_utils.py decorate_logs)
+        assert ec_files_of_pod([f"(EngineCore pid=7) {out}"])["saved"] == {"ab12"}
+        assert "left out" not in out
+    finally:
+        for name in ("vllm", "vllm.entrypoints.serve.utils.request_logger", "vllm.entrypoints.logger",
+                     "vllm.distributed.ec_transfer"):
+            logging.getLogger(name).handlers.clear()
+            logging.getLogger(name).setLevel(logging.NOTSET)
+            logging.getLogger(name).propagate = True
