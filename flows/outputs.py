@@ -109,7 +109,7 @@ def report_meta(spec: ExperimentSpec, run: str, outcomes: dict[str, ConfigOutcom
         "model_files": spec.target.local.made_model if spec.target.kind == "local" else None,
         "gpu_share": spec.shares_one_gpu,
         "created": dt.datetime.now().isoformat(timespec="seconds"),
-        "configurations": [{"name": c.name, "topology": c.topology, "roles": roles_text(c), "gpus": c.gpus,
+        "configurations": [{"name": c.name, "topology": c.topology, "roles": roles_text(c), "gpus": spec.gpus_used(c),
                             "transport": c.kv_transport,
                             "connector": "none" if c.topology == "aggregated" else c.kv_connector,
                             "ec_transport": ec_path(spec, c),

@@ -194,6 +194,11 @@ class ExperimentSpec(Strict):
         """Every engine of a configuration on GPU 0 (target.local.gpu_share)."""
         return self.target.kind == "local" and self.target.local.gpu_share
 
+    def gpus_used(self, config: ConfigurationSpec) -> int:
+        """GPUs a configuration runs on: one when its engines share GPU 0, else a GPU per role replica and TP rank
+        (what per-GPU figures divide by)."""
+        return 1 if self.shares_one_gpu else config.gpus
+
     @property
     def kv_block_tokens(self) -> int:
         """Tokens per KV cache block the engines use: the spec's, else vLLM's default on the target's device."""

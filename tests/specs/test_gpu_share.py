@@ -78,3 +78,9 @@ def test_the_gpu_fields_leave_a_cpu_runs_fingerprint_alone_and_change_a_gpu_runs
     assert spec_fingerprint(tiny) == "fb97ebc3ca05a1bf"       # as before the GPU lane's fields
     other = parse_spec(gpu(lambda d: d["target"]["local"].update(gpu_shares={"encode": 0.1})))
     assert spec_fingerprint(other) != spec_fingerprint(load_spec("gpu-qwen25vl"))
+
+
+def test_per_gpu_figures_divide_by_the_one_gpu_the_engines_share(spec):
+    assert [spec.gpus_used(c) for c in spec.configurations] == [1, 1, 1]
+    smoke = load_spec("epd-multimodal")
+    assert [smoke.gpus_used(c) for c in smoke.configurations] == [1, 2, 3, 3]
