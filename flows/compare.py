@@ -104,7 +104,8 @@ def run_configuration(spec: ExperimentSpec, config: ConfigurationSpec, run: str,
     ev_dir = rdir / "evidence" / config.name
     log_dir = ev_dir  # raw process logs are evidence
     outcome = ConfigOutcome(config.name, ok=False)
-    say(f"[{config.name}] starting {roles_text(config)} ({config.gpus} GPUs, KV {config.kv_transport})")
+    gpus = spec.gpus_used(config)
+    say(f"[{config.name}] starting {roles_text(config)} ({gpus} GPU{'s' * (gpus != 1)}, KV {config.kv_transport})")
     if spec.virtual:
         return _run_virtually(spec, config, run, rdir, ev_dir, outcome, skip, progress)
     dep = None
@@ -365,7 +366,7 @@ def _compare(spec: ExperimentSpec, run: str, rdir: Path, tracking_uri: str | Non
                 state["published"][config.name] = fingerprint
                 publish.save_state(rdir, state)
 
-    summary = summarize(read_records(rdir / "records.parquet", RECORD_COLUMNS), {c.name: c.gpus for c in spec.configurations},
+    summary = summarize(read_records(rdir / "records.parquet", RECORD_COLUMNS), {c.name: spec.gpus_used(c) for c in spec.configurations},
                         noise_of(rdir, [c.name for c in spec.configurations]))
     write_summary(rdir, summary)
     aggregate_trials(summary).to_csv(rdir / "summary_trials.csv", index=False)
@@ -389,7 +390,7 @@ def _compare(spec: ExperimentSpec, run: str, rdir: Path, tracking_uri: str | Non
     outcome["ttft_breakdown"] = breakdown_lines(ttft_breakdown(rdir, meta, read_records(rdir / "records.parquet")))
     comparisons = compare_cells(summary)     # as the report's Verdict (reports.render.report_context), same summary
     outcome["winners"] = verdict_lines(comparisons) + throughput_goodput_gaps(
-        comparisons, goodput_table, {c.name: c.gpus for c in spec.configurations})
+        comparisons, goodput_table, {c.name: spec.gpus_used(c) for c in spec.configurations})
     write_json(rdir / "outcome.json", outcome)
     fingerprint = publish.comparison_fingerprint(rdir)
     if tracker and parent and state["parent_published"] != fingerprint:

@@ -10,6 +10,7 @@ from epdbench.analysis.prom import cache_by_role
 from epdbench.analysis.ucx import remote_lanes
 from epdbench.reports.findings import regression_line
 from epdbench.reports.verdict import contamination_line
+from epdbench.specs.commands import ec_path
 from epdbench.specs.models import ExperimentSpec
 from epdbench.tasks.publishing.publish import roles_text
 
@@ -104,12 +105,14 @@ def report_meta(spec: ExperimentSpec, run: str, outcomes: dict[str, ConfigOutcom
                    if spec.target.kubernetes.loadgen.run_in == "cluster" else spec.target.kubernetes.access),
         "client_placement": spec.target.kubernetes.loadgen.placement if spec.target.kind == "kubernetes" else None,
         "device": spec.target.local.device if spec.target.kind == "local" else None,
-        "tiny_model": spec.target.kind == "local" and spec.target.local.tiny_model,
+        "tiny_model": spec.target.kind == "local" and spec.target.local.made_model == "tiny",
+        "model_files": spec.target.local.made_model if spec.target.kind == "local" else None,
+        "gpu_share": spec.shares_one_gpu,
         "created": dt.datetime.now().isoformat(timespec="seconds"),
-        "configurations": [{"name": c.name, "topology": c.topology, "roles": roles_text(c), "gpus": c.gpus,
+        "configurations": [{"name": c.name, "topology": c.topology, "roles": roles_text(c), "gpus": spec.gpus_used(c),
                             "transport": c.kv_transport,
                             "connector": "none" if c.topology == "aggregated" else c.kv_connector,
-                            "ec_transport": c.ec_expected,
+                            "ec_transport": ec_path(spec, c),
                             "router": outcomes[c.name].router if c.name in outcomes else ""}
                            for c in spec.configurations],
         "failures": {n: o.error for n, o in outcomes.items() if o.error},

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from epdbench.physics import allreduce
 from epdbench.physics.measured import describe
-from epdbench.specs.commands import ENGINE_PORT, VLLM_SERVER_MODULE, engine_args, kv_transfer_config, local_engine_args
+from epdbench.specs.commands import (ENGINE_PORT, LOCAL_EC_CONNECTOR, VLLM_SERVER_MODULE, ec_path, engine_args,
+                                     kv_transfer_config, local_engine_args)
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
 from epdbench.specs.profile import error_bar, profile_origin
 
@@ -31,7 +32,9 @@ def engine_image(spec: ExperimentSpec) -> str:
     if spec.target.kind == "local":
         local = spec.target.local
         python = local.vllm_python or "the environment of `epdbench engine-env`"
-        model = (" serving a tiny model made at run time (random weights)" if local.tiny_model else
+        model = (" serving a tiny model made at run time (random weights)" if local.made_model == "tiny" else
+                 f" serving {spec.model.name}'s real shapes made at run time (random weights)"
+                 if local.made_model == "real-shapes" else
                  f" serving {local.model_path}" if local.model_path else "")
         return f"vLLM ({VLLM_SERVER_MODULE}) from {python}{model}"
     return spec.target.kubernetes.engine.image
@@ -40,8 +43,9 @@ def engine_image(spec: ExperimentSpec) -> str:
 def role_flags(spec: ExperimentSpec, config: ConfigurationSpec) -> dict[str, str]:
     """role → the `vllm serve` flags it runs with (model, host and port left out)."""
     if spec.target.kind == "local":
-        flags = {r.role: local_engine_args(spec, config, r, model=spec.model.name, port=ENGINE_PORT)
-                 for r in config.roles}
+        ec_dir = f"{spec.target.local.ec_shared_dir.rstrip('/')}/epdbench-ec-RUN-{config.name}"
+        flags = {r.role: local_engine_args(spec, config, r, model=spec.model.name, port=ENGINE_PORT,
+                                           ec_shared_dir=ec_dir) for r in config.roles}
         skip = {"--model", spec.model.name, "--host", spec.target.local.host, "--port", str(ENGINE_PORT)}
     else:
         flags = {r.role: engine_args(spec, config, r) for r in config.roles}
@@ -63,8 +67,12 @@ def placement_text(spec: ExperimentSpec) -> str:
     if spec.target.kind == "local":
         local = spec.target.local
         where = ("each engine's OpenMP threads on its own share of the host's cores" if local.device == "cpu"
+                 else "every engine on GPU 0, each with its share of its memory (--gpu-memory-utilization), "
+                      "started one after another" if local.gpu_share
                  else "each role replica on its own GPUs (CUDA_VISIBLE_DEVICES, from GPU 0)")
-        return (f"one vLLM OpenAI-server process per role replica on {local.host}, vllm-router in front; {where}; "
+        router = ("epdbench's proxy in front" if local.router == "builtin"
+                  else "vllm-router in front (epdbench's proxy for EPD)")
+        return (f"one vLLM OpenAI-server process per role replica on {local.host}, {router}; {where}; "
                 "NIXL's side channels on loopback ports")
     k = spec.target.kubernetes
     selector = ", ".join(f"{key}={value}" for key, value in k.node.selector.items()) or "none"
@@ -76,7 +84,10 @@ def placement_text(spec: ExperimentSpec) -> str:
 def connectors_text(spec: ExperimentSpec, config: ConfigurationSpec) -> str:
     kv = next((kv_transfer_config(config, r.role) for r in config.roles if kv_transfer_config(config, r.role)), None)
     parts = [f"{kv['kv_connector']} ({config.kv_transport})"] if kv else ["none"]
-    if config.topology == "epd":
+    if config.topology == "epd" and spec.target.kind == "local":
+        parts.append(f"encoder cache: {LOCAL_EC_CONNECTOR} through a shared folder under "
+                     f"{spec.target.local.ec_shared_dir} ({ec_path(spec, config)})")
+    elif config.topology == "epd":
         parts.append(f"encoder cache: {spec.target.kubernetes.engine.ec_connector} over NIXL ({config.ec_expected})")
     return ", ".join(parts)
 

@@ -174,12 +174,18 @@ def target_line(meta: dict) -> str:
         return ("Simulator run: timings come from the cost model of the hardware figures, transport verdicts are "
                 "emulated; it shows the shape of the trade-offs, never a hardware measurement.")
     if meta["target"] == "local":
-        line = (f"Local run: real vLLM engines on this host's {(meta.get('device') or 'cpu').upper()}, the real "
-                "vllm-router in front, the load generator on loopback; transport verdicts come from the engines' own "
-                "UCX and NIXL lines and /metrics. Results hold for this host and these engine flags.")
+        line = (f"Local run: real vLLM engines on this host's {(meta.get('device') or 'cpu').upper()}, a router in "
+                "front, the load generator on loopback; transport verdicts come from the engines' own UCX, NIXL and "
+                "encoder-cache connector lines and /metrics. Results hold for this host and these engine flags.")
         if meta.get("tiny_model"):
             line += (" The model is a tiny one made at run time with random weights: its timings show the serving "
                      "path's overheads, never a real model's.")
+        elif meta.get("model_files") == "real-shapes":
+            line += (f" The model has {meta.get('model')}'s real shapes, made at run time with random weights: its "
+                     "timings are that model's compute and memory traffic, its outputs are noise.")
+        if meta.get("gpu_share"):
+            line += (" Every engine of a configuration shared one GPU (each with its share of its memory): PD and "
+                     "EPD ran their roles side by side on one GPU's compute, not a GPU per role.")
         return line
     line = f"Hardware run on {meta['target']}: results hold for this node, image and engine flags."
     if meta.get("client") == "in-cluster":

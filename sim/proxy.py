@@ -97,13 +97,17 @@ class Proxy:
             return await self.relay(request, dec + path, body, headers)
         if self.mode == "epd" and has_images(body):
             enc = self.pick("encode")
-            status, out = await self.leg(enc, path, {**body, "max_tokens": 1, "stream": False,
-                                                     "stream_options": None}, headers)
+            encode_body = {**body, "max_tokens": 1, "stream": False, "stream_options": None}
+            encode_body.pop("max_completion_tokens", None)
+            status, out = await self.leg(enc, path, encode_body, headers)
             if status != 200:
                 return web.json_response({"error": {"message": f"encode leg failed: {out}"}}, status=502)
             self.legs["encode"] += 1
             self.info(f"request {rid}: encode leg done on {enc}")
-            body = {**body, "ec_transfer_params": out.get("ec_transfer_params") or {"encoder_url": enc}}
+            # what the encoder answered, passed on as it is (vLLM's ECExampleConnector answers none: the prefill
+            # finds the outputs by the image's mm_hash in the shared folder)
+            if out.get("ec_transfer_params"):
+                body = {**body, "ec_transfer_params": out["ec_transfer_params"]}
         pre = self.pick("prefill")
         xfer = f"xfer-{uuid.uuid4()}"
         prefill_body = copy.deepcopy(body)

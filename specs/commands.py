@@ -4,8 +4,10 @@ three can never drift apart."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 
+from epdbench.specs.gpu_share import gpu_shares
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, RoleSpec
 
 ENGINE_PORT = 8000
@@ -66,10 +68,12 @@ REQUEST_BODY_LOG_LEVEL = "INFO"
 
 def engine_args(spec: ExperimentSpec, config: ConfigurationSpec, role: RoleSpec, *, model: str | None = None,
                 host: str = "0.0.0.0", port: int = ENGINE_PORT, kv_buffer_device: str | None = None,
-                extra_args: Sequence[str] | None = None) -> list[str]:
+                extra_args: Sequence[str] | None = None, gpu_memory_utilization: float | None = None,
+                ec: dict | None = None) -> list[str]:
     """`vllm serve` arguments of one role: model, TP, the WORKLOADS.md engine limits, evidence logging. `model`: what
     the engine loads when not model.name (then served under model.name); `extra_args`: by default the Kubernetes
-    engine's."""
+    engine's; `gpu_memory_utilization`: the engine's share instead of the spec's; `ec`: the role's
+    --ec-transfer-config instead of the cluster's."""
     args = [model or spec.model.name, "--host", host, "--port", str(port)]
     if model and model != spec.model.name:
         args += ["--served-model-name", spec.model.name]
@@ -77,7 +81,7 @@ def engine_args(spec: ExperimentSpec, config: ConfigurationSpec, role: RoleSpec,
             "--max-model-len", str(spec.engine.max_model_len),
             "--max-num-seqs", str(spec.engine.max_num_seqs),
             "--max-num-batched-tokens", str(spec.engine.max_num_batched_tokens),
-            "--gpu-memory-utilization", str(spec.engine.gpu_memory_utilization),
+            "--gpu-memory-utilization", str(gpu_memory_utilization or spec.engine.gpu_memory_utilization),
             "--enable-request-id-headers", "--enable-log-requests", "--max-log-len", str(MAX_LOG_LEN),
             # usage.prompt_tokens_details.cached_tokens: the records' cached tokens, which the KV volume check
             # and the prefix-cache figures need (vLLM 0.33 leaves them out without it)
@@ -93,7 +97,7 @@ def engine_args(spec: ExperimentSpec, config: ConfigurationSpec, role: RoleSpec,
     kv = kv_transfer_config(config, role.role, kv_buffer_device)
     if kv:
         args += ["--kv-transfer-config", json.dumps(kv, separators=(",", ":"))]
-    ec = ec_transfer_config(spec, config, role.role)
+    ec = ec if ec is not None else ec_transfer_config(spec, config, role.role)
     if ec:
         args += ["--ec-transfer-config", json.dumps(ec, separators=(",", ":"))]
     return args + list(spec.target.kubernetes.engine.extra_args if extra_args is None else extra_args)
@@ -105,16 +109,48 @@ LOCAL_UCX_TLS = {"tcp": "tcp", "rdma": "rc,ud"}
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 
+def local_ec_transfer_config(config: ConfigurationSpec, role: str, shared_dir: str) -> dict | None:
+    """EPD on the local target: vLLM's ECExampleConnector, the encode engine writing each image's encoder output to
+    `shared_dir` (one safetensors file per mm_hash) and the prefill engine loading it from there. vLLM 0.26's
+    ECCPUConnector cannot carry outputs between two engines: its index of what the shared-memory region holds
+    lives in the producing engine's scheduler (ec_connector/cpu/scheduler), so a consumer never finds an entry."""
+    if config.topology != "epd" or role not in ("encode", "prefill"):
+        return None
+    return {"ec_connector": LOCAL_EC_CONNECTOR, "ec_role": "ec_producer" if role == "encode" else "ec_consumer",
+            "ec_connector_extra_config": {"shared_storage_path": shared_dir}}
+
+
+LOCAL_EC_CONNECTOR = "ECExampleConnector"
+
+
+def ec_path(spec: ExperimentSpec, config: ConfigurationSpec) -> str:
+    """What carries an EPD configuration's encoder outputs, as the report and MLflow name it: shm (a shared folder
+    in memory) on the local target, else the expected network transport; none without EPD."""
+    if config.topology == "epd" and spec.target.kind == "local":
+        return "shm"
+    return config.ec_expected
+
+
 def local_engine_args(spec: ExperimentSpec, config: ConfigurationSpec, role: RoleSpec, *, model: str,
-                      port: int) -> list[str]:
+                      port: int, ec_shared_dir: str | None = None) -> list[str]:
     """Arguments after `PYTHON -m vllm.entrypoints.openai.api_server` of a role on the local target: the same
-    engine_args the manifests use, on a loopback port, NIXL's buffers in host memory on a CPU host, random weights
-    for the tiny model."""
+    engine_args the manifests use, on a loopback port, NIXL's buffers in host memory on a CPU host, the engine's
+    share of GPU 0 when the engines share it, random weights for a model made at run time, EPD's encoder outputs
+    through `ec_shared_dir` and the encode engine on the vision tower alone."""
     local = spec.target.local
+    share = gpu_shares(spec, config)[role.role] if spec.shares_one_gpu else None
+    ec = None
+    if config.topology == "epd" and role.role in ("encode", "prefill"):
+        if not ec_shared_dir:
+            raise ValueError(f"{config.name} {role.role}: EPD on the local target needs the encoder-output folder")
+        ec = local_ec_transfer_config(config, role.role, ec_shared_dir)
     args = engine_args(spec, config, role, model=model, host=local.host, port=port,
-                       kv_buffer_device="cpu" if local.device == "cpu" else None, extra_args=())
-    if local.tiny_model:
+                       kv_buffer_device="cpu" if local.device == "cpu" else None, extra_args=(),
+                       gpu_memory_utilization=share, ec=ec)
+    if local.made_model:
         args += ["--load-format", "dummy"]
+    if role.role == "encode" and local.encode_vision_only:
+        args.append("--mm-encoder-only")       # vLLM skips the language model's weights (multimodal config)
     # The module takes the model as --model (only `vllm serve` reads it as the first positional argument).
     return ["--model", *args, *local.extra_args]
 
@@ -132,7 +168,28 @@ VLLM_LOGGING_CONFIG = {
                           "stream": "ext://sys.stdout"}},
     "loggers": {"vllm": {"handlers": ["vllm"], "level": "INFO", "propagate": False},
                 "vllm.entrypoints.serve.utils.request_logger": {"level": "DEBUG"},
-                "vllm.entrypoints.logger": {"level": "DEBUG"}}}
+                "vllm.entrypoints.logger": {"level": "DEBUG"},
+                # EPD's encoder-cache connectors: ECExampleConnector's save and load lines per mm_hash (DEBUG)
+                "vllm.distributed.ec_transfer": {"level": "DEBUG"}}}
+
+
+# vLLM before 0.32 (0.26 read): its NewLineFormatter takes (fmt, datefmt, style) only — the log_level keyword above
+# makes its logging config fail and the engine with it — and its records carry no vllm_process_name: the
+# `(APIServer pid=N) ` prefix is written by its decorated stdout instead (vllm/utils/system_utils.py
+# `decorate_logs`). Its own default, with the same loggers.
+VLLM_LEGACY_LOG_FORMAT = "%(levelname)s %(asctime)s [%(fileinfo)s:%(lineno)d] %(message)s"
+FIRST_PROCESS_NAME_FORMAT = (0, 32)
+
+
+def vllm_logging_config(version: str) -> dict:
+    """VLLM_LOGGING_CONFIG for the vLLM of `version` (e.g. 0.26.0, 0.32.0+cpu): the legacy formatter before 0.32;
+    a version that cannot be read gets the current one."""
+    m = re.match(r"^(\d+)\.(\d+)", version.strip())
+    if m is None or (int(m.group(1)), int(m.group(2))) >= FIRST_PROCESS_NAME_FORMAT:
+        return VLLM_LOGGING_CONFIG
+    legacy = {"class": "vllm.logging_utils.NewLineFormatter", "datefmt": "%m-%d %H:%M:%S",
+              "format": VLLM_LEGACY_LOG_FORMAT}
+    return {**VLLM_LOGGING_CONFIG, "formatters": {"vllm": legacy}}
 
 
 def local_engine_env(spec: ExperimentSpec, config: ConfigurationSpec, role: str, *, nixl_port: int | None,
@@ -175,8 +232,11 @@ def otlp_engine_env(role: str, pod: str) -> dict[str, str]:
             "OTEL_BSP_SCHEDULE_DELAY": "200"}
 
 
-def local_gpus(config: ConfigurationSpec) -> dict[str, list[int]]:
-    """Replica name (prefill-0) -> its GPUs on the local target: tp each, in role order from GPU 0."""
+def local_gpus(config: ConfigurationSpec, one_gpu: bool = False) -> dict[str, list[int]]:
+    """Replica name (prefill-0) -> its GPUs on the local target: tp each, in role order from GPU 0; `one_gpu`
+    (target.local.gpu_share): GPU 0 for all."""
+    if one_gpu:
+        return {f"{r.role}-{i}": [0] for r in config.roles for i in range(r.replicas)}
     out, nxt = {}, 0
     for role in config.roles:
         for i in range(role.replicas):
@@ -200,6 +260,18 @@ def vllm_router_args(config: ConfigurationSpec, *, host: str, port: int, prometh
     for url in decodes:
         args += ["--decode", url]
     return args
+
+
+def builtin_router_args(*, host: str, port: int, engines: Sequence[tuple[str, str]]) -> list[str]:
+    """Arguments after `python -m epdbench.sim.proxy` (epdbench's own router, vLLM's disagg_epd_proxy protocol):
+    each engine as (role, URL), server for aggregated, else encode, prefill and decode."""
+    args = ["--host", host, "--port", str(port)]
+    for role, url in engines:
+        args += [f"--{role}", url]
+    return args
+
+
+BUILTIN_ROUTER_MODULE = "epdbench.sim.proxy"
 
 
 def local_cpu_binds(config: ConfigurationSpec, cores: Sequence[int]) -> dict[str, str]:

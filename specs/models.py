@@ -14,6 +14,8 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from epdbench.physics.costmodel import image_tokens
+from epdbench.specs.gpu_share import gpu_shares
+from epdbench.specs.real_shapes import real_shapes_problem
 from epdbench.specs.base import KvTransport, RoleName, Strict, Topology, dump_yaml
 from epdbench.specs.node import CPU_BLOCK_TOKENS, GPU_BLOCK_TOKENS, EngineSpec, HardwareSpec, ModelSpec, VisionSpec
 from epdbench.specs.suites import (CellCounts, FixedSuite, ImageCell, MixedSuite, MultimodalSuite, RateSuite, Shape,
@@ -83,7 +85,9 @@ class ExperimentSpec(Strict):
         if len(set(suites)) != len(suites):
             raise ValueError(f"suite names must be unique: {suites}")
         for i, c in enumerate(self.configurations):
-            if c.gpus > self.hardware.gpus_per_node:
+            # a spec whose engines share one GPU on the local target keeps its node's one GPU on the simulator too,
+            # which models a GPU per role (it cannot model a shared one)
+            if c.gpus > self.hardware.gpus_per_node and not self.target.local.gpu_share:
                 raise ValueError(f"field 'configurations.{i}' ({c.name}) needs {c.gpus} GPUs but "
                                  f"'hardware.gpus_per_node' is {self.hardware.gpus_per_node}: "
                                  "lower replicas or tp, or use a bigger node")
@@ -154,23 +158,46 @@ class ExperimentSpec(Strict):
                                  "plugin's resource, e.g. rdma/rdma_shared_device_a")
 
     def _check_local(self) -> None:
-        """What real engines on one host can run today (vLLM 0.32 CPU build tried; see docs)."""
-        device = self.target.local.device
+        """What real engines on one host can run (vLLM 0.32's CPU build and 0.26 on a GPU host tried; see docs)."""
+        local = self.target.local
+        device = local.device
         for i, c in enumerate(self.configurations):
             where = f"field 'configurations.{i}' ({c.name})"
-            if c.topology == "epd":
-                raise ValueError(f"{where}: EPD is not run on the local target yet (vLLM's encoder-cache connector "
-                                 "and a vision model on one host are untried): use --target sim or kubernetes, or "
-                                 "drop it with --configs")
+            if c.topology == "epd" and device == "cpu":
+                raise ValueError(f"{where}: EPD on the local target needs device cuda (vLLM's CPU build runs no "
+                                 "vision model: its image processor needs a torchvision the CPU index does not "
+                                 "have): use --target sim, or drop it with --configs")
+            if c.topology == "epd" and c.ec_transport is not None:
+                raise ValueError(f"{where}: on the local target the encoder outputs go through a shared folder "
+                                 "(target.local.ec_shared_dir), not a network: leave ec_transport unset")
             if c.topology != "aggregated" and c.kv_connector == "mooncake" and device == "cpu":
                 raise ValueError(f"{where}: MooncakeConnector does not start without an accelerator "
                                  "(target.local.device cpu): use kv_connector nixl")
             if c.kv_transport == "rdma" and device == "cpu":
                 raise ValueError(f"{where}: KV over RDMA needs NICs the CPU build does not drive: use kv_transport "
                                  "tcp on target.local.device cpu")
-        if self.target.local.tiny_model and self.model.vision is not None:
+            if local.gpu_share:
+                if any(r.tp > 1 for r in c.roles):
+                    raise ValueError(f"{where}: target.local.gpu_share puts every engine on GPU 0: tp must be 1")
+                try:
+                    gpu_shares(self, c)
+                except ValueError as e:
+                    raise ValueError(f"field 'target.local.gpu_share': {e}") from None
+        if local.made_model == "tiny" and self.model.vision is not None:
             raise ValueError("field 'target.local.tiny_model': the tiny model is text-only but 'model.vision' is set; "
                              "drop model.vision")
+        if local.made_model == "real-shapes" and (why := real_shapes_problem(self.model)):
+            raise ValueError(f"field 'target.local.model_files' (real-shapes): {why}")
+
+    @property
+    def shares_one_gpu(self) -> bool:
+        """Every engine of a configuration on GPU 0 (target.local.gpu_share)."""
+        return self.target.kind == "local" and self.target.local.gpu_share
+
+    def gpus_used(self, config: ConfigurationSpec) -> int:
+        """GPUs a configuration runs on: one when its engines share GPU 0, else a GPU per role replica and TP rank
+        (what per-GPU figures divide by)."""
+        return 1 if self.shares_one_gpu else config.gpus
 
     @property
     def kv_block_tokens(self) -> int:
@@ -260,6 +287,7 @@ NOT_COMPARED = {"tracking", "tracing", "description"}   # where results are logg
                                                      # (ingest within noise: benchmarks/loadgen.py --tracing), and prose
 
 
+LOCAL_GPU_FIELDS = ("model_files", "gpu_share", "gpu_shares", "encode_vision_only", "router", "ec_shared_dir")
 LAW_FIELDS = ("op_laws", "op_timings", "measured_compute_factor", "measured_hbm_factor", "measured_vision_factor")
 
 
@@ -284,6 +312,11 @@ def spec_fingerprint(spec: ExperimentSpec) -> str:
         del data["target"]["sim"]["clock"]
     if data["target"]["kind"] != "local":   # runs on the other targets keep the fingerprints they had before it
         del data["target"]["local"]
+    else:                                   # the GPU lane's fields at their defaults: CPU runs keep theirs
+        for field in LOCAL_GPU_FIELDS:
+            if data["target"]["local"][field] == LocalTargetSpec.model_fields[field].get_default(
+                    call_default_factory=True):
+                del data["target"]["local"][field]
     if data["engine"]["block_size"] is None:   # vLLM's default block: fingerprints stay as before the field
         del data["engine"]["block_size"]
     if data["hardware"]["measured_vision_factor"] == 1.0:   # as measured: fingerprints stay as before the field

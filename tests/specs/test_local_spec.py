@@ -35,7 +35,7 @@ def pd_with(**fields):
     (lambda d: d["hardware"].update(gpus_per_node=3) or d["configurations"].append(
         {"name": "epd", "topology": "epd", "kv_transport": "tcp",
          "roles": [{"role": "encode"}, {"role": "prefill"}, {"role": "decode"}]}),
-     "field 'configurations.2' (epd): EPD is not run on the local target yet"),
+     "field 'configurations.2' (epd): EPD on the local target needs device cuda"),
     (lambda d: d["target"]["local"].update(model_path="/models/x"),
      "field 'target.local': tiny_model makes the model the engines load: leave model_path unset"),
     (lambda d: d["target"]["local"].update(env={"UCX_TLS": "all"}),

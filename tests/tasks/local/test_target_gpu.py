@@ -1,0 +1,83 @@
+"""tasks/local/target.py on a GPU host, its processes faked (no GPU here): engines sharing GPU 0 start one after
+another, EPD gets its encoder-output folder (removed at the end) and epdbench's proxy in front, with the real-shapes
+model made in the results folder."""
+from __future__ import annotations
+
+import sys
+from collections import namedtuple
+from pathlib import Path
+
+import pytest
+
+from epdbench.specs.models import load_spec, parse_spec
+from epdbench.tasks.deployment import ProvisionError
+from epdbench.tasks.local import target
+
+
+def gpu_spec(ec_dir: Path):
+    data = load_spec("gpu-qwen25vl").model_dump(mode="json")
+    data["target"]["local"].update(vllm_python=sys.executable, ec_shared_dir=str(ec_dir))
+    return parse_spec(data, "gpu-qwen25vl")
+
+
+class FakePopen:
+    pid = 0
+
+    def poll(self):
+        return None
+
+
+@pytest.fixture
+def started(monkeypatch, tmp_path):
+    events: list = []
+    monkeypatch.setattr(target, "vllm_version", lambda python: "0.26.0")
+    monkeypatch.setattr(target, "spawn", lambda cmd, log, env, what: events.append(("spawn", what, cmd, env))
+                        or FakePopen())
+    monkeypatch.setattr(target, "wait_healthy", lambda procs, deadline, interval_s=0.2:
+                        events.append(("healthy", [p.name for p in procs])))
+    monkeypatch.setattr(target, "serve_through_router", lambda dep, cmd, env, url, metrics, *rest:
+                        events.append(("router", cmd, metrics)) or dep)
+    monkeypatch.setattr(target, "stop_deployment", lambda dep, grace_s: events.append(("stop",)))
+    run = tmp_path / "run"
+    run.mkdir()
+    spec = gpu_spec(tmp_path / "shm")
+    dep = target.start(spec, spec.configuration("epd"), run / "spec.yaml", run / "logs")
+    return dep, events, run
+
+
+def test_engines_sharing_a_gpu_start_one_after_another(started):
+    dep, events, _ = started
+    kinds = [(e[0], e[1]) if e[0] == "spawn" else (e[0], tuple(e[1])) if e[0] == "healthy" else (e[0],)
+             for e in events]
+    assert kinds == [("spawn", "epd/encode-0"), ("healthy", ("encode-0",)), ("spawn", "epd/prefill-0"),
+                     ("healthy", ("prefill-0",)), ("spawn", "epd/decode-0"), ("healthy", ("decode-0",)),
+                     ("healthy", ("encode-0", "prefill-0", "decode-0")), ("router",)]
+    assert all(e[3]["CUDA_VISIBLE_DEVICES"] == "0" for e in events if e[0] == "spawn")
+    assert dep.router == "epdbench-proxy"
+
+
+def test_epd_gets_its_own_encoder_output_folder_and_the_proxy_in_front(started):
+    dep, events, run = started
+    assert dep.ec_dir.is_dir() and dep.ec_dir.parent == run.parent / "shm" and dep.ec_dir.name.endswith("-epd")
+    encode = next(e[2] for e in events if e[0] == "spawn" and e[1] == "epd/encode-0")
+    assert str(dep.ec_dir) in encode[encode.index("--ec-transfer-config") + 1]
+    assert encode[encode.index("--model") + 1] == str(run / "real-shapes-model")
+    assert (run / "real-shapes-model" / "tokenizer.json").exists()
+    router = next(e for e in events if e[0] == "router")
+    assert router[1][:3] == [sys.executable, "-m", "epdbench.sim.proxy"]
+    assert [a for a in router[1] if a.startswith("--")] == ["--host", "--port", "--encode", "--prefill", "--decode"]
+    assert router[2].endswith("/metrics")
+    target.stop(dep)
+    assert not dep.ec_dir.exists()
+
+
+def test_a_shared_folder_without_room_is_refused_in_one_line(monkeypatch, tmp_path):
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(target.shutil, "disk_usage", lambda path: usage(64e6, 0, 64e6))
+    spec = gpu_spec(tmp_path / "shm")
+    with pytest.raises(ProvisionError) as e:
+        target.ec_shared_dir(spec, spec.configuration("epd"), tmp_path)
+    assert str(e.value) == (f"target.local.ec_shared_dir: 0.06 GB free under {tmp_path / 'shm'}, less than 1 GB for "
+                            "the encoder outputs (a container's /dev/shm is 64 MB unless --shm-size raises it): give "
+                            "a folder with room")
+    assert list((tmp_path / "shm").iterdir()) == []
