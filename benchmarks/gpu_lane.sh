@@ -7,7 +7,7 @@
 #          it needs beside vLLM's (the bundle's `extra/` folder: orjson, vllm-router);
 # truth:   benchmarks/vllm_truth.py — the spec vllm-truth's cells on one engine, with the product's load generator
 #          and with `vllm bench serve` (OUT/truth/truth.csv);
-# lane:    benchmarks/gpu_local_lane.py — the spec gpu-qwen2.5vl's configurations (aggregated, PD over NIXL, EPD) on
+# lane:    benchmarks/gpu_local_lane.py — the spec gpu-qwen25vl's configurations (aggregated, PD over NIXL, EPD) on
 #          the local target with their transport and stage evidence (OUT/lane/lane.json).
 # The engine environment's python is written to OUT/vllm-python; later steps read it from there.
 set -euo pipefail
@@ -37,5 +37,5 @@ if [[ $what == truth || $what == all ]]; then
   "$py" "$here/benchmarks/vllm_truth.py" --spec vllm-truth --vllm-python "$py" --out "$out/truth"
 fi
 if [[ $what == lane || $what == all ]]; then
-  "$py" "$here/benchmarks/gpu_local_lane.py" --spec gpu-qwen2.5vl --vllm-python "$py" --out "$out/lane"
+  "$py" "$here/benchmarks/gpu_local_lane.py" --spec gpu-qwen25vl --vllm-python "$py" --out "$out/lane"
 fi

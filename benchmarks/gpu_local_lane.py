@@ -4,7 +4,7 @@ by the product's load generator, its transport and stage evidence collected and 
 verifiers — what `epdbench compare --target local` does per configuration, minus Prefect and MLflow, so that a GPU
 host that only has vLLM's environment (`epdbench engine-env --wheelhouse`) can run it.
 
-    python benchmarks/gpu_local_lane.py --spec gpu-qwen2.5vl --vllm-python PY --out DIR [--configs a,b]
+    python benchmarks/gpu_local_lane.py --spec gpu-qwen25vl --vllm-python PY --out DIR [--configs a,b]
 
 Writes, per configuration, `evidence/<config>/` (logs, metrics before/after, transport.json, stages.json), all
 records in `records.parquet`, and `lane.json` (each configuration's verdicts and cell figures); prints a line per
@@ -105,7 +105,7 @@ def run_configuration(spec, config, rdir: Path) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--spec", default="gpu-qwen2.5vl")
+    ap.add_argument("--spec", default="gpu-qwen25vl")
     ap.add_argument("--vllm-python", required=True)
     ap.add_argument("--configs", help="comma-separated configuration names (default: all)")
     ap.add_argument("--out", required=True)

@@ -186,6 +186,10 @@ def main(argv=None) -> int:
     ap.add_argument("--bench-timeout-s", type=float, default=600)
     args = ap.parse_args(argv)
     spec = load_spec(args.spec)
+    if not args.url and spec.target.kind != "local":
+        # the spec's cells on this host's GPU: the model's real shapes with random weights, nothing downloaded
+        local = spec.target.local.model_copy(update={"device": "cuda", "model_files": "real-shapes"})
+        spec = spec.model_copy(update={"target": spec.target.model_copy(update={"kind": "local", "local": local})})
     out = Path(args.out)
     raw = out / "raw"
     raw.mkdir(parents=True, exist_ok=True)
