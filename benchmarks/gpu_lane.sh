@@ -21,10 +21,11 @@ if [[ $what == install || $what == all ]]; then
   bash "$wh/install.sh" --venv "$venv" | tee "$out/install.log"
   py=$(tail -n 1 "$out/install.log")
   [[ -x $py ]] || { echo "gpu_lane: install.sh did not end with the environment's python (last line: $py)"; exit 1; }
+  pipin() { "$py" -m pip "$@" 2>/dev/null || python3 -m pip --python "$py" "$@"; }
   if compgen -G "$wh/extra/*.whl" >/dev/null; then
-    "$py" -m pip install -q --no-index --no-deps --no-compile "$wh"/extra/*.whl
+    pipin install -q --no-index --no-deps --no-compile "$wh"/extra/*.whl
   fi
-  "$py" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile "$here"
+  pipin install -q --no-index --no-deps --no-build-isolation --no-compile "$here"
   "$py" -c "import epdbench.tasks.local.target, epdbench.tasks.load.loadgen, vllm; print('epdbench + vLLM', vllm.__version__)"
   echo "$py" > "$out/vllm-python"
   echo "gpu_lane: installed in $(( $(date +%s) - start )) s"

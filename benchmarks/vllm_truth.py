@@ -114,8 +114,8 @@ def cell_keys(spec, cell, req, gpu: str, version: str, tool: str) -> dict:
             "concurrency": cell.concurrency}
 
 
-async def measure_cells(spec, url: str, cal: Calibration, keys_of, records_out: list) -> list[dict]:
-    rows = []
+async def measure_cells(spec, url: str, cal: Calibration, keys_of, records_out: list, rows: list) -> None:
+    """Every cell with the product's load generator; each row appended to `rows` as its cell ends."""
     async with LoadGenerator(url, spec.model.name, spec.request_timeout_s, run_tag="truth") as lg:
         for cell in plan_cells(spec):
             reqs = build_requests(spec, cell, 0, calibration=cal)
@@ -136,11 +136,10 @@ async def measure_cells(spec, url: str, cal: Calibration, keys_of, records_out: 
                             engine_means(before, after))
             rows.append(row)
             say(line(row))
-    return rows
 
 
-def bench_cells(args, spec, url: str, tokenizer: str, keys_of, raw: Path) -> list[dict]:
-    rows = []
+def bench_cells(args, spec, url: str, tokenizer: str, keys_of, raw: Path, rows: list) -> None:
+    """Every cell with `vllm bench serve`; each row appended to `rows` as its cell ends."""
     for cell in plan_cells(spec):
         req = build_requests(spec, cell, 0)[-1]
         keys = keys_of(cell, req, "vllm-bench")
@@ -162,7 +161,6 @@ def bench_cells(args, spec, url: str, tokenizer: str, keys_of, raw: Path) -> lis
         row = truth_row(keys, client_figures_from_bench(result), engine_means(before, after))
         rows.append(row)
         say(line(row))
-    return rows
 
 
 def line(row: dict) -> str:
@@ -212,11 +210,14 @@ def main(argv=None) -> int:
         say("prompt calibration: " + ", ".join(f"{k}: {a:.3f} tok/word + {b:.0f}" for k, (a, b) in cal.fits.items()))
         records: list[dict] = []
         if "epdbench" in tools:
-            rows += asyncio.run(measure_cells(spec, url, cal, keys_of, records))
-            from epdbench.tasks.rundir.results import append_records
-            append_records(out / "records.parquet", records)
+            try:
+                asyncio.run(measure_cells(spec, url, cal, keys_of, records, rows))
+            finally:
+                if records:
+                    from epdbench.tasks.rundir.results import append_records
+                    append_records(out / "records.parquet", records)
         if "vllm-bench" in tools:
-            rows += bench_cells(args, spec, url, model_dir or spec.model.name, keys_of, raw)
+            bench_cells(args, spec, url, model_dir or spec.model.name, keys_of, raw, rows)
         if proc is not None:
             (out / "metrics-final.txt").write_text(get(url + "/metrics"))
     finally:
