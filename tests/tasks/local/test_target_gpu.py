@@ -30,7 +30,7 @@ class FakePopen:
 @pytest.fixture
 def started(monkeypatch, tmp_path):
     events: list = []
-    monkeypatch.setattr(target, "vllm_version", lambda python: "0.26.0")
+    monkeypatch.setattr(target, "vllm_version", lambda python, make=None: "0.26.0")
     monkeypatch.setattr(target, "spawn", lambda cmd, log, env, what: events.append(("spawn", what, cmd, env))
                         or FakePopen())
     monkeypatch.setattr(target, "wait_healthy", lambda procs, deadline, interval_s=0.2:
