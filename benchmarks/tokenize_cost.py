@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from epdbench.tasks.local.qwen_vocab import bytes_to_unicode
+
 # Qwen2's pre-tokenizer split (tokenizer.json of Qwen/Qwen2.5-*): digits one by one, letters with one leading
 # non-letter, punctuation runs, newlines, spaces.
 QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
@@ -46,19 +48,6 @@ def read_ranks(path: Path) -> dict[bytes, int]:
             tok, rank = line.split()
             ranks[base64.b64decode(tok)] = int(rank)
     return ranks
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte → printable character map (byte-level BPE vocabularies are written in it)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
 
 
 def _split(ranks: dict[bytes, int], token: bytes, max_rank: int) -> list[bytes]:
