@@ -17,6 +17,7 @@ import asyncio
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -110,10 +111,25 @@ def cell_keys(spec, cell, req, gpu: str, version: str, tool: str) -> dict:
             "concurrency": cell.concurrency}
 
 
-async def measure_cells(spec, url: str, cal: Calibration, keys_of, records_out: list, rows: list) -> None:
+def cell_id(row: dict) -> tuple:
+    return (row["tool"], row["suite"], row["workload"], int(row["concurrency"]))
+
+
+def cells_to_do(spec, tool: str, done: set, deadline: float) -> list:
+    """The spec's cells that `tool` has no row for yet, in order; stops at the deadline (monotonic seconds)."""
+    todo = [c for c in plan_cells(spec) if (tool, c.suite, c.workload, c.concurrency) not in done]
+    for i, cell in enumerate(todo):
+        if time.monotonic() >= deadline:
+            say(f"deadline reached: {len(todo) - i} {tool} cell(s) left; run again with the same --out to go on")
+            return
+        yield cell
+
+
+async def measure_cells(spec, url: str, cal: Calibration, keys_of, records_out: list, rows: list,
+                        done: set = frozenset(), deadline: float = float("inf")) -> None:
     """Every cell with the product's load generator; each row appended to `rows` as its cell ends."""
     async with LoadGenerator(url, spec.model.name, spec.request_timeout_s, run_tag="truth") as lg:
-        for cell in plan_cells(spec):
+        for cell in cells_to_do(spec, "epdbench", done, deadline):
             reqs = build_requests(spec, cell, 0, calibration=cal)
             warm = [r for r in reqs if r.phase == "warmup"]
             measured = [r for r in reqs if r.phase == "measured"]
@@ -134,9 +150,10 @@ async def measure_cells(spec, url: str, cal: Calibration, keys_of, records_out: 
             say(line(row))
 
 
-def bench_cells(args, spec, url: str, tokenizer: str, keys_of, raw: Path, rows: list) -> None:
+def bench_cells(args, spec, url: str, tokenizer: str, keys_of, raw: Path, rows: list,
+                done: set = frozenset(), deadline: float = float("inf")) -> None:
     """Every cell with `vllm bench serve`; each row appended to `rows` as its cell ends."""
-    for cell in plan_cells(spec):
+    for cell in cells_to_do(spec, "vllm-bench", done, deadline):
         req = build_requests(spec, cell, 0)[-1]
         keys = keys_of(cell, req, "vllm-bench")
         name = f"bench-{cell.slug}.json"
@@ -178,7 +195,11 @@ def main(argv=None) -> int:
     ap.add_argument("--tools", default="epdbench,vllm-bench")
     ap.add_argument("--out", required=True, help="folder: truth.csv, records.parquet, engine.log, bench files")
     ap.add_argument("--bench-timeout-s", type=float, default=600)
+    ap.add_argument("--deadline-s", type=float, default=None,
+                    help="start no cell after this many seconds; the rows so far are kept, and a run with the same "
+                         "--out goes on with the cells left (a truth.csv there is kept: its cells are skipped)")
     args = ap.parse_args(argv)
+    deadline = time.monotonic() + args.deadline_s if args.deadline_s else float("inf")
     spec = load_spec(args.spec)
     if not args.url and spec.target.kind != "local":
         # the spec's cells on this host's GPU: the model's real shapes with random weights, nothing downloaded
@@ -194,11 +215,27 @@ def main(argv=None) -> int:
         model_dir = model_to_serve(spec, out)
     proc = None
     rows: list[dict] = []
+    if (out / "truth.csv").exists():      # an earlier run into this folder: its rows stay, its cells are skipped
+        with open(out / "truth.csv", newline="") as fh:
+            rows = list(csv.DictReader(fh))
+        say(f"{len(rows)} rows already in {out / 'truth.csv'}: their cells are skipped")
+    done = {cell_id(r) for r in rows}
+    left = [(t, c.cell_id) for t in tools for c in plan_cells(spec)
+            if (t, c.suite, c.workload, c.concurrency) not in done]
+    if not left:
+        say(f"every cell of {spec.name} has its rows for {', '.join(tools)}: nothing to measure")
+        return 0
+
+    def on_term(signum, frame):          # `timeout` and the device's limit: rows so far kept, engine stopped
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, on_term)
     try:
         if args.url:
             url = args.url.rstrip("/")
         else:
-            proc, url = start_engine(args, spec, model_dir, out / "engine.log")
+            log = next(out / n for n in ["engine.log", *(f"engine.{i}.log" for i in range(2, 1000))]
+                       if not (out / n).exists())
+            proc, url = start_engine(args, spec, model_dir, log)
         version = json.loads(get(url + "/version")).get("version", "?") if not args.url else "external"
         gpu = gpu_name()
         keys_of = lambda cell, req, tool: cell_keys(spec, cell, req, gpu, version, tool)  # noqa: E731
@@ -207,13 +244,13 @@ def main(argv=None) -> int:
         records: list[dict] = []
         if "epdbench" in tools:
             try:
-                asyncio.run(measure_cells(spec, url, cal, keys_of, records, rows))
+                asyncio.run(measure_cells(spec, url, cal, keys_of, records, rows, done, deadline))
             finally:
                 if records:
                     from epdbench.tasks.rundir.results import append_records
                     append_records(out / "records.parquet", records)
         if "vllm-bench" in tools:
-            bench_cells(args, spec, url, model_dir or spec.model.name, keys_of, raw, rows)
+            bench_cells(args, spec, url, model_dir or spec.model.name, keys_of, raw, rows, done, deadline)
         if proc is not None:
             (out / "metrics-final.txt").write_text(get(url + "/metrics"))
     finally:

@@ -321,6 +321,9 @@ def spec_fingerprint(spec: ExperimentSpec) -> str:
         del data["engine"]["block_size"]
     if data["hardware"]["measured_vision_factor"] == 1.0:   # as measured: fingerprints stay as before the field
         del data["hardware"]["measured_vision_factor"]
+    for suite in data["suites"]:   # no warm-up by concurrency: fingerprints stay as before the field
+        if suite.get("n_warmup_by_concurrency") == {}:
+            del suite["n_warmup_by_concurrency"]
     roofline_as_before(data["hardware"])
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -31,6 +31,11 @@ class CellCounts(Strict):
     n_measured_by_concurrency: dict[Concurrency, Annotated[int, Field(ge=1, le=100000)]] = Field(
         default_factory=dict, title="Measured requests by concurrency",
         description="Overrides n_measured for the given concurrencies, e.g. {16: 64}.")
+    n_warmup_by_concurrency: dict[Concurrency, Annotated[int, Field(ge=0, le=1000)]] = Field(
+        default_factory=dict, title="Warm-up requests by concurrency",
+        description="Overrides n_warmup for the given concurrencies, e.g. {32: 32}: a full batch at the cell's "
+                    "concurrency before measuring, so a real engine's first step of that size (kernels built "
+                    "for a new shape) is not measured.")
 
     first_wave_spread_s: float = Field(
         0.1, ge=0, le=60, title="First-wave spread (s)",
@@ -40,6 +45,9 @@ class CellCounts(Strict):
 
     def measured_for(self, concurrency: int) -> int:
         return self.n_measured_by_concurrency.get(concurrency, self.n_measured)
+
+    def warmup_for(self, concurrency: int) -> int:
+        return self.n_warmup_by_concurrency.get(concurrency, self.n_warmup)
 
     def load_text(self) -> str:
         """How the suite offers its load, in words (the report says it per suite)."""

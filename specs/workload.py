@@ -106,7 +106,7 @@ def plan_cells(spec: ExperimentSpec) -> list[Cell]:
                      else [c.workload for c in suite.cells])
         for w in workloads:
             for conc in suite.concurrencies:
-                cells.append(Cell(suite.name, suite.kind, w, conc, suite.n_warmup, suite.measured_for(conc),
+                cells.append(Cell(suite.name, suite.kind, w, conc, suite.warmup_for(conc), suite.measured_for(conc),
                                   first_wave_spread_s=suite.first_wave_spread_s))
     return cells
 

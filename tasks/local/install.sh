@@ -13,8 +13,9 @@
 # from the host's Python (and, where that Python is itself a venv, a .pth that adds its site-packages: a venv made
 # from a venv's python sees only the base interpreter's), installs the wheels with
 # `pip install --no-index --no-deps`, checks the host's own packages against what the bundle's wheels require
-# (warnings), imports vLLM, its OpenAI server, Qwen2.5-VL, the NIXL and EC connectors and NIXL, and prints the
-# environment's python as its last line: give it to `epdbench compare --target local --vllm-python PATH`.
+# (warnings), sets the manifest's engine_env defaults for every interpreter of the venv (a .pth; e.g.
+# VLLM_USE_FLASHINFER_SAMPLER=0, as FlashInfer is left out), imports vLLM, its OpenAI server, Qwen2.5-VL, the NIXL
+# and EC connectors and NIXL, and prints the environment's python as its last line: give it to `epdbench compare --target local --vllm-python PATH`.
 # Run again, a complete environment of the same bundle is only checked.
 #
 # Exit: 0 installed (or already); 2 bad input (a part missing or corrupt, manifest unreadable, --python not the
@@ -80,7 +81,8 @@ if sys.version_info[:2] != want:
 def check_environment():
     """The host packages the wheels require (warnings), then the imports; a failed import ends with exit 3."""
     report = subprocess.run([str(vpython), "-c", CHECK, json.dumps(manifest["from_image"]),
-                             json.dumps(manifest["import_check"])], capture_output=True, text=True,
+                             json.dumps(manifest["import_check"]), json.dumps(manifest.get("engine_env") or {})],
+                            capture_output=True, text=True,
                             stdin=subprocess.DEVNULL)
     for line in report.stderr.splitlines():
         if line.startswith("warning: "):
@@ -111,6 +113,18 @@ for name in json.loads(sys.argv[2]):
         importlib.import_module(name)
     except BaseException as e:
         print(f"import {name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        sys.exit(1)
+import os
+for key, want in json.loads(sys.argv[3]).items():
+    if os.environ.get(key) is None:
+        print(f"the environment's .pth did not set {key} (the manifest's engine_env)")
+        sys.exit(1)
+if "torch" in sys.modules and sys.modules["torch"].cuda.is_available():
+    try:   # what the engine's sampler asks when it is built: with a dropped FlashInfer it must answer, not import
+        from vllm.v1.sample.ops.topk_topp_sampler import flashinfer_sampler_supported
+        flashinfer_sampler_supported()
+    except ImportError as e:
+        print(f"vLLM's sampler check: {type(e).__name__}: {e}")
         sys.exit(1)
 seen = []
 for dist in ("vllm", "nixl", "torch"):
@@ -195,11 +209,15 @@ try:
                 lines = [x for x in log.read_text().splitlines() if x.strip()]
                 fail(3, f"{cmd[2] if cmd[2] != '-m' else ' '.join(cmd[2:4])} failed: {(lines or ['?'])[-1][:300]} "
                         f"(log: {log})")
+    purelib = subprocess.run([str(vpython), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
     if sys.prefix != sys.base_prefix:   # the host's Python is a venv: its packages are not "system" ones
-        purelib = subprocess.run([str(vpython), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                 capture_output=True, text=True, check=True).stdout.strip()
         lines = [f"import site; site.addsitedir({d!r})" for d in site.getsitepackages() if Path(d).is_dir()]
         (Path(purelib) / "_epdbench_host_site.pth").write_text("\n".join(lines) + "\n")
+    engine_env = manifest.get("engine_env") or {}
+    if engine_env:   # what lets vLLM run without a dropped package, for every interpreter of the environment
+        (Path(purelib) / "_epdbench_engine_env.pth").write_text(
+            "".join(f"import os; os.environ.setdefault({k!r}, {v!r})\n" for k, v in sorted(engine_env.items())))
     check_environment()
     (venv / MARKER).write_text(json.dumps({"bundle": manifest["bundle"], "tar_sha256": tar_meta["sha256"],
                                            "vllm": manifest["pins"]["vllm"], "host_python": sys.executable,

@@ -226,7 +226,7 @@ def from_image_checks(found: Closure, notes: dict[str, str], image_versions: dic
 
 def build_manifest(*, stem: str, pins: dict, target: dict, wheels: list[dict], found: Closure,
                    trimmed: dict[str, list[dict]], dropped: dict[str, str], image_checks: list[dict], tar: dict,
-                   parts: list[dict], import_check: tuple[str, ...]) -> dict:
+                   parts: list[dict], import_check: tuple[str, ...], engine_env: dict[str, str]) -> dict:
     """The manifest.json beside the parts: everything install.sh verifies and installs, and every version and
     reason the bundle stands on."""
     by_name = {w["name"]: w for w in wheels}
@@ -244,4 +244,5 @@ def build_manifest(*, stem: str, pins: dict, target: dict, wheels: list[dict], f
         "from_image": image_checks,
         "known_conflicts": [u for u in found.unsatisfied if u["where"] == "image"],
         "import_check": list(import_check),
+        "engine_env": dict(engine_env),
     }

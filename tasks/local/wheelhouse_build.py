@@ -188,7 +188,7 @@ def build_bundle(out_dir: Path, downloads: Path | None = None, vllm_wheel: Path 
                 "default_venv": pins.DEFAULT_VENV},
         wheels=rows, found=found, trimmed=trimmed, dropped=pins.DROPPED,
         image_checks=from_image_checks(found, pins.IMAGE_NOTES, pins.IMAGE_VERSIONS), tar=tar, parts=parts,
-        import_check=pins.IMPORT_CHECK)
+        import_check=pins.IMPORT_CHECK, engine_env=pins.ENGINE_ENV)
     (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     installer = out_dir / INSTALLER
     installer.write_bytes(package_files("epdbench.tasks.local").joinpath(INSTALLER).read_bytes())

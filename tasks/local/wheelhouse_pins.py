@@ -69,7 +69,9 @@ DROPPED = {
     "flashinfer-python":
         "FlashInfer kernels: imported by the FlashInfer attention backends (vllm/v1/attention/backends/"
         "flashinfer.py, mla/flashinfer_mla.py) and behind vllm/utils/flashinfer.py has_flashinfer() (find_spec); "
-        "on Hopper the default backend is FLASH_ATTN (FA3) and sampling falls back to PyTorch",
+        "on Hopper the default backend is FLASH_ATTN (FA3); the sampler of vLLM's model runner imports it when "
+        "it builds (vllm/v1/worker/gpu/sample/sampler.py via flashinfer_sampler_supported()) unless "
+        "VLLM_USE_FLASHINFER_SAMPLER=0, which the environment sets (ENGINE_ENV): top-k/top-p then run in PyTorch",
     "tilelang":
         "TileLang kernels for mHC, imported inside functions of vllm/model_executor/kernels/mhc/ (DeepSeek-V4 "
         "family only)",
@@ -170,6 +172,15 @@ DEPENDENCY_PINS = {
     "setproctitle": "1.3.8", "sniffio": "1.3.1", "sse-starlette": "3.7.1", "starlette": "1.10.0",
     "supervisor": "4.3.0", "truststore": "0.10.5", "typing-inspection": "0.4.5", "uvicorn": "0.55.0",
     "watchfiles": "1.3.0", "websockets": "17.4", "xgrammar": "0.2.7",
+}
+
+# Variables the environment sets for every interpreter it starts (install.sh writes them as os.environ defaults in a
+# .pth, so `vllm serve`, `vllm bench` and epdbench's engines all get them; a value already in the environment wins):
+# what makes vLLM run without a dropped package.
+ENGINE_ENV = {
+    # vLLM 0.26's sampler asks flashinfer_sampler_supported() when it is built; that imports the FlashInfer
+    # attention backend (ModuleNotFoundError: flashinfer, measured on an H100) unless the switch is off.
+    "VLLM_USE_FLASHINFER_SAMPLER": "0",
 }
 
 # What install.sh imports once the environment is made (no GPU needed for any of them).

@@ -27,7 +27,7 @@ def spec_with(smoke, suites):
 def spec(smoke):
     return spec_with(smoke, [
         {"kind": "fixed", "name": "fixed", "n_warmup": 2, "n_measured": 5,
-         "n_measured_by_concurrency": {8: 24},
+         "n_measured_by_concurrency": {8: 24}, "n_warmup_by_concurrency": {8: 8},
          "shapes": [{"input_tokens": 64, "output_tokens": 4}, {"input_tokens": 300, "output_tokens": 8}],
          "concurrencies": [1, 4, 8]},
         {"kind": "multimodal", "name": "mm", "n_warmup": 1, "n_measured": 3, "concurrencies": [2],
@@ -56,7 +56,8 @@ def test_plan_cells_counts_and_measured_override(spec):
     assert len(cells) == 9
     assert len({c.cell_id for c in cells}) == len(cells)
     for c in by_suite["fixed"]:
-        assert c.kind == "fixed" and c.n_warmup == 2
+        assert c.kind == "fixed" and c.n_warmup == (8 if c.concurrency == 8 else 2)
+        assert sum(r.phase == "warmup" for r in build_requests(spec, c, 0)) == c.n_warmup
         assert c.n_measured == (24 if c.concurrency == 8 else 5)
     assert all(c.kind == "multimodal" and (c.n_warmup, c.n_measured) == (1, 3) for c in by_suite["mm"])
 
@@ -128,8 +129,8 @@ def test_build_requests_is_a_pure_function_of_spec_cell_and_seed(spec):
 def test_warmup_then_measured_counts(spec):
     c = cell(spec, "fixed", "64/", 8)
     reqs = build_requests(spec, c)
-    assert [r.phase for r in reqs] == ["warmup"] * 2 + ["measured"] * 24
-    assert [r.index for r in reqs] == list(range(26))
+    assert [r.phase for r in reqs] == ["warmup"] * 8 + ["measured"] * 24
+    assert [r.index for r in reqs] == list(range(32))
 
 
 @pytest.mark.parametrize("shape", ["64/4", "300/8"])

@@ -142,13 +142,14 @@ def test_the_manifest_says_who_requires_each_wheel_and_why_each_drop():
     checks = from_image_checks(found, {"numpy": "see the docs"}, {"numpy": "2.5.2"})
     m = build_manifest(stem="s", pins={"vllm": "1.0"}, target={"python": "3.12"}, wheels=wheels, found=found,
                        trimmed=[], dropped=DROPPED, image_checks=checks, tar={"sha256": "t"},
-                       parts=[{"file": "s.tar.001"}], import_check=("vllm",))
+                       parts=[{"file": "s.tar.001"}], import_check=("vllm",), engine_env={"X_SWITCH": "0"})
     assert [w["name"] for w in m["wheels"]] == sorted(WHEELS)
     assert next(w for w in m["wheels"] if w["name"] == "dep-a")["required_by"] == ["vllm 1.0"]
     assert m["dropped"]["nixl-cu12"] == {"reason": "the host is CUDA 13", "required_by": ["nixl 1.5.1"]}
     assert {"name": "numpy", "spec": "<2.4", "by": "dep-a 2.1", "known_version": "2.5.2",
             "note": "see the docs"} in m["from_image"]
     assert m["known_conflicts"] == found.unsatisfied and m["import_check"] == ["vllm"]
+    assert m["engine_env"] == {"X_SWITCH": "0"}
 
 
 def test_the_pins_keep_one_version_each_and_carry_nothing_the_image_has():

@@ -44,7 +44,8 @@ def fake(tmp_path, monkeypatch):
                         "DROPPED": {"heavy-kernels": "not on this path", "nixl-cu12": "CUDA 13 host"},
                         "IMAGE_PACKAGES": ("pytest",), "IMAGE_VERSIONS": {}, "IMAGE_NOTES": {},
                         "DEPENDENCY_PINS": {"dep-a": "2.1", "nixl": "1.5.1", "nixl-cu13": "1.5.1"},
-                        "IMPORT_CHECK": ("vllm", "dep_a", "nixl"), "TARGET_PYTHON": HERE_PYTHON}.items():
+                        "IMPORT_CHECK": ("vllm", "dep_a", "nixl"), "TARGET_PYTHON": HERE_PYTHON,
+                        "ENGINE_ENV": {"EPDBENCH_TEST_SAMPLER": "0"}}.items():
         monkeypatch.setattr(pins, name, value)
 
     def no_network(requirements, dest):
@@ -153,6 +154,13 @@ def test_install_sh_takes_parts_in_batches_refuses_a_bad_one_and_installs_once_a
                            capture_output=True, text=True)
     assert probe.returncode == 0, probe.stderr
     assert Path(probe.stdout.strip()).is_relative_to(venv)
+    # the manifest's engine_env is a default of every interpreter of the environment; a value already set wins
+    assert manifest["engine_env"] == {"EPDBENCH_TEST_SAMPLER": "0"}
+    show = [str(venv / "bin" / "python"), "-c", "import os; print(os.environ['EPDBENCH_TEST_SAMPLER'])"]
+    env = {k: v for k, v in os.environ.items() if k != "EPDBENCH_TEST_SAMPLER"}
+    assert subprocess.run(show, capture_output=True, text=True, env=env).stdout.strip() == "0"
+    assert subprocess.run(show, capture_output=True, text=True,
+                          env={**env, "EPDBENCH_TEST_SAMPLER": "1"}).stdout.strip() == "1"
 
     again = install(host, venv, elsewhere)
     assert again.returncode == 0 and "this bundle is installed; checking it" in again.stderr
