@@ -1,0 +1,123 @@
+"""GPU telemetry over a time window, from samples of `nvidia-smi --query-gpu=... --format=csv,noheader,nounits -lms N`
+(NVML's figures as the driver's own tool prints them): utilisation, memory used, power and SM clock per GPU, and the
+energy the GPUs drew, integrated over the window (trapezoids between samples, the window's ends interpolated).
+Pure: text in, figures out; the sampler that writes the text is tasks/local/gpu_telemetry.py."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Iterable, Sequence
+
+# The query, in this order (`timestamp` is the driver's local time with milliseconds: the samples' own instants).
+QUERY = ("timestamp", "index", "utilization.gpu", "memory.used", "power.draw", "clocks.sm")
+# What a window's summary carries, over the GPUs chosen: the keys of a cell's telemetry.
+FIGURES = ("gpu_util_pct_mean", "gpu_mem_used_mib_max", "gpu_power_w_mean", "gpu_sm_clock_mhz_mean",
+           "gpu_energy_j", "gpu_samples")
+
+
+def smi_command(interval_ms: int) -> list[str]:
+    """nvidia-smi printing one CSV line per GPU every `interval_ms`, until it is stopped."""
+    return ["nvidia-smi", f"--query-gpu={','.join(QUERY)}", "--format=csv,noheader,nounits", f"-lms={interval_ms}"]
+
+
+class TelemetryError(ValueError):
+    """A sample line that is not the query's."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    t: float            # epoch seconds
+    gpu: int
+    util_pct: float
+    mem_used_mib: float
+    power_w: float
+    sm_clock_mhz: float
+
+
+def _number(text: str) -> float:
+    text = text.strip()
+    if text in ("[N/A]", "[Not Supported]", "N/A", ""):
+        return math.nan
+    return float(text)
+
+
+def epoch_of_smi_timestamp(stamp: str) -> float:
+    """nvidia-smi's `timestamp` field (`2026/12/05 17:21:03.123`, the host's local time) as epoch seconds."""
+    return datetime.strptime(stamp.strip(), "%Y/%m/%d %H:%M:%S.%f").timestamp()
+
+
+def parse_samples(text: str) -> list[Sample]:
+    """smi_command's lines (`timestamp, index, util, mem_used, power, sm_clock`). A last line cut short by the
+    sampler's end is dropped; any other malformed line raises TelemetryError naming it. `[N/A]` reads as NaN."""
+    lines = [x for x in text.splitlines() if x.strip()]
+    out: list[Sample] = []
+    for i, line in enumerate(lines):
+        fields = [f.strip() for f in line.split(",")]
+        try:
+            if len(fields) != len(QUERY):
+                raise ValueError(f"{len(fields)} fields, not {len(QUERY)}")
+            out.append(Sample(epoch_of_smi_timestamp(fields[0]), int(fields[1]), *(_number(f) for f in fields[2:])))
+        except ValueError as e:
+            if i == len(lines) - 1 and not text.endswith("\n"):
+                break
+            raise TelemetryError(f"telemetry line {i + 1}: {line[:120]!r}: {e}") from None
+    return out
+
+
+def _interp(a: Sample, b: Sample, t: float) -> float:
+    if math.isnan(a.power_w) or math.isnan(b.power_w):
+        return math.nan
+    if b.t == a.t:
+        return a.power_w
+    return a.power_w + (b.power_w - a.power_w) * (t - a.t) / (b.t - a.t)
+
+
+def energy_j(samples: Sequence[Sample], t0: float, t1: float) -> float:
+    """Energy (J) one GPU drew from t0 to t1: the trapezoids of its power samples, cut at the window's ends (power
+    interpolated there). NaN when the samples do not cover the window or a power reading inside it is missing."""
+    pts = sorted(samples, key=lambda s: s.t)
+    if t1 <= t0 or not pts or pts[0].t > t0 or pts[-1].t < t1:
+        return math.nan
+    total = 0.0
+    for a, b in zip(pts, pts[1:]):
+        lo, hi = max(a.t, t0), min(b.t, t1)
+        if hi <= lo:
+            continue
+        p_lo, p_hi = _interp(a, b, lo), _interp(a, b, hi)
+        if math.isnan(p_lo) or math.isnan(p_hi):
+            return math.nan
+        total += (p_lo + p_hi) / 2 * (hi - lo)
+    return total
+
+
+def _mean(values: Iterable[float]) -> float | None:
+    vals = [v for v in values if not math.isnan(v)]
+    return sum(vals) / len(vals) if vals else None
+
+
+def window(samples: Sequence[Sample], t0: float, t1: float, gpus: Sequence[int] | None = None) -> dict:
+    """The FIGURES over [t0, t1] for the GPUs `gpus` (all sampled ones by default): utilisation, power and SM clock
+    averaged over the samples inside the window and the GPUs, memory the largest sum over the GPUs at one instant,
+    energy summed over the GPUs; a figure that cannot be had is None (never a guess)."""
+    chosen = sorted({s.gpu for s in samples} if gpus is None else set(gpus))
+    inside = [s for s in samples if t0 <= s.t <= t1 and s.gpu in chosen]
+    out: dict = {"gpu_samples": len(inside)}
+    out["gpu_util_pct_mean"] = _mean(s.util_pct for s in inside)
+    out["gpu_power_w_mean"] = _mean(s.power_w for s in inside)
+    out["gpu_sm_clock_mhz_mean"] = _mean(s.sm_clock_mhz for s in inside)
+    by_t: dict[float, float] = {}
+    for s in inside:
+        if not math.isnan(s.mem_used_mib):
+            by_t[s.t] = by_t.get(s.t, 0.0) + s.mem_used_mib
+    out["gpu_mem_used_mib_max"] = max(by_t.values()) if by_t else None
+    energies = [energy_j([s for s in samples if s.gpu == g], t0, t1) for g in chosen]
+    out["gpu_energy_j"] = sum(energies) if energies and not any(math.isnan(e) for e in energies) else None
+    return out
+
+
+def energy_per_token(energy: float | None, output_tokens: int) -> float | None:
+    """Joules per output token; None without an energy or without tokens."""
+    if energy is None or output_tokens <= 0:
+        return None
+    return energy / output_tokens
