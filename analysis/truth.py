@@ -23,8 +23,11 @@ KEYS = ["gpu", "tool", "config", "suite", "workload", "concurrency"]
 SHAPE = ["input_tokens", "image_px", "output_tokens"]
 COUNTS = ["n_measured", "requests_ok", "prompt_tokens_mean"]
 CLIENT_METRICS = ["ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "itl_p99_ms", "output_tok_s", "req_s"]
+# The GPU over the cell, where the host could read it (nvidia-smi; analysis.gpu_telemetry): optional columns.
+TELEMETRY = ["gpu_util_pct_mean", "gpu_mem_used_mib_max", "gpu_power_w_mean", "gpu_sm_clock_mhz_mean", "gpu_energy_j",
+             "energy_j_per_token"]
 COLUMNS = ["gpu", "vllm_version", "model", "tool", "config", "suite", "workload", *SHAPE, "concurrency", *COUNTS,
-           *CLIENT_METRICS, *ENGINE_MEANS]
+           *CLIENT_METRICS, *ENGINE_MEANS, *TELEMETRY]
 REQUIRED = [*KEYS, "input_tokens", "output_tokens"]
 # What sim_vs_real sets side by side: the client's figures and the engine's.
 COMPARED = ["ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "itl_p99_ms", "output_tok_s", "engine_prefill_ms",
@@ -49,7 +52,7 @@ def check(frame: pd.DataFrame) -> None:
     name more than one GPU."""
     if missing := [c for c in REQUIRED if c not in frame.columns]:
         raise TruthError(f"no column(s) {', '.join(missing)}: a truth table has {', '.join(COLUMNS)}")
-    numbers = [c for c in (*SHAPE, *COUNTS, *CLIENT_METRICS, *ENGINE_MEANS) if c in frame.columns]
+    numbers = [c for c in (*SHAPE, *COUNTS, *CLIENT_METRICS, *ENGINE_MEANS, *TELEMETRY) if c in frame.columns]
     if problem := table_check.unreadable(frame, KEYS, numbers):
         raise TruthError(problem)
     for pos, label in enumerate(frame.index):

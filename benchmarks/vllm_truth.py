@@ -24,6 +24,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from epdbench.analysis import gpu_telemetry
 from epdbench.analysis.metrics import summarize_cell
 from epdbench.analysis.truth_rows import (TRUTH_COLUMNS, bench_serve_args, client_figures_from_bench,
                                      client_figures_from_summary, engine_means, truth_row)
@@ -101,6 +102,35 @@ def stop(proc: subprocess.Popen | None) -> None:
         os.killpg(proc.pid, 9)
 
 
+def start_telemetry(path: Path) -> subprocess.Popen | None:
+    """nvidia-smi sampling this host's GPUs every 200 ms into `path` (appended) until stopped; None without
+    nvidia-smi."""
+    try:
+        with open(path, "a") as fh:
+            return subprocess.Popen(gpu_telemetry.smi_command(200), stdout=fh, stderr=subprocess.DEVNULL,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+    except OSError:
+        say("no nvidia-smi: the table's GPU telemetry columns stay empty")
+        return None
+
+
+def add_telemetry(path: Path, rows: list[dict], windows: dict) -> None:
+    """The GPU's figures over each measured phase this run timed, into its row (analysis.truth.TELEMETRY)."""
+    try:
+        samples = gpu_telemetry.parse_samples(path.read_text())
+    except (OSError, gpu_telemetry.TelemetryError) as e:
+        if windows and path.exists():
+            say(f"GPU telemetry not read ({e}); its columns stay empty")
+        return
+    for row in rows:
+        if id(row) not in windows:
+            continue
+        t0, t1, tokens = windows[id(row)]
+        figures = gpu_telemetry.window(samples, t0, t1, gpus=[0])
+        figures["energy_j_per_token"] = gpu_telemetry.energy_per_token(figures["gpu_energy_j"], tokens)
+        row.update({k: round(v, 4) if isinstance(v, float) else v for k, v in figures.items() if k in row})
+
+
 def cell_keys(spec, cell, req, gpu: str, version: str, tool: str) -> dict:
     img = req.image_px
     text_tokens = (req.target_prompt_tokens - spec.model.chat_overhead_tokens - image_tokens(spec.model, img, img)
@@ -126,8 +156,10 @@ def cells_to_do(spec, tool: str, done: set, deadline: float) -> list:
 
 
 async def measure_cells(spec, url: str, cal: Calibration, keys_of, records_out: list, rows: list,
-                        done: set = frozenset(), deadline: float = float("inf")) -> None:
-    """Every cell with the product's load generator; each row appended to `rows` as its cell ends."""
+                        done: set = frozenset(), deadline: float = float("inf"), windows: dict | None = None) -> None:
+    """Every cell with the product's load generator; each row appended to `rows` as its cell ends, its measured
+    phase's (start, end, output tokens) to `windows` under the row's id."""
+    windows = {} if windows is None else windows
     async with LoadGenerator(url, spec.model.name, spec.request_timeout_s, run_tag="truth") as lg:
         for cell in cells_to_do(spec, "epdbench", done, deadline):
             reqs = build_requests(spec, cell, 0, calibration=cal)
@@ -136,7 +168,9 @@ async def measure_cells(spec, url: str, cal: Calibration, keys_of, records_out: 
             if warm:
                 await lg.run_phase(lg.session, warm, cell.concurrency)
             before = await asyncio.to_thread(get, url + "/metrics")
+            t0 = time.time()
             recs = await lg.run_phase(lg.session, measured, cell.concurrency)
+            t1 = time.time()
             after = await asyncio.to_thread(get, url + "/metrics")
             import pandas as pd
             dicts = [{**d, "run": "truth", "trial": 0, "config": spec.configurations[0].name, "suite": cell.suite,
@@ -146,13 +180,15 @@ async def measure_cells(spec, url: str, cal: Calibration, keys_of, records_out: 
             stats = summarize_cell(pd.DataFrame(dicts))
             row = truth_row(keys_of(cell, measured[0], "epdbench"), client_figures_from_summary(stats),
                             engine_means(before, after))
+            windows[id(row)] = (t0, t1, sum(r.output_tokens or 0 for r in recs))
             rows.append(row)
             say(line(row))
 
 
 def bench_cells(args, spec, url: str, tokenizer: str, keys_of, raw: Path, rows: list,
                 done: set = frozenset(), deadline: float = float("inf")) -> None:
-    """Every cell with `vllm bench serve`; each row appended to `rows` as its cell ends."""
+    """Every cell with `vllm bench serve`; each row appended to `rows` as its cell ends (no GPU telemetry: the
+    command's own start and warm-ups cannot be told apart from its measured requests here)."""
     for cell in cells_to_do(spec, "vllm-bench", done, deadline):
         req = build_requests(spec, cell, 0)[-1]
         keys = keys_of(cell, req, "vllm-bench")
@@ -220,6 +256,7 @@ def main(argv=None) -> int:
             rows = list(csv.DictReader(fh))
         say(f"{len(rows)} rows already in {out / 'truth.csv'}: their cells are skipped")
     done = {cell_id(r) for r in rows}
+    sampler, windows = None, {}
     left = [(t, c.cell_id) for t in tools for c in plan_cells(spec)
             if (t, c.suite, c.workload, c.concurrency) not in done]
     if not left:
@@ -242,9 +279,10 @@ def main(argv=None) -> int:
         cal = calibrate(url, spec.model.name, calibration_keys(spec))
         say("prompt calibration: " + ", ".join(f"{k}: {a:.3f} tok/word + {b:.0f}" for k, (a, b) in cal.fits.items()))
         records: list[dict] = []
+        sampler = start_telemetry(raw / "gpu_telemetry.csv")
         if "epdbench" in tools:
             try:
-                asyncio.run(measure_cells(spec, url, cal, keys_of, records, rows, done, deadline))
+                asyncio.run(measure_cells(spec, url, cal, keys_of, records, rows, done, deadline, windows))
             finally:
                 if records:
                     from epdbench.tasks.rundir.results import append_records
@@ -254,7 +292,11 @@ def main(argv=None) -> int:
         if proc is not None:
             (out / "metrics-final.txt").write_text(get(url + "/metrics"))
     finally:
+        if sampler is not None:
+            time.sleep(0.5)          # a sample after the last cell's end, so that its window is covered
+        stop(sampler)
         stop(proc)
+        add_telemetry(raw / "gpu_telemetry.csv", rows, windows)
         with open(out / "truth.csv", "w", newline="") as fh:
             w = csv.DictWriter(fh, fieldnames=TRUTH_COLUMNS)
             w.writeheader()

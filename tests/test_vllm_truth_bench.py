@@ -4,6 +4,7 @@ cells without one; with nothing left it starts nothing; --deadline-s stops befor
 from __future__ import annotations
 
 import csv
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -35,10 +36,24 @@ def served(tmp_path_factory, tiny_spec_path):
         sim_target.stop(dep)
 
 
-def truth(spec: Path, url: str, out: Path, *extra: str) -> subprocess.CompletedProcess:
+def truth(spec: Path, url: str, out: Path, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), "--url", url, "--spec", str(spec), "--tools", "epdbench",
                            "--out", str(out), *extra], capture_output=True, text=True, timeout=240,
-                          stdin=subprocess.DEVNULL)
+                          stdin=subprocess.DEVNULL, env=env)
+
+
+# nvidia-smi as the benchmark calls it: the GPU's name, or a sample line per 50 ms (200 W, 50 %) until stopped
+FAKE_SMI = f"""#!{sys.executable}
+import sys, time
+if "--query-gpu=name" in sys.argv:
+    print("Fake GPU 80GB")
+    sys.exit(0)
+for _ in range(4000):
+    now = time.time()
+    print(time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(now)) + f".{{int(now % 1 * 1000):03d}}, 0, 50, 1000, 200.00, 1980",
+          flush=True)
+    time.sleep(0.05)
+"""
 
 
 def rows(out: Path) -> list[dict]:
@@ -79,3 +94,23 @@ def test_a_deadline_reached_before_the_first_cell_keeps_an_empty_table_and_says_
     assert done.returncode == 1
     assert "deadline reached: 4 epdbench cell(s) left; run again with the same --out to go on" in done.stdout
     assert rows(out) == []
+
+
+def test_the_gpus_power_over_each_measured_phase_gives_its_energy_per_token(served, tmp_path):
+    spec, url = served
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(FAKE_SMI)
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    done = truth(spec, url, tmp_path / "out", env=env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    made = rows(tmp_path / "out")
+    assert len(made) == 4 and {r["gpu"] for r in made} == {"Fake GPU 80GB"}
+    for r in made:
+        assert float(r["gpu_power_w_mean"]) == 200.0 and float(r["gpu_util_pct_mean"]) == 50.0
+        # 200 W over the measured phase, spread over its output tokens (2 requests × 8)
+        assert float(r["energy_j_per_token"]) == pytest.approx(float(r["gpu_energy_j"]) / 16, rel=1e-3)
+        assert 0 < float(r["gpu_energy_j"]) < 200 * 60
+    assert not [line for line in (tmp_path / "out" / "raw" / "gpu_telemetry.csv").read_text().splitlines()
+                if line.count(",") != 5][:-1]
