@@ -11,9 +11,9 @@ worse beyond the noise on the other (analysis.noise.distinct: TPOT p50 for x, wh
 GPU for y; with one trial each percentile's sample CI floored by the metric's run-to-run spread, with several the
 95% CI over trials) — the Verdict's rule, on two axes at once. Otherwise it is on the **frontier**: a point behind
 another only within the noise, or tied with it, stays on it; a lead within the noise on one axis does not keep a
-point on it that is behind beyond the noise on the other. A contaminated cell (host load moved its figures) takes no part: it neither joins the
-frontier nor pushes another point off it. A cell without a TPOT (every output a single token) or a GPU count is
-not placed.
+point on it that is behind beyond the noise on the other. A contaminated cell (host load moved its figures) takes
+no part: it neither joins the frontier nor pushes another point off it. A cell without a TPOT (every output a
+single token) or a GPU count is not placed.
 
 Cost per million output tokens = gpu_hour_usd × GPUs / 3600 / output tok/s × 1e6 (the same as
 gpu_hour_usd / 3600 / tok/s per GPU × 1e6), per cell; absent without a price. Energy per token (joules) needs GPU
@@ -112,7 +112,7 @@ def pareto_points(summary: pd.DataFrame, gpu_hour_usd: float | None = None) -> p
     out = []
     for r in rows:
         out.append({**{c: r.get(c) for c in POINT_COLUMNS}, **_bands(r),
-                    PER_GPU: finite(r.get(PER_GPU)),
+                    "concurrency": int(r["concurrency"]), "trials": int(r["trials"]), PER_GPU: finite(r.get(PER_GPU)),
                     "cost_usd_per_mtok": cost_usd_per_mtok(gpu_hour_usd, r.get(PER_GPU)),
                     "energy_j_per_token": None})
     frame = pd.DataFrame(out, columns=POINT_COLUMNS)
