@@ -185,15 +185,27 @@ def _load_tag(workload: str, concurrency: int) -> str:
     return f"{rate:g}/s" if rate is not None else f"c={int(concurrency)}"
 
 
+def _envelope(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The points no other point matches or beats on both axes, by x ascending (y then descends): the staircase
+    drawn through a frontier whose other points are behind it only within the noise."""
+    best, keep = -np.inf, []
+    for i in sorted(range(len(x)), key=lambda i: (x[i], y[i]), reverse=True):
+        if y[i] > best:
+            keep.append(i)
+            best = y[i]
+    keep.reverse()
+    return x[keep], y[keep]
+
+
 def pareto_plot(suite: str, points: pd.DataFrame, colors: dict[str, str], note: str = "") -> Plot | None:
     """Output tok/s per GPU against tok/s per user, a panel per shape: a line per configuration over its loads
-    with its noise bands, the frontier as a dashed staircase through ringed points, contaminated cells hollow."""
+    with its noise bands, the frontier's points ringed under a dashed staircase, contaminated cells hollow."""
     placed = points[points["status"] != UNPLACED]
     if placed.empty:
         return None
     shapes = list(dict.fromkeys(zip(placed["shape"], placed["stream"])))
-    width_in = min(MAX_WIDTH_IN, max(7.0, 4.6 * len(shapes)))
-    fig = Figure(figsize=(width_in, 4.6))
+    width_in = min(MAX_WIDTH_IN, max(7.0, 5.2 * len(shapes)))
+    fig = Figure(figsize=(width_in, 4.8))
     axes = fig.subplots(1, len(shapes), squeeze=False)[0]
     handles: dict[str, object] = {}
     for ax, (shape, stream) in zip(axes, shapes):
@@ -212,15 +224,18 @@ def pareto_plot(suite: str, points: pd.DataFrame, colors: dict[str, str], note: 
             for xi, yi, w, c in zip(x, y, g["workload"], g["concurrency"]):
                 ax.annotate(_load_tag(w, c), (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7,
                             color=colors[config])
-        front = mine[mine["status"] == FRONTIER].sort_values(PER_USER)
+        ax.margins(x=0.12, y=0.08)
+        ax.set_ylim(bottom=0)
+        left, right = ax.get_xlim()         # the points' own range: interactivity of one shape varies little
+        front = mine[mine["status"] == FRONTIER]
         if len(front):
             fx, fy = front[PER_USER].astype(float).to_numpy(), front[PER_GPU].astype(float).to_numpy()
-            (step,) = ax.step(np.r_[0.0, fx], np.r_[fy[0], fy], where="pre", color="black", linestyle="--",
-                              linewidth=1.1, zorder=2, label="Pareto frontier")
             ax.scatter(fx, fy, s=150, facecolors="none", edgecolors="black", linewidths=1.4, zorder=4)
+            ex, ey = _envelope(fx, fy)
+            (step,) = ax.step(np.r_[left, ex], np.r_[ey[0], ey], where="pre", color="black", linestyle="--",
+                              linewidth=1.1, zorder=2, label="Pareto frontier")
             handles.setdefault("Pareto frontier", step)
-        ax.set_xlim(left=0)
-        ax.set_ylim(bottom=0)
+        ax.set_xlim(left, right)
         ax.grid(True, alpha=0.3)
         ax.set_title(shape_label(shape, stream), fontsize=9)
         ax.set_xlabel("interactivity: output tok/s per user (1000 / TPOT p50)")
@@ -232,9 +247,10 @@ def pareto_plot(suite: str, points: pd.DataFrame, colors: dict[str, str], note: 
     over = f"means over {trials} trials" if trials > 1 else "one trial"
     return Plot(f"{suite}-pareto.png", suite, f"Throughput per GPU against interactivity, suite {suite}",
                 f"Each cell of suite {suite} as a point ({over}), one line per configuration over its loads "
-                "(labelled), bars its noise band. Ringed points on the dashed staircase are the Pareto frontier of "
-                "their shape: no other point is better beyond the noise on one axis without being worse beyond it on "
-                "the other. Hollow: contaminated by host load, not judged.", png_of(fig, note), width_in > WIDE_IN)
+                "(labelled), bars its noise band. Ringed: the Pareto frontier of its shape, where no other point is "
+                "better beyond the noise on one axis without being worse beyond it on the other; the dashed staircase "
+                "bounds it (a ringed point under it is behind only within the noise). Hollow: contaminated by host "
+                "load, not judged.", png_of(fig, note), width_in > WIDE_IN)
 
 
 def config_colors(configs: list[str], summary: pd.DataFrame) -> dict[str, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 
+import numpy as np
 import pandas as pd
 import pytest
 from rich.console import Console
@@ -58,8 +59,14 @@ def test_a_png_per_suite_with_its_caption():
     assert [p.name for p in plots] == ["fixed-pareto.png", "mm-pareto.png"]
     assert all(p.png.startswith(PNG) and len(p.png) > 10000 for p in plots)
     assert plots[0].title == "Throughput per GPU against interactivity, suite fixed"
-    assert "Ringed points on the dashed staircase are the Pareto frontier" in plots[0].caption
+    assert "Ringed: the Pareto frontier of its shape" in plots[0].caption
     assert "one trial" in plots[0].caption
+
+
+def test_the_staircase_runs_through_the_points_nothing_matches_on_both_axes():
+    from epdbench.reports.plots import _envelope
+    x, y = _envelope(np.array([117.6, 116.4, 116.5, 119.0, 110.0]), np.array([109.0, 105.7, 100.0, 50.0, 109.0]))
+    assert x.tolist() == [117.6, 119.0] and y.tolist() == [109.0, 50.0]
 
 
 def test_no_plot_without_a_placed_point():
