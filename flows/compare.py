@@ -22,12 +22,14 @@ from epdbench.analysis.goodput import goodput_lines
 from epdbench.reports.breakdown import breakdown_lines
 from epdbench.analysis.labels import cell_label
 from epdbench.analysis.metrics import RECORD_COLUMNS, summarize
+from epdbench.analysis.pareto import pareto_points
 from epdbench.analysis.regression import RegressionSettings
 from epdbench.analysis.trials import aggregate_trials
-from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, spec_to_yaml
+from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, load_spec, spec_to_yaml
 from epdbench.specs.profile import profile_to_yaml
 from epdbench.specs.workload import Cell, calibration_keys, plan_cells
 from epdbench.reports.goodput import throughput_goodput_gaps
+from epdbench.reports.pareto import pareto_lines
 from epdbench.reports.verdict import verdict_lines
 from epdbench.flows.outputs import prefect_summary_artifact, report_meta, verdict_view
 from epdbench.flows.incluster import LoadgenIncomplete, run_suite_in_cluster
@@ -325,6 +327,9 @@ def _compare(spec: ExperimentSpec, run: str, rdir: Path, tracking_uri: str | Non
              regression: RegressionSettings | None, progress_artifact: str | None = None) -> dict:
     if not resume or not (rdir / "spec.yaml").exists():
         (rdir / "spec.yaml").write_text(spec_to_yaml(spec))
+    elif (stored := load_spec(str(rdir / "spec.yaml"))).cost != spec.cost:   # a resume may price a GPU-hour
+        priced = stored.model_copy(update={"cost": spec.cost})            # anew: no figure it measures moves
+        write_text_atomic(rdir / "spec.yaml", spec_to_yaml(priced))
     uri = publish.resolve_tracking_uri(tracking_uri, spec)
     state = publish.load_state(rdir, run, publish.store_id(uri, spec.tracking.experiment))
     _MLFLOW_NOTICE.reset(uri, rdir)
@@ -388,6 +393,7 @@ def _compare(spec: ExperimentSpec, run: str, rdir: Path, tracking_uri: str | Non
     goodput_table = read_goodput(rdir / "goodput.csv")
     outcome["goodput"] = goodput_lines(goodput_table)
     outcome["ttft_breakdown"] = breakdown_lines(ttft_breakdown(rdir, meta, read_records(rdir / "records.parquet")))
+    outcome["pareto"] = pareto_lines(pareto_points(summary, spec.cost.gpu_hour_usd), meta)
     comparisons = compare_cells(summary)     # as the report's Verdict (reports.render.report_context), same summary
     outcome["winners"] = verdict_lines(comparisons) + throughput_goodput_gaps(
         comparisons, goodput_table, {c.name: spec.gpus_used(c) for c in spec.configurations})

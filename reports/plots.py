@@ -3,7 +3,8 @@ state or display backend; the same PNGs go to plots/ (Markdown) and inline into 
 
 Per suite: the ITL CDF of every configuration at the longest shape and highest concurrency; TTFT p50
 and ITL p99 versus concurrency per shape (open-loop rate suites: SLO attainment versus offered rate);
-output throughput per GPU per matched cell.
+output throughput per GPU per matched cell; throughput per GPU against interactivity with the Pareto frontier
+(analysis.pareto), per shape.
 """
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ from matplotlib import ticker
 from matplotlib.figure import Figure
 
 from epdbench.analysis.labels import cell_label, load_label, shape_label
+from epdbench.analysis.pareto import CONTAMINATED, FRONTIER, PER_GPU, PER_USER, UNPLACED
 from epdbench.analysis.samples import cdf_cell, itl_samples_ms
 from epdbench.analysis.trials import aggregate_trials
+from epdbench.specs.workload import split_rate
 
 DPI = 100
 WIDE_IN = 8.0          # figures wider than this take a whole row in report.html
@@ -170,6 +173,102 @@ def attainment_vs_rate(suite: str, att: pd.DataFrame, colors: dict[str, str], no
                 png_of(fig, note), width_in > WIDE_IN)
 
 
+def _spread(values: pd.Series, bound: pd.Series) -> np.ndarray:
+    """Distance from each value to its noise bound (0 where either is unknown), for error bars."""
+    return np.nan_to_num(np.abs(pd.to_numeric(bound, errors="coerce").to_numpy(dtype=float)
+                                - pd.to_numeric(values, errors="coerce").to_numpy(dtype=float)), nan=0.0)
+
+
+def _load_tag(workload: str, concurrency: int) -> str:
+    """A point's load, short: 'c=8', or the offered rate '4/s'."""
+    _, rate = split_rate(workload)
+    return f"{rate:g}/s" if rate is not None else f"c={int(concurrency)}"
+
+
+def _envelope(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The points no other point matches or beats on both axes, by x ascending (y then descends): the staircase
+    drawn through a frontier whose other points are behind it only within the noise."""
+    best, keep = -np.inf, []
+    for i in sorted(range(len(x)), key=lambda i: (x[i], y[i]), reverse=True):
+        if y[i] > best:
+            keep.append(i)
+            best = y[i]
+    keep.reverse()
+    return x[keep], y[keep]
+
+
+def pareto_plot(suite: str, points: pd.DataFrame, colors: dict[str, str], note: str = "") -> Plot | None:
+    """Output tok/s per GPU against tok/s per user, a panel per shape: a line per configuration over its loads
+    with its noise bands, the frontier's points ringed under a dashed staircase, contaminated cells hollow."""
+    placed = points[points["status"] != UNPLACED]
+    if placed.empty:
+        return None
+    shapes = list(dict.fromkeys(zip(placed["shape"], placed["stream"])))
+    width_in = min(MAX_WIDTH_IN, max(7.0, 5.2 * len(shapes)))
+    fig = Figure(figsize=(width_in, 4.8))
+    axes = fig.subplots(1, len(shapes), squeeze=False)[0]
+    handles: dict[str, object] = {}
+    for ax, (shape, stream) in zip(axes, shapes):
+        mine = placed[(placed["shape"] == shape) & (placed["stream"] == stream)]
+        for config, g in mine.groupby("config", sort=False):
+            g = g.sort_values(PER_USER)
+            x, y = g[PER_USER].astype(float).to_numpy(), g[PER_GPU].astype(float).to_numpy()
+            ax.errorbar(x, y, xerr=[_spread(g[PER_USER], g[f"{PER_USER}_{s}"]) for s in ("lo", "hi")],
+                        yerr=[_spread(g[PER_GPU], g[f"{PER_GPU}_{s}"]) for s in ("lo", "hi")],
+                        fmt="none", ecolor=colors[config], alpha=0.35, linewidth=1)
+            hollow = (g["status"] == CONTAMINATED).to_numpy()
+            (line,) = ax.plot(x, y, color=colors[config], linewidth=1.2, alpha=0.8, label=config)
+            ax.scatter(x[~hollow], y[~hollow], color=colors[config], s=28, zorder=3)
+            ax.scatter(x[hollow], y[hollow], facecolors="white", edgecolors=colors[config], s=28, zorder=3)
+            handles.setdefault(config, line)
+            for xi, yi, w, c in zip(x, y, g["workload"], g["concurrency"]):
+                ax.annotate(_load_tag(w, c), (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7,
+                            color=colors[config])
+        ax.margins(x=0.12, y=0.08)
+        ax.set_ylim(bottom=0)
+        left, right = ax.get_xlim()         # the points' own range: interactivity of one shape varies little
+        front = mine[mine["status"] == FRONTIER]
+        if len(front):
+            fx, fy = front[PER_USER].astype(float).to_numpy(), front[PER_GPU].astype(float).to_numpy()
+            ax.scatter(fx, fy, s=150, facecolors="none", edgecolors="black", linewidths=1.4, zorder=4)
+            ex, ey = _envelope(fx, fy)
+            (step,) = ax.step(np.r_[left, ex], np.r_[ey[0], ey], where="pre", color="black", linestyle="--",
+                              linewidth=1.1, zorder=2, label="Pareto frontier")
+            handles.setdefault("Pareto frontier", step)
+        ax.set_xlim(left, right)
+        ax.grid(True, alpha=0.3)
+        ax.set_title(shape_label(shape, stream), fontsize=9)
+        ax.set_xlabel("interactivity: output tok/s per user (1000 / TPOT p50)")
+        ax.set_ylabel("output tok/s per GPU" if ax is axes[0] else "")
+    fig.legend(list(handles.values()), list(handles), loc="upper center", ncol=len(handles), fontsize=8,
+               bbox_to_anchor=(0.5, 1.06))
+    fig.suptitle(f"Throughput per GPU against interactivity — {suite}", y=1.12, fontsize=11)
+    trials = int(pd.to_numeric(points["trials"]).max())
+    over = f"means over {trials} trials" if trials > 1 else "one trial"
+    return Plot(f"{suite}-pareto.png", suite, f"Throughput per GPU against interactivity, suite {suite}",
+                f"Each cell of suite {suite} as a point ({over}), one line per configuration over its loads "
+                "(labelled), bars its noise band. Ringed: the Pareto frontier of its shape, where no other point is "
+                "better beyond the noise on one axis without being worse beyond it on the other; the dashed staircase "
+                "bounds it (a ringed point under it is behind only within the noise). Hollow: contaminated by host "
+                "load, not judged.", png_of(fig, note), width_in > WIDE_IN)
+
+
+def config_colors(configs: list[str], summary: pd.DataFrame) -> dict[str, str]:
+    """One color per configuration, the spec's order first, the same on every plot of a run."""
+    ordered = list(dict.fromkeys([*configs, *(summary["config"] if "config" in summary else [])]))
+    return {c: PALETTE[i % len(PALETTE)] for i, c in enumerate(ordered)}
+
+
+def pareto_plots(points: pd.DataFrame, configs: list[str], note: str = "") -> list[Plot]:
+    """A Pareto plot per suite (pareto_plot) from analysis.pareto.pareto_points, colors as suite_plots'."""
+    if points.empty:
+        return []
+    colors = config_colors(configs, points)
+    found = [pareto_plot(suite, points[points["suite"] == suite], colors, note)
+             for suite in dict.fromkeys(points["suite"])]
+    return [p for p in found if p is not None]
+
+
 def plot_note(meta: dict) -> str:
     """What every plot of a run says under it about where its figures come from: the simulator's clock."""
     if meta.get("clock") == "virtual":
@@ -187,8 +286,7 @@ def suite_plots(summary: pd.DataFrame, records: pd.DataFrame, configs: list[str]
     under every plot (png_of)."""
     if summary.empty:
         return []
-    ordered = list(dict.fromkeys([*configs, *summary["config"]]))
-    colors = {c: PALETTE[i % len(PALETTE)] for i, c in enumerate(ordered)}
+    colors = config_colors(configs, summary)
     agg = aggregate_trials(summary)
     rated = set(attainment["suite"]) if attainment is not None and len(attainment) else set()
     plots: list[Plot] = []

@@ -13,6 +13,7 @@ import pandas as pd
 from epdbench.analysis.compare import REPORT_METRICS, Comparison, compare, ratio_phrase
 from epdbench.analysis.headline import MIN_HEADLINE_FACTOR, baseline_config, changes_vs_baseline, headline, tallies
 from epdbench.analysis.labels import cell_label, load_label, shape_label
+from epdbench.analysis.pareto import pareto_points
 from epdbench.analysis.regression import REGRESSION_METRICS
 from epdbench.analysis.samples import early_stops, prompt_fit
 from epdbench.analysis.trials import aggregate_trials, low_support
@@ -20,6 +21,7 @@ from epdbench.reports.breakdown import breakdown_view
 from epdbench.reports.findings import (benefits, cache_text, headline_sentence, history_view, limitations, reuse_view,
                                        suite_prose)
 from epdbench.reports.goodput import throughput_goodput_gaps
+from epdbench.reports.pareto import pareto_view
 from epdbench.reports.verdict import contamination_line, verdict_view
 from epdbench.reports.fmt import fmt, matched_order
 from epdbench.templating import make_env
@@ -139,11 +141,12 @@ def plot_groups(plots) -> list[dict]:
 
 def report_context(meta: dict, summary: pd.DataFrame, verdicts: dict[str, dict], environment: dict | None = None,
                    records: pd.DataFrame | None = None, history: dict | None = None, plots=(),
-                   goodput: dict | None = None, breakdown: dict | None = None) -> dict:
+                   goodput: dict | None = None, breakdown: dict | None = None, pareto: dict | None = None) -> dict:
     """Everything both templates show. `environment` from reports.environment, `records` the raw request
     rows (prompt fit, early stops), `history` a regression check result, `plots` from reports.plots,
     `goodput` from reports.goodput.goodput_view, `breakdown` from reports.breakdown.breakdown_view (None: the
-    section says no request was traced)."""
+    section says no request was traced), `pareto` from reports.pareto.pareto_view (None: the summary's points
+    without a price or plots)."""
     records = records if records is not None else pd.DataFrame()
     comparisons = compare(summary)
     agg = aggregate_trials(summary)
@@ -162,6 +165,7 @@ def report_context(meta: dict, summary: pd.DataFrame, verdicts: dict[str, dict],
         "contamination": contamination_line(summary, meta),
         "goodput": goodput,
         "breakdown": breakdown or breakdown_view(None, [], None),
+        "pareto": pareto or pareto_view(pareto_points(summary), meta),
         "goodput_gaps": throughput_goodput_gaps(comparisons, (goodput or {}).get("table"),
                                                 {c["name"]: c["gpus"] for c in meta["configurations"]}),
         "headline": [headline_sentence(f) for f in headline(changes)],
@@ -185,10 +189,10 @@ def render_markdown(context: dict) -> str:
 
 def render_report(meta: dict, summary: pd.DataFrame, verdicts: dict[str, dict], environment: dict | None = None,
                   records: pd.DataFrame | None = None, history: dict | None = None, plots=(),
-                  goodput: dict | None = None, breakdown: dict | None = None) -> str:
+                  goodput: dict | None = None, breakdown: dict | None = None, pareto: dict | None = None) -> str:
     """report.md straight from the data."""
     return render_markdown(report_context(meta, summary, verdicts, environment, records, history, plots, goodput,
-                                          breakdown))
+                                          breakdown, pareto))
 
 
 def render_html(context: dict) -> str:

@@ -38,6 +38,8 @@ def print_summary(outcome: dict, console: Console | None = None) -> None:
         console.print(Text(line))
     for line in outcome.get("ttft_breakdown") or []:
         console.print(Text(line), soft_wrap=True)
+    for line in outcome.get("pareto") or []:       # one per suite: who is on the frontier, the cheapest when priced
+        console.print(Text(line), soft_wrap=True)
     for name, c in outcome["configs"].items():
         state = "ok" if c["ok"] else f"{c.get('status', 'failed').upper()}: {c['error']}"
         ec = f", encoder outputs {c['ec_transport']}" if c.get("ec_transport") else ""

@@ -17,6 +17,7 @@ from epdbench.physics.costmodel import image_tokens
 from epdbench.specs.gpu_share import gpu_shares
 from epdbench.specs.real_shapes import real_shapes_problem
 from epdbench.specs.base import KvTransport, RoleName, Strict, Topology, dump_yaml
+from epdbench.specs.cost import CostSpec
 from epdbench.specs.node import CPU_BLOCK_TOKENS, GPU_BLOCK_TOKENS, EngineSpec, HardwareSpec, ModelSpec, VisionSpec
 from epdbench.specs.suites import (CellCounts, FixedSuite, ImageCell, MixedSuite, MultimodalSuite, RateSuite, Shape,
                                    Slo, StreamSpec, Suite, sends_images)
@@ -26,7 +27,7 @@ from epdbench.specs.targets import (EmptyDirModelCache, HostPathModelCache, Kube
 from epdbench.specs.topology import ConfigurationSpec, RoleSpec
 from epdbench.specs.tracing import TracingSpec
 
-__all__ = ["RateSuite", "Slo", "CellCounts", "ConfigurationSpec", "EmptyDirModelCache", "EngineSpec", "ExperimentSpec",
+__all__ = ["RateSuite", "Slo", "CellCounts", "ConfigurationSpec", "CostSpec", "EmptyDirModelCache", "EngineSpec", "ExperimentSpec",
            "FixedSuite", "HardwareSpec", "HostPathModelCache", "ImageCell", "KubeEngineSpec", "KubeNodeSpec",
            "KubeRouterSpec", "KubernetesTargetSpec", "KvTransport", "LocalTargetSpec", "MixedSuite", "ModelSpec",
            "MultimodalSuite", "PvcModelCache",
@@ -75,6 +76,8 @@ class ExperimentSpec(Strict):
     tracking: TrackingSpec = Field(default_factory=TrackingSpec, title="Tracking", description="MLflow settings.")
     tracing: TracingSpec = Field(default_factory=TracingSpec, title="Request tracing",
                                  description="Per-request stage timelines (OpenTelemetry spans).")
+    cost: CostSpec = Field(default_factory=CostSpec, title="Cost",
+                           description="The price of a GPU-hour, for cost per million output tokens.")
 
     @model_validator(mode="after")
     def _check(self) -> "ExperimentSpec":
@@ -283,8 +286,8 @@ def select_configurations(spec: ExperimentSpec, names: list[str] | None) -> Expe
     return spec.model_copy(update={"configurations": chosen})
 
 
-NOT_COMPARED = {"tracking", "tracing", "description"}   # where results are logged, which requests are traced
-                                                     # (ingest within noise: benchmarks/loadgen.py --tracing), and prose
+NOT_COMPARED = {"tracking", "tracing", "description", "cost"}   # where results are logged, which requests are
+# traced (ingest within noise: benchmarks/loadgen.py --tracing), prose, and the price a report puts on a GPU-hour
 
 
 LOCAL_GPU_FIELDS = ("model_files", "gpu_share", "gpu_shares", "encode_vision_only", "router", "ec_shared_dir")
@@ -303,10 +306,11 @@ def roofline_as_before(hardware: dict) -> dict:
 
 
 def spec_fingerprint(spec: ExperimentSpec) -> str:
-    """What makes two runs comparable: the resolved spec less where results are logged and its prose
-    (tracking, description). Regression history matches on it, not only on the spec's name. The measured
-    operator laws (hardware.op_laws, the default) gave every preset a new one: runs on the roofline laws before
-    them are other physics; a spec on the roofline laws keeps the fingerprint it had."""
+    """What makes two runs comparable: the resolved spec less where results are logged, its prose and the price of a
+    GPU-hour (tracking, description, cost: a price changes no figure a run measures). Regression history matches on
+    it, not only on the spec's name. The measured operator laws (hardware.op_laws, the default) gave every preset a
+    new one: runs on the roofline laws before them are other physics; a spec on the roofline laws keeps the
+    fingerprint it had."""
     data = spec.model_dump(mode="json", exclude=NOT_COMPARED)
     if data["target"]["sim"]["clock"] == "real":   # the default: fingerprints of runs before the clock stay equal
         del data["target"]["sim"]["clock"]

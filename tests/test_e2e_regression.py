@@ -21,8 +21,9 @@ from tests.reports.report_checks import (SECTIONS, check_bold_winners, check_hea
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = "regress"
-# One suite of one concurrency: its ITL CDF, throughput per GPU and where TTFT goes (no latency-vs-concurrency).
-PLOTS = ["fixed-itl-cdf.png", "fixed-throughput-per-gpu.png", "fixed-ttft-breakdown.png"]
+# One suite of one concurrency: its ITL CDF, throughput per GPU, throughput per GPU against interactivity and where
+# TTFT goes (no latency-vs-concurrency).
+PLOTS = ["fixed-itl-cdf.png", "fixed-pareto.png", "fixed-throughput-per-gpu.png", "fixed-ttft-breakdown.png"]
 PAST_ITL_P99_MS = [4.00, 4.04, 3.97, 4.02, 3.99, 4.01]      # the simulator's decode step alone is ~7 ms
 
 
@@ -59,7 +60,7 @@ def nightly(tmp_path_factory, tiny_spec_path):
     seed_history(uri, work / "spec.yaml")
     out = work / "results"
     proc = epdbench("compare", "--spec", str(work / "spec.yaml"), "--out", str(out), "--tracking-uri", uri,
-                    "--fail-on-regression", cwd=work)
+                    "--fail-on-regression", "--gpu-hour-usd", "2", cwd=work)
     return proc, out, uri, work
 
 
@@ -71,6 +72,8 @@ def test_exactly_the_planted_metric_fails_the_run(nightly):
                for j in check["judgements"] if j["status"] in ("regression", "improvement")]
     assert flagged == [("pd-tcp", "4096/32", 4, "itl_p99_ms", "regression")]
     assert "Regression check against the last 6 run(s): 1 regression(s)" in proc.stdout
+    assert "Pareto frontier, suite fixed (output tok/s per GPU against tok/s per user) — simulated: 4096/32: " in (
+        proc.stdout.replace("\n", " "))
 
 
 def test_the_report_has_every_section_and_the_flag(nightly):
@@ -99,7 +102,15 @@ def test_mlflow_holds_the_html_report_plots_and_verdict_tags(nightly):
     runs = client.search_runs([client.get_run(parent).info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent}'")
     tags = {r.data.tags["epdbench.config"]: r.data.tags["epdbench.regression"] for r in runs}
     assert tags == {"pd-tcp": "regression", "aggregated": "insufficient-history"}
-    assert client.get_run(parent).data.metrics["regressions"] == 1.0
+    metrics = client.get_run(parent).data.metrics
+    assert metrics["regressions"] == 1.0
+    # the price given on the command line: cost per cell; frontier points per configuration
+    summary = pd.read_csv(out / "summary.csv").set_index("config")
+    for config in ("aggregated", "pd-tcp"):
+        per_gpu = float(summary.loc[config, "output_tok_s_per_gpu"])
+        assert metrics[f"cost_usd_per_mtok.fixed.4096/32.c4.{config}"] == pytest.approx(2 / 3600 / per_gpu * 1e6)
+    assert metrics["frontier_points.fixed.aggregated"] + metrics["frontier_points.fixed.pd-tcp"] >= 1
+    assert "$2 per GPU-hour" in (out / "report.md").read_text()
 
 
 def test_history_command_shows_the_jump(nightly):

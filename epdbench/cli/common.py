@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import math
 import os
 import re
 from pathlib import Path
@@ -131,6 +132,11 @@ def load_compare_spec(args) -> tuple:
         if args.seed < 0:
             raise SpecError("--seed: must be >= 0")
         updates["seed"] = args.seed
+    price = getattr(args, "gpu_hour_usd", None)
+    if price is not None:
+        if not (math.isfinite(price) and price >= 0):
+            raise SpecError(f"--gpu-hour-usd {price:g}: give the price of one GPU-hour in USD, 0 or more (e.g. 2.5)")
+        updates["cost"] = spec.cost.model_copy(update={"gpu_hour_usd": price})
     tracking = spec.tracking
     if args.experiment:
         tracking = tracking.model_copy(update={"experiment": args.experiment})

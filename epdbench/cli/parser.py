@@ -29,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=int, default=None, help="override the spec's seed")
     c.add_argument("--profile", default=None,
                    help="a calibration profile (epdbench calibrate) applied to the simulator (--target sim only)")
+    c.add_argument("--gpu-hour-usd", type=float, default=None, metavar="USD",
+                   help="price of one GPU-hour, for the report's cost per million output tokens (default: spec's "
+                        "cost.gpu_hour_usd; none: no cost figures)")
     add_kube_flags(c)
     c.add_argument("--keep", action="store_true", help="leave each configuration running (--target kubernetes)")
     c.add_argument("--resume", default=None, metavar="RUN",

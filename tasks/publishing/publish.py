@@ -261,11 +261,14 @@ def _publish_comparison(tracker: Tracker, parent: str, rdir: Path, all_verified:
 
 def comparison_view(tracker: Tracker, parent: str, rdir: Path) -> dict:
     """The comparison run on its own (reports.mlflow_view): the report's opening as its description, wins per
-    configuration and metric as metrics; returns the tags to set (description and one verdict per cell)."""
+    configuration and metric, cost per million output tokens and frontier points (reports.pareto) as metrics;
+    returns the tags to set (description and one verdict per cell)."""
     import pandas as pd
 
     from epdbench.analysis.compare import VERDICT_METRICS, compare
+    from epdbench.analysis.pareto import pareto_points
     from epdbench.reports.mlflow_view import report_note, verdict_tags, verdict_wins
+    from epdbench.reports.pareto import pareto_metrics
 
     tags = {}
     if (rdir / "report.md").is_file():
@@ -273,8 +276,11 @@ def comparison_view(tracker: Tracker, parent: str, rdir: Path) -> dict:
     if (rdir / "summary.csv").is_file() and (rdir / "summary.csv").stat().st_size:
         summary = pd.read_csv(rdir / "summary.csv")
         comparisons = compare(summary, VERDICT_METRICS)
-        tracker.log_metrics(parent, verdict_wins(comparisons, list(dict.fromkeys(summary["config"]))))
+        configs = list(dict.fromkeys(summary["config"]))
+        tracker.log_metrics(parent, verdict_wins(comparisons, configs))
         tags.update(verdict_tags(comparisons))
+        points = pareto_points(summary, load_spec(str(rdir / "spec.yaml")).cost.gpu_hour_usd)
+        tracker.log_metrics(parent, pareto_metrics(points, configs))
     return tags
 
 

@@ -12,10 +12,12 @@ import pandas as pd
 from epdbench.analysis.goodput import GOODPUT_COLUMNS, attainment, goodput, rate_cells
 from epdbench.analysis.metrics import summarize
 from epdbench.analysis.breakdown import cell_breakdown
+from epdbench.analysis.pareto import pareto_points
 from epdbench.reports.breakdown import breakdown_plots, breakdown_view
 from epdbench.reports.environment import environment
 from epdbench.reports.goodput import goodput_view
-from epdbench.reports.plots import plot_note, suite_plots
+from epdbench.reports.pareto import pareto_view
+from epdbench.reports.plots import pareto_plots, plot_note, suite_plots
 from epdbench.reports.render import render_html, render_markdown, report_context
 from epdbench.specs.models import RateSuite, SpecError, load_spec
 from epdbench.specs.profile import load_profile
@@ -105,11 +107,15 @@ def write_report(rdir: Path, meta: dict, verdicts: dict, regression: dict | None
     plots = suite_plots(summary, records, configs, att, plot_note(meta))
     table = ttft_breakdown(rdir, meta, records)
     parts_plots = breakdown_plots(table, configs, plot_note(meta))
-    write_plots(out, plots + parts_plots)
+    price = spec.cost.gpu_hour_usd if spec is not None else None
+    points = pareto_points(summary, price)
+    frontier_plots = pareto_plots(points, configs, plot_note(meta))
+    write_plots(out, plots + parts_plots + frontier_plots)
     context = report_context(meta, summary, verdicts, environment(spec, profile) if spec is not None else None,
                              records, regression, plots, goodput_table,
                              breakdown_view(table, configs, spec.tracing.enabled if spec is not None else None,
-                                            parts_plots, meta.get("clock") == "virtual"))
+                                            parts_plots, meta.get("clock") == "virtual"),
+                             pareto_view(points, meta, price, frontier_plots))
     (out / "report.md").write_text(render_markdown(context))
     (out / "report.html").write_text(render_html(context))
     return [out / name for name in REPORT_FILES]

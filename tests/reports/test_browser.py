@@ -33,7 +33,7 @@ def test_report_html_opens_with_every_plot_visible(tmp_path, tiny_spec):
     rerender(rdir)
     n_plots = len(list((rdir / "plots").glob("*.png")))
     page = probe(rdir / "report.html", tmp_path)
-    assert page["images"] == page["decoded"] == n_plots == 8     # 4 suites at one concurrency: CDF, throughput
+    assert page["images"] == page["decoded"] == n_plots == 12    # 4 suites at one concurrency: CDF, throughput, Pareto
     shot = screenshot(rdir / "report.html", tmp_path, "report.png", min(page["height"], 16000))
     assert Image.open(shot).size == (1400, min(page["height"], 16000))
     assert palette_pixels(shot) > 20000         # the plots' colored lines and bars are on screen

@@ -1,5 +1,5 @@
 """The report of a simulated run of each preset (synthetic records over the preset's planned cells):
-every section, a suite section and three plots per suite, bold winners, and every headline and ratio
+every section, a suite section and four plots per suite, bold winners, and every headline and ratio
 number equal to the summary's."""
 from __future__ import annotations
 
@@ -50,13 +50,13 @@ def test_winners_are_bold_and_every_number_matches_the_summary(rendered):
 
 
 def expected_plots(suite) -> int:
-    """ITL CDF and throughput per GPU, and attainment versus rate (rate suite with an SLO) or latency versus
-    concurrency (more than one concurrency)."""
+    """ITL CDF, throughput per GPU and throughput per GPU against interactivity, and attainment versus rate (rate
+    suite with an SLO) or latency versus concurrency (more than one concurrency)."""
     if getattr(suite, "slo", None) is not None:
-        return 3
+        return 4
     levels = ({st.concurrency for st in suite.streams} if hasattr(suite, "streams")
               else set(getattr(suite, "concurrencies", [])))
-    return 2 + (len(levels) > 1)
+    return 3 + (len(levels) > 1)
 
 
 def test_the_plots_of_each_suite_on_disk_and_inline(rendered):
@@ -64,7 +64,7 @@ def test_the_plots_of_each_suite_on_disk_and_inline(rendered):
     files = sorted(p.name for p in (rdir / "plots").glob("*.png"))
     assert len(files) == sum(expected_plots(s) for s in spec.suites)
     assert not any(f.endswith("latency-vs-concurrency.png") and f.split("-latency")[0] in
-                   {s.name for s in spec.suites if expected_plots(s) == 2} for f in files)
+                   {s.name for s in spec.suites if expected_plots(s) == 3} for f in files)
     for name in files:
         assert f"](plots/{name})" in report
     page = parse_html(html)

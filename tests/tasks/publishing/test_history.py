@@ -157,7 +157,7 @@ def test_report_from_an_mlflow_run(store, capsys, tmp_path):
     assert cli_main(["report", "--run-id", parent, "--tracking-uri", uri, "--out", str(tmp_path / "r")]) == 0
     assert capsys.readouterr().out.split() == [str(tmp_path / "r" / "report.md"), str(tmp_path / "r" / "report.html")]
     assert "## Suite `fixed`" in (tmp_path / "r" / "report.md").read_text()
-    assert len(list((tmp_path / "r" / "plots").glob("*.png"))) == 2 * 4   # CDF and throughput per suite
+    assert len(list((tmp_path / "r" / "plots").glob("*.png"))) == 3 * 4   # CDF, throughput and Pareto per suite
     config_run = tracker.client.search_runs([tracker.experiment_id], f"tags.`mlflow.parentRunId` = '{parent}'")[0]
     assert cli_main(["report", "--run-id", config_run.info.run_id, "--tracking-uri", uri]) == 2
     assert "give the comparison (parent) run" in capsys.readouterr().err
