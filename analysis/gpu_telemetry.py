@@ -1,7 +1,9 @@
 """GPU telemetry over a time window, from samples of `nvidia-smi --query-gpu=... --format=csv,noheader,nounits -lms N`
 (NVML's figures as the driver's own tool prints them): utilisation, memory used, power and SM clock per GPU, and the
 energy the GPUs drew, integrated over the window (trapezoids between samples, the window's ends interpolated).
-Pure: text in, figures out; the sampler that writes the text is tasks/local/gpu_telemetry.py."""
+Pure: text in, figures out; the samplers that read the GPUs are the targets' (nvidia-smi on the local target, the
+DCGM exporter on Kubernetes). Whatever the source, a configuration's samples are kept in the results folder as one
+CSV, `telemetry/<config>.csv`, in this module's neutral form (CSV_HEADER; samples_csv / parse_samples_csv)."""
 from __future__ import annotations
 
 import math
@@ -113,6 +115,48 @@ def window(samples: Sequence[Sample], t0: float, t1: float, gpus: Sequence[int] 
     out["gpu_mem_used_mib_max"] = max(by_t.values()) if by_t else None
     energies = [energy_j([s for s in samples if s.gpu == g], t0, t1) for g in chosen]
     out["gpu_energy_j"] = sum(energies) if energies and not any(math.isnan(e) for e in energies) else None
+    return out
+
+
+# The neutral form every sampler writes (epoch seconds, the GPU's index on its host, its figures; `source` says
+# what read them: nvidia-smi, dcgm) and `host` which node or pod's GPU it is (empty on one host).
+CSV_HEADER = ("t", "host", "gpu", "util_pct", "mem_used_mib", "power_w", "sm_clock_mhz", "source")
+
+
+def _cell(v: float) -> str:
+    return "" if math.isnan(v) else f"{v:g}"
+
+
+def samples_csv(samples: Iterable[Sample], source: str, host: str = "", header: bool = True) -> str:
+    """Samples as the neutral CSV (a header line first unless `header` is False, for appending); a missing
+    figure is an empty field."""
+    lines = [",".join(CSV_HEADER)] if header else []
+    for s in samples:
+        lines.append(f"{s.t:.3f},{host},{s.gpu},{_cell(s.util_pct)},{_cell(s.mem_used_mib)},{_cell(s.power_w)},"
+                     f"{_cell(s.sm_clock_mhz)},{source}")
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def parse_samples_csv(text: str) -> dict[str, list[Sample]]:
+    """The neutral CSV back as samples per host ('' for one host). The header must be CSV_HEADER; a last line
+    cut short by a sampler's end is dropped; any other malformed line raises TelemetryError naming it."""
+    lines = [x for x in text.splitlines() if x.strip()]
+    if not lines:
+        return {}
+    if tuple(f.strip() for f in lines[0].split(",")) != CSV_HEADER:
+        raise TelemetryError(f"telemetry header {lines[0][:120]!r} is not {','.join(CSV_HEADER)}")
+    out: dict[str, list[Sample]] = {}
+    for i, line in enumerate(lines[1:], start=2):
+        fields = [f.strip() for f in line.split(",")]
+        try:
+            if len(fields) != len(CSV_HEADER):
+                raise ValueError(f"{len(fields)} fields, not {len(CSV_HEADER)}")
+            t, host, gpu, *figures, _source = fields
+            out.setdefault(host, []).append(Sample(float(t), int(gpu), *(_number(f) for f in figures)))
+        except ValueError as e:
+            if i == len(lines) and not text.endswith("\n"):
+                break
+            raise TelemetryError(f"telemetry line {i}: {line[:120]!r}: {e}") from None
     return out
 
 

@@ -70,3 +70,23 @@ def test_nothing_is_invented_where_there_is_no_reading():
                      "gpu_sm_clock_mhz_mean": None, "gpu_mem_used_mib_max": None, "gpu_energy_j": None}
     assert g.energy_per_token(None, 10) is None and g.energy_per_token(50.0, 0) is None
     assert g.energy_per_token(50.0, 100) == 0.5
+
+
+def test_neutral_csv_round_trips_samples_per_host_and_keeps_missing_figures_missing():
+    a = [g.Sample(100.0, 0, 50.0, 1000.0, 300.5, 1980.0), g.Sample(100.2, 0, math.nan, 1001.0, 301.0, 1980.0)]
+    b = [g.Sample(100.1, 1, 10.0, 20.0, 70.0, 1100.0)]
+    text = g.samples_csv(a, "nvidia-smi") + g.samples_csv(b, "dcgm", host="pod-b", header=False)
+    back = g.parse_samples_csv(text)
+    assert set(back) == {"", "pod-b"}
+    assert back["pod-b"] == b
+    assert back[""][0] == a[0] and math.isnan(back[""][1].util_pct) and back[""][1].power_w == 301.0
+
+
+def test_neutral_csv_refuses_another_header_and_a_bad_line_but_drops_a_cut_last_line():
+    good = g.samples_csv([g.Sample(1.0, 0, 1, 2, 3, 4)], "nvidia-smi")
+    assert len(g.parse_samples_csv(good + "2.0,,0,1,2")[""]) == 1
+    with pytest.raises(g.TelemetryError, match="header"):
+        g.parse_samples_csv("time,gpu\n1,0\n")
+    with pytest.raises(g.TelemetryError, match="line 2"):
+        g.parse_samples_csv(good.replace("1.000,", "x,") + "3.0,,0,1,2,3,4,dcgm\n")
+    assert g.parse_samples_csv("") == {}
