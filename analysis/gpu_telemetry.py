@@ -2,12 +2,13 @@
 (NVML's figures as the driver's own tool prints them): utilisation, memory used, power and SM clock per GPU, and the
 energy the GPUs drew, integrated over the window (trapezoids between samples, the window's ends interpolated).
 Pure: text in, figures out; the samplers that read the GPUs are the targets' (nvidia-smi on the local target, the
-DCGM exporter on Kubernetes). Whatever the source, a configuration's samples are kept in the results folder as one
-CSV, `telemetry/<config>.csv`, in this module's neutral form (CSV_HEADER; samples_csv / parse_samples_csv)."""
+DCGM exporter on Kubernetes). Whatever the source, a configuration's samples are kept in its evidence folder as one
+CSV, `evidence/<config>/gpu-telemetry.csv`, in this module's neutral form (CSV_HEADER; samples_csv /
+parse_samples_csv)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Iterable, Sequence
 
@@ -16,6 +17,8 @@ QUERY = ("timestamp", "index", "utilization.gpu", "memory.used", "power.draw", "
 # What a window's summary carries, over the GPUs chosen: the keys of a cell's telemetry.
 FIGURES = ("gpu_util_pct_mean", "gpu_mem_used_mib_max", "gpu_power_w_mean", "gpu_sm_clock_mhz_mean",
            "gpu_energy_j", "gpu_samples")
+# A cell's telemetry as the summary keeps it: the window's figures and the energy per output token.
+COLUMNS = [*FIGURES, "energy_j_per_token"]
 
 
 def smi_command(interval_ms: int) -> list[str]:
@@ -35,6 +38,7 @@ class Sample:
     mem_used_mib: float
     power_w: float
     sm_clock_mhz: float
+    energy_mj: float = math.nan   # the driver's energy counter since it loaded (NVML, DCGM); NaN where not read
 
 
 def _number(text: str) -> float:
@@ -75,12 +79,28 @@ def _interp(a: Sample, b: Sample, t: float) -> float:
     return a.power_w + (b.power_w - a.power_w) * (t - a.t) / (b.t - a.t)
 
 
+def counter_at(pts: Sequence[Sample], t: float) -> float:
+    """The energy counter (mJ) at `t`, interpolated between the samples around it (sorted by time); NaN without a
+    reading on both sides."""
+    before = [s for s in pts if s.t <= t and not math.isnan(s.energy_mj)]
+    after = [s for s in pts if s.t >= t and not math.isnan(s.energy_mj)]
+    if not before or not after:
+        return math.nan
+    a, b = before[-1], after[0]
+    return a.energy_mj if b.t == a.t else a.energy_mj + (b.energy_mj - a.energy_mj) * (t - a.t) / (b.t - a.t)
+
+
 def energy_j(samples: Sequence[Sample], t0: float, t1: float) -> float:
-    """Energy (J) one GPU drew from t0 to t1: the trapezoids of its power samples, cut at the window's ends (power
-    interpolated there). NaN when the samples do not cover the window or a power reading inside it is missing."""
+    """Energy (J) one GPU drew from t0 to t1: from the driver's energy counter where the samples carry it on both
+    sides of each end (interpolated there; a counter that went backwards — the driver reloaded — gives no figure),
+    else the trapezoids of its power samples, cut at the window's ends (power interpolated there). NaN when the
+    samples do not cover the window or a power reading inside it is missing."""
     pts = sorted(samples, key=lambda s: s.t)
     if t1 <= t0 or not pts or pts[0].t > t0 or pts[-1].t < t1:
         return math.nan
+    e0, e1 = counter_at(pts, t0), counter_at(pts, t1)
+    if not (math.isnan(e0) or math.isnan(e1)):
+        return (e1 - e0) / 1000.0 if e1 >= e0 else math.nan
     total = 0.0
     for a, b in zip(pts, pts[1:]):
         lo, hi = max(a.t, t0), min(b.t, t1)
@@ -120,7 +140,7 @@ def window(samples: Sequence[Sample], t0: float, t1: float, gpus: Sequence[int] 
 
 # The neutral form every sampler writes (epoch seconds, the GPU's index on its host, its figures; `source` says
 # what read them: nvidia-smi, dcgm) and `host` which node or pod's GPU it is (empty on one host).
-CSV_HEADER = ("t", "host", "gpu", "util_pct", "mem_used_mib", "power_w", "sm_clock_mhz", "source")
+CSV_HEADER = ("t", "host", "gpu", "util_pct", "mem_used_mib", "power_w", "sm_clock_mhz", "energy_mj", "source")
 
 
 def _cell(v: float) -> str:
@@ -133,7 +153,7 @@ def samples_csv(samples: Iterable[Sample], source: str, host: str = "", header: 
     lines = [",".join(CSV_HEADER)] if header else []
     for s in samples:
         lines.append(f"{s.t:.3f},{host},{s.gpu},{_cell(s.util_pct)},{_cell(s.mem_used_mib)},{_cell(s.power_w)},"
-                     f"{_cell(s.sm_clock_mhz)},{source}")
+                     f"{_cell(s.sm_clock_mhz)},{_cell(s.energy_mj)},{source}")
     return "\n".join(lines) + ("\n" if lines else "")
 
 
@@ -162,6 +182,42 @@ def parse_samples_csv(text: str) -> dict[str, list[Sample]]:
 
 def energy_per_token(energy: float | None, output_tokens: int) -> float | None:
     """Joules per output token; None without an energy or without tokens."""
-    if energy is None or output_tokens <= 0:
+    if energy is None or not output_tokens or output_tokens <= 0:
         return None
     return energy / output_tokens
+
+
+def measured_window(rows: Iterable[dict]) -> tuple[float, float, int] | None:
+    """The wall-clock window (epoch s) a cell's measured requests ran in — from the first one's send to the last
+    one's end — and the output tokens they produced; None without a measured request that finished. `rows` are
+    records (send_wall_s, e2e_ms, output_tokens, phase, ok)."""
+    starts, ends, tokens = [], [], 0
+    for r in rows:
+        if r.get("phase") != "measured" or r.get("send_wall_s") is None:
+            continue
+        starts.append(float(r["send_wall_s"]))
+        if r.get("ok") and r.get("e2e_ms") is not None:
+            ends.append(float(r["send_wall_s"]) + float(r["e2e_ms"]) / 1000.0)
+            tokens += int(r.get("output_tokens") or 0)
+    if not ends:
+        return None
+    return min(starts), max(ends), tokens
+
+
+def flatten_hosts(by_host: dict[str, list[Sample]]) -> list[Sample]:
+    """Samples of several hosts (pods, nodes) as one set, each (host, GPU) a GPU of its own."""
+    ids = {key: i for i, key in enumerate(sorted({(h, s.gpu) for h, ss in by_host.items() for s in ss}))}
+    return [replace(s, gpu=ids[(h, s.gpu)]) for h, ss in by_host.items() for s in ss]
+
+
+def cell_telemetry(samples: Sequence[Sample], rows: Iterable[dict]) -> dict:
+    """COLUMNS for a cell (or a mixed window, whose streams share the GPUs) from the GPUs' samples and its records:
+    the figures over its measured window, and the energy over it per output token of its measured requests. Every
+    figure None when the window cannot be had or no sample covers it."""
+    found = measured_window(rows)
+    if found is None or not samples:
+        return {c: None for c in COLUMNS}
+    t0, t1, tokens = found
+    figures = window(samples, t0, t1)
+    figures["energy_j_per_token"] = energy_per_token(figures["gpu_energy_j"], tokens)
+    return figures

@@ -12,20 +12,22 @@ import numpy as np
 import pandas as pd
 
 from epdbench.analysis.chunks import Lists, gaps
-from epdbench.analysis.noise import (SAMPLE_CI_METRICS, cell_noise, delivery_lags_ns, finite_values, is_contaminated,
-                                     SAMPLE_CI_COLUMNS, percentile_ci_sides, samples_p99_ms, timing_of)
+from epdbench.analysis.gpu_telemetry import COLUMNS as TELEMETRY_COLUMNS
+from epdbench.analysis.noise import (SAMPLE_CI_METRICS, cell_noise, delivery_lags_ns, finite, finite_values,
+                                     is_contaminated, SAMPLE_CI_COLUMNS, percentile_ci_sides, samples_p99_ms,
+                                     timing_of)
 
 CELL_KEYS = ["config", "suite", "workload", "concurrency", "stream", "trial"]
 METRIC_KEYS = ["ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "tpot_p50_ms", "itl_p99_ms", "itl_max_ms",
                "output_tok_s", "req_s", "requests_ok", "requests_failed", "emulation_lag_p99_ms", "loop_lag_p99_ms",
-               "delivery_lag_p99_ms", "contaminated"]
+               "delivery_lag_p99_ms", "contaminated", *TELEMETRY_COLUMNS]
 SUMMARY_COLUMNS = CELL_KEYS + ["requests_ok", "requests_total", "requests_failed", "ttft_p50_ms", "ttft_p95_ms",
                                "ttft_p99_ms", "tpot_p50_ms", "itl_p99_ms", "itl_max_ms", "output_tok_s", "req_s",
                                "window_s", "output_tokens", "chunks_multi_token", "client_lag_p99_ms",
                                "prompt_tokens_mean", "target_prompt_tokens", "n_ttft_samples", "n_itl_samples",
                                "gpus", "output_tok_s_per_gpu", "timing", "emulation_lag_p99_ms", "loop_lag_p99_ms",
                                "delivery_lag_p99_ms", "coalesced_share", "contaminated"] + [
-                                   *SAMPLE_CI_COLUMNS]
+                                   *SAMPLE_CI_COLUMNS, *TELEMETRY_COLUMNS]
 # The record columns summarize reads (tasks.rundir.results.read_records(path, RECORD_COLUMNS) leaves the others
 # on disk).
 RECORD_COLUMNS = CELL_KEYS + ["cell", "phase", "ok", "ttft_ms", "e2e_ms", "output_tokens", "prompt_tokens",
@@ -177,7 +179,8 @@ def summarize(records: pd.DataFrame, gpus: dict[str, int] | None = None, noise: 
         k = dict(zip(CELL_KEYS, key))
         window = shared.get((k["config"], k["suite"], k["trial"])) if k["stream"] != "main" else None
         cell_id = cells.iloc[rows[0]] if cells is not None else None
-        rows_out.append({**k, **cell_stats(req, rows, window), **cell_noise(noise, k["config"], cell_id, k["trial"])})
+        rows_out.append({**k, **cell_stats(req, rows, window), **cell_noise(noise, k["config"], cell_id, k["trial"]),
+                         **cell_gpu(noise, k["config"], cell_id, k["trial"])})
     out = pd.DataFrame(rows_out)
     out["gpus"] = out["config"].map(gpus) if gpus else None
     out["output_tok_s_per_gpu"] = [(t / g) if (t is not None and g and not pd.isna(t)) else None
@@ -185,6 +188,13 @@ def summarize(records: pd.DataFrame, gpus: dict[str, int] | None = None, noise: 
     out["contaminated"] = [is_contaminated(r) for r in out.to_dict("records")]
     out = out[SUMMARY_COLUMNS]
     return out.astype(object).where(out.notna(), None)
+
+
+def cell_gpu(noise: dict | None, config: str, cell_id, trial) -> dict:
+    """The GPU telemetry of one cell attempt (analysis.gpu_telemetry.COLUMNS) its ledger entry holds, where the
+    target read the GPUs; None each otherwise."""
+    found = (noise or {}).get((config, cell_id, int(trial))) or {}
+    return {col: finite(found.get(col)) for col in TELEMETRY_COLUMNS}
 
 
 def _groups(df: pd.DataFrame, keys: list[str], rows: np.ndarray | None = None):

@@ -16,8 +16,10 @@ no part: it neither joins the frontier nor pushes another point off it. A cell w
 single token) or a GPU count is not placed.
 
 Cost per million output tokens = gpu_hour_usd × GPUs / 3600 / output tok/s × 1e6 (the same as
-gpu_hour_usd / 3600 / tok/s per GPU × 1e6), per cell; absent without a price. Energy per token (joules) needs GPU
-power read on the target; nothing reads it, so `energy_j_per_token` is null: never estimated.
+gpu_hour_usd / 3600 / tok/s per GPU × 1e6), per cell; absent without a price. Energy per token (joules) is the
+energy the configuration's GPUs drew over the cell's measured window per output token, where the target read them
+(analysis.gpu_telemetry: NVML on the local GPU target, the DCGM exporter on Kubernetes; the mean over trials); null
+where nothing read GPU power, as on the simulator: never estimated.
 """
 from __future__ import annotations
 
@@ -86,7 +88,7 @@ def pareto_points(summary: pd.DataFrame, gpu_hour_usd: float | None = None) -> p
     """One row per configuration × matched cell (trials aggregated, analysis.trials): shape, interactivity and
     throughput per GPU with their noise bounds, whether the cell is on its shape's frontier (`status`: frontier,
     dominated, contaminated or not placed; `dominated_by`: the point with the largest lead, e.g. 'epd c=8'), its
-    cost per million output tokens at `gpu_hour_usd` and its energy per token (null: no target reads GPU power)."""
+    cost per million output tokens at `gpu_hour_usd` and its energy per token (null where no GPU power was read)."""
     agg = aggregate_trials(summary)
     if agg.empty:
         return pd.DataFrame(columns=POINT_COLUMNS)
@@ -114,7 +116,7 @@ def pareto_points(summary: pd.DataFrame, gpu_hour_usd: float | None = None) -> p
         out.append({**{c: r.get(c) for c in POINT_COLUMNS}, **_bands(r),
                     "concurrency": int(r["concurrency"]), "trials": int(r["trials"]), PER_GPU: finite(r.get(PER_GPU)),
                     "cost_usd_per_mtok": cost_usd_per_mtok(gpu_hour_usd, r.get(PER_GPU)),
-                    "energy_j_per_token": None})
+                    "energy_j_per_token": finite(r.get("energy_j_per_token"))})
     frame = pd.DataFrame(out, columns=POINT_COLUMNS)
     return frame.astype(object).where(frame.notna(), None)
 

@@ -5,6 +5,7 @@ import math
 
 import pandas as pd
 
+from epdbench.analysis.gpu_telemetry import COLUMNS as TELEMETRY_COLUMNS
 from epdbench.analysis.noise import SAMPLE_CI_COLUMNS, timing_of
 
 MATCH_KEYS = ["suite", "workload", "concurrency", "stream"]   # what makes two configurations' cells comparable
@@ -52,6 +53,9 @@ def aggregate_trials(summary: pd.DataFrame) -> pd.DataFrame:
         for col in ("emulation_lag_p99_ms", "loop_lag_p99_ms"):
             lags = pd.to_numeric(g[col], errors="coerce").dropna() if col in g else pd.Series(dtype=float)
             row[col] = float(lags.max()) if len(lags) else None
+        for col in TELEMETRY_COLUMNS:   # the GPUs' figures: the mean over the trials that read them
+            vals = pd.to_numeric(g[col], errors="coerce").dropna() if col in g else pd.Series(dtype=float)
+            row[col] = float(vals.mean()) if len(vals) else None
         row["timing"] = timing_of(g["timing"]) if "timing" in g else None
         if row["trials"] == 1:   # one trial: the percentiles' CIs from the cell's own samples
             for col in SAMPLE_CI_COLUMNS:

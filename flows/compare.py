@@ -124,6 +124,8 @@ def run_configuration(spec: ExperimentSpec, config: ConfigurationSpec, run: str,
             traces = TraceCollector(traces_path(rdir, config.name), pull=dep.pull_spans)
         outcome.router = dep.router
         say(f"[{config.name}] serving at {dep.endpoint} via {dep.router}")
+        if dep.telemetry_note:
+            say(f"[{config.name}] {dep.telemetry_note}")
         emulated = spec.target.kind == "sim"
         scale = spec.time_scale
         deadline = (time.monotonic() + spec.configuration_timeout_s * scale) if spec.configuration_timeout_s else None
@@ -140,7 +142,8 @@ def run_configuration(spec: ExperimentSpec, config: ConfigurationSpec, run: str,
             else:
                 items = run_suite(dep.endpoint, spec, suite.name, config.name, run, str(rdir / "records.parquet"),
                                   calibration, skip, progress, deadline, dep.health,
-                                  (lambda: evidence.scrape_metrics(dep)) if emulated else None, traces)
+                                  (lambda: evidence.scrape_metrics(dep)) if emulated else None, traces,
+                                  telemetry=dep.telemetry)
             after = evidence.snapshot(dep)
             rows = [r for item in items for r in item["rows"]]
             suites[suite.name] = evidence.suite_evidence(dep, config, snap, after, rows, emulated)

@@ -73,7 +73,7 @@ def announce_cell(config: str, cell: Cell, trial: int, summary: dict, status: st
 def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run: str, records_path: str,
               calibration: dict, skip: frozenset = frozenset(), progress=None,
               deadline: float | None = None, health: "Callable[[], list[str]] | None" = None,
-              lag_probe: "Callable[[], dict[str, str]] | None" = None, traces=None) -> list[dict]:
+              lag_probe: "Callable[[], dict[str, str]] | None" = None, traces=None, telemetry=None) -> list[dict]:
     """Every cell of one suite, every trial, on one shared HTTP session; records appended after each
     cell (after each mixed window), and each cell attempt's end written to the ledger (ok, degraded or
     failed). Never retried: a measured cell is not repeated behind the user's back. A cell past
@@ -81,7 +81,9 @@ def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run:
     raises CellTimeout; a process of the deployment found dead after a cell raises DeploymentDied.
     Each cell's noise goes to its ledger entry: the load generator's event-loop lag and, with `lag_probe`
     (every simulator process's /metrics), the emulation lag over the cell (analysis.noise). With `traces` (a
-    tasks.load.otlp_receiver.TraceCollector), the traced requests' spans are appended after their records."""
+    tasks.load.otlp_receiver.TraceCollector), the traced requests' spans are appended after their records. With
+    `telemetry` (a target's GPU sampler: .cell(records) → analysis.gpu_telemetry.COLUMNS), each cell's GPU figures
+    over its measured window join its noise figures in the ledger (a mixed window's streams share them)."""
     import pandas as pd
 
     cal = Calibration({k: tuple(v) for k, v in calibration.items()})
@@ -98,6 +100,8 @@ def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run:
         rows = [r for _, rs in batch for r in rs]
         append_records(Path(records_path), rows)
         keep_spans(rows)
+        if telemetry is not None:
+            noise = {**noise, **telemetry.cell(rows)}
         by_cell = {(config, c.cell_id, trial): noise for c, _ in batch}
         summaries = summarize(pd.DataFrame(rows), noise=by_cell).set_index("stream", drop=False)
         dead = health() if health else []

@@ -20,13 +20,66 @@ def usd(value) -> str:
     return f"${value:,.2f}" if value >= 1 or value == 0 else f"${value:.3g}"
 
 
-def energy_text(meta: dict) -> str:
-    """Why the report has no energy per token: nothing on this target reads GPU power, and none is estimated."""
+SOURCES = {"local": "NVML on this host", "kubernetes": "the cluster's DCGM exporter"}
+
+
+def has_energy(points: pd.DataFrame) -> bool:
+    return not points.empty and points["energy_j_per_token"].notna().any()
+
+
+def energy_text(meta: dict, measured: bool = False) -> str:
+    """Where energy per token comes from, or why the report has none: nothing read GPU power, and none is ever
+    estimated."""
     if meta.get("target") == "sim":
         return ("unavailable — the simulator has no GPU whose power could be read, and epdbench never estimates "
                 "one")
-    return (f"unavailable — epdbench reads no GPU power (NVML or DCGM) on the {meta.get('target')} target yet, "
-            "and never estimates it")
+    source = SOURCES.get(meta.get("target"), "the target")
+    if measured:
+        return (f"the energy the configuration's GPUs drew over each cell's measured window (read by {source}: "
+                "the driver's energy counter, else its power readings integrated) over the output tokens of its "
+                "measured requests, idle draw included; per load in the GPU table below")
+    if meta.get("target") == "local" and meta.get("device") != "cuda":
+        return "unavailable — the engines ran on CPU, and epdbench never estimates GPU energy"
+    return (f"unavailable — no GPU power was read on this run ({source}: see the run's log for why), and "
+            "epdbench never estimates it")
+
+
+def joules(value) -> str:
+    """Joules to three significant figures ('0.412 J'); '—' when unknown."""
+    if value is None or pd.isna(value):
+        return "—"
+    return f"{value:.3g} J"
+
+
+def _gpu_rows(mine: pd.DataFrame, summary: pd.DataFrame | None) -> list[dict]:
+    """Per configuration, shape and load where the GPUs were read: utilisation, memory, power, SM clock (the mean
+    over trials) and energy per output token."""
+    if summary is None or summary.empty or "gpu_samples" not in summary:
+        return []
+    read = summary[pd.to_numeric(summary["gpu_samples"], errors="coerce").fillna(0) > 0]
+    rows = []
+    for shape, stream in _shape_order(mine):
+        cells = mine[(mine["shape"] == shape) & (mine["stream"] == stream)]
+        for r in cells.to_dict("records"):
+            g = read[(read["config"] == r["config"]) & (read["suite"] == r["suite"])
+                     & (read["workload"] == r["workload"]) & (read["concurrency"] == r["concurrency"])
+                     & (read["stream"] == r["stream"])]
+            if g.empty:
+                continue
+            mean = {c: pd.to_numeric(g[c], errors="coerce").mean() for c in (
+                "gpu_util_pct_mean", "gpu_mem_used_mib_max", "gpu_power_w_mean", "gpu_sm_clock_mhz_mean")}
+            rows.append({"config": r["config"], "shape": shape_label(shape, stream),
+                         "load": load_label(r["workload"], r["concurrency"], short=True),
+                         "util": fmt_or_dash(mean["gpu_util_pct_mean"], "{:.0f} %"),
+                         "mem": fmt_or_dash(mean["gpu_mem_used_mib_max"] / 1024, "{:.1f} GiB"),
+                         "power": fmt_or_dash(mean["gpu_power_w_mean"], "{:.0f} W"),
+                         "clock": fmt_or_dash(mean["gpu_sm_clock_mhz_mean"], "{:.0f} MHz"),
+                         "energy": joules(r["energy_j_per_token"])})
+    return rows
+
+
+def fmt_or_dash(value, pattern: str) -> str:
+    return "—" if value is None or pd.isna(value) else pattern.format(value)
 
 
 def _shape_order(points: pd.DataFrame) -> list[tuple[str, str]]:
@@ -50,10 +103,12 @@ def _cost_rows(mine: pd.DataFrame) -> list[dict]:
     return rows
 
 
-def pareto_view(points: pd.DataFrame, meta: dict, gpu_hour_usd: float | None = None, plots=()) -> dict:
-    """What the section shows: per suite the frontier points (most interactive first, with their cost when priced),
-    the configurations on no frontier of the suite, cost per load and configuration; the price or how to give one,
-    why energy per token is absent, and whether the figures are the simulator's (plot_note)."""
+def pareto_view(points: pd.DataFrame, meta: dict, gpu_hour_usd: float | None = None, plots=(),
+                summary: pd.DataFrame | None = None) -> dict:
+    """What the section shows: per suite the frontier points (most interactive first, with their cost when priced
+    and their energy per token when measured), the configurations on no frontier of the suite, cost per load and
+    configuration, the GPUs' figures per cell where the target read them (from `summary`); the price or how to give
+    one, where energy per token comes from or why it is absent, and whether the figures are the simulator's."""
     suites = []
     for suite in dict.fromkeys(points["suite"]) if not points.empty else []:
         mine = points[points["suite"] == suite]
@@ -64,14 +119,16 @@ def pareto_view(points: pd.DataFrame, meta: dict, gpu_hour_usd: float | None = N
                 frontier.append({"shape": shape_label(shape, stream), "config": r["config"],
                                  "load": load_label(r["workload"], r["concurrency"], short=True),
                                  "per_user": fmt(r[PER_USER], PER_GPU), "per_gpu": fmt(r[PER_GPU], PER_GPU),
-                                 "cost": usd(r["cost_usd_per_mtok"])})
+                                 "cost": usd(r["cost_usd_per_mtok"]), "energy": joules(r["energy_j_per_token"])})
         on = {c for names in frontier_configs(mine).get(suite, {}).values() for c in names}
         suites.append({"name": suite, "frontier": frontier,
                        "off": [c for c in dict.fromkeys(mine["config"]) if c not in on],
-                       "costs": _cost_rows(mine) if gpu_hour_usd is not None else []})
+                       "costs": _cost_rows(mine) if gpu_hour_usd is not None else [],
+                       "gpu": _gpu_rows(mine, summary)})
     return {"has_data": bool(suites), "suites": suites, "note": plot_note(meta),
             "price": f"${gpu_hour_usd:g} per GPU-hour" if gpu_hour_usd is not None else None,
-            "how_to_price": HOW_TO_PRICE, "energy": energy_text(meta),
+            "how_to_price": HOW_TO_PRICE, "energy": energy_text(meta, has_energy(points)),
+            "has_energy": has_energy(points),
             "plots": [{"file": f"plots/{p.name}", "data_uri": p.data_uri(), "title": p.title, "caption": p.caption,
                        "suite": p.suite, "wide": p.wide} for p in plots]}
 
@@ -92,6 +149,11 @@ def pareto_lines(points: pd.DataFrame, meta: dict) -> list[str]:
                 low = priced.loc[pd.to_numeric(priced["cost_usd_per_mtok"]).idxmin()]
                 text += (f" (cheapest {low['config']} {usd(low['cost_usd_per_mtok'])}/M output tokens at "
                          f"{load_label(low['workload'], low['concurrency'], short=True)})")
+            read = mine[(mine["shape"] == shape) & (mine["stream"] == stream)].dropna(subset=["energy_j_per_token"])
+            if len(read):
+                low = read.loc[pd.to_numeric(read["energy_j_per_token"]).idxmin()]
+                text += (f" (least energy {low['config']} {joules(low['energy_j_per_token'])}/output token at "
+                         f"{load_label(low['workload'], low['concurrency'], short=True)})")
             parts.append(text)
         lines.append(f"Pareto frontier, suite {suite} (output tok/s per GPU against tok/s per user){where}: "
                      + "; ".join(parts))
@@ -100,7 +162,7 @@ def pareto_lines(points: pd.DataFrame, meta: dict) -> list[str]:
 
 def pareto_metrics(points: pd.DataFrame, configs: list[str]) -> dict[str, float]:
     """The comparison run's metrics: cost_usd_per_mtok.<suite>.<workload>.c<N>[.<stream>].<config> per priced
-    cell, and frontier_points.<suite>.<config>, how many of the suite's cells of a configuration lie on their
+    cell, energy_j_per_token.<same> per cell whose GPUs were read, and frontier_points.<suite>.<config>, how many of the suite's cells of a configuration lie on their
     shape's frontier (0 when none); keys made valid by reports.mlflow_names."""
     out: dict[str, float] = {}
     for r in points.to_dict("records"):
@@ -108,6 +170,9 @@ def pareto_metrics(points: pd.DataFrame, configs: list[str]) -> dict[str, float]
         if r["cost_usd_per_mtok"] is not None and not pd.isna(r["cost_usd_per_mtok"]):
             out[f"cost_usd_per_mtok.{r['suite']}.{r['workload']}.c{r['concurrency']}{stream}.{r['config']}"] = float(
                 r["cost_usd_per_mtok"])
+        if r["energy_j_per_token"] is not None and not pd.isna(r["energy_j_per_token"]):
+            out[f"energy_j_per_token.{r['suite']}.{r['workload']}.c{r['concurrency']}{stream}.{r['config']}"] = float(
+                r["energy_j_per_token"])
     for suite in dict.fromkeys(points["suite"]) if not points.empty else []:
         mine = points[points["suite"] == suite]
         for config in dict.fromkeys([*configs, *mine["config"]]):

@@ -37,6 +37,9 @@ class Deployment:
     health: Callable[[], list[str]] | None = None  # what died since start ("router (pid 7) killed by SIGKILL")
     pull_spans: Callable[[], list[dict]] | None = None   # spans of a collector the pods export to (remote targets)
     ec_dir: Path | None = None     # EPD on the local target: the folder the encoder outputs go through
+    # GPU telemetry while it serves (tasks/local/nvml.py): .cell(records) → a cell's figures, .stop()
+    telemetry: object | None = None
+    telemetry_note: str | None = None   # why there is none, where a GPU target has none
 
     def by_role(self, role: str) -> list[Process]:
         return [p for p in self.processes if p.role == role]

@@ -239,6 +239,17 @@ def test_report_rerenders_from_results_dir(run):
     assert proc.stdout.split() == [str(elsewhere / "report.md"), str(elsewhere / "report.html")]
     assert "## Suite `fixed`" in (elsewhere / "report.md").read_text() and (elsewhere / "plots").is_dir()
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == before     # the results untouched
+    points = pd.read_csv(elsewhere / "pareto.csv")
+    assert points["cost_usd_per_mtok"].isna().all() and set(points["status"]) <= {"frontier", "dominated", "contaminated"}
+    priced = work / "priced"
+    proc = epdbench("report", str(out), "--out", str(priced), "--gpu-hour-usd", "3.6", cwd=work)
+    assert proc.returncode == 0, proc.stderr
+    points = pd.read_csv(priced / "pareto.csv")   # $3.60/GPU-hour is $1 per million tokens at 1000 tok/s per GPU
+    assert points["cost_usd_per_mtok"].tolist() == pytest.approx((1000 / points["output_tok_s_per_gpu"]).tolist())
+    assert "at $3.6 per GPU-hour" in (priced / "report.md").read_text()
+    proc = epdbench("report", str(out), "--gpu-hour-usd", "-1", cwd=work)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "error: --gpu-hour-usd -1: give the price of one GPU-hour in USD, 0 or more (e.g. 2.5)"], proc.stderr
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -3,6 +3,7 @@ flag answers at once, before Prefect, MLflow or Kubernetes load."""
 from __future__ import annotations
 
 import logging
+import math
 import re
 import signal
 import sys
@@ -222,6 +223,9 @@ def cmd_report(args) -> int:
 
     if bool(args.results_dir) == bool(args.run_id):
         raise CliError("report: give a results directory or --run-id, not both or neither")
+    price = getattr(args, "gpu_hour_usd", None)
+    if price is not None and not (math.isfinite(price) and price >= 0):
+        raise CliError(f"--gpu-hour-usd {price:g}: give the price of one GPU-hour in USD, 0 or more (e.g. 2.5)")
     try:
         out = None
         if args.run_id:
@@ -230,7 +234,7 @@ def cmd_report(args) -> int:
         else:
             rdir = Path(args.results_dir)
             out = Path(args.out) if args.out else None      # the reports there; the results folder untouched
-        paths = rerender(rdir, out)
+        paths = rerender(rdir, out, price)
     except ResultsError as e:
         raise CliError(str(e)) from None
     for path in paths:

@@ -92,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--tracking-uri", default=None, help="MLflow tracking URI of --run-id (default: local store)")
     r.add_argument("--out", default=None, help="where the reports go (default: the results directory; with --run-id, "
                    "where its results go: results/<run name>)")
+    r.add_argument("--gpu-hour-usd", type=float, default=None, metavar="USD",
+                   help="price of one GPU-hour for the report's cost per million output tokens (default: the run's "
+                        "cost.gpu_hour_usd)")
 
     h = sub.add_parser("history", help="a metric over the past runs of a spec, and whether the newest is noise")
     h.add_argument("--spec", required=True, help="spec name (e.g. smoke, pd-text)")

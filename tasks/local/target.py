@@ -21,6 +21,7 @@ from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
 from epdbench.tasks.deployment import Deployment, Process, ProvisionError
 from epdbench.tasks.local.engine_env import EngineEnvError, default_env_dir, env_python, vllm_version
 from epdbench.tasks.local.model_files import ModelFilesError, made_model_folder
+from epdbench.tasks.local.nvml import TELEMETRY_FILE, start_sampler
 from epdbench.tasks.proc.processes import (free_port, port_taken, router_binary, serve_through_router, spawn,
                                            stop_deployment, wait_healthy)
 from epdbench.tasks.local.wheelhouse_pins import DEFAULT_VENV
@@ -135,8 +136,13 @@ def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_
                     wait_healthy([dep.processes[-1]], deadline, interval_s=1.0)
         wait_healthy(list(dep.processes), deadline, interval_s=1.0)
         dep.router = "epdbench-proxy" if builtin_router(spec, config) else "vllm-router"
-        return serve_through_router(dep, *router_command(spec, config, list(dep.processes), deadline), log_dir,
-                                    f"{config.name}/router", spec.model.name, deadline)
+        served = serve_through_router(dep, *router_command(spec, config, list(dep.processes), deadline), log_dir,
+                                      f"{config.name}/router", spec.model.name, deadline)
+        if local.device == "cuda":
+            dep.telemetry, dep.telemetry_note = start_sampler(
+                sorted({i for ids in gpus.values() for i in ids}),
+                log_dir / TELEMETRY_FILE)
+        return served
     except BaseException:
         stop(dep)
         raise
@@ -169,6 +175,8 @@ def router_command(spec: ExperimentSpec, config: ConfigurationSpec, engines: lis
 def stop(dep: Deployment) -> None:
     """Stop the router first, then the engines (each with its engine core), then remove EPD's encoder-output
     folder; never raises."""
+    if dep.telemetry is not None:
+        dep.telemetry.stop()
     stop_deployment(dep, grace_s=STOP_GRACE_S)
     if dep.ec_dir is not None:
         shutil.rmtree(dep.ec_dir, ignore_errors=True)

@@ -23,7 +23,7 @@ experiment; another store starts from nothing), a fingerprint of what was publis
     parent_published     sha256 of outcome.json without its mlflow_* / tracking_uri fields, and of the other
                          files of the comparison run (summary.csv, summary_trials.csv, summary.parquet,
                          goodput.csv, records.parquet, report.md, report.html, spec.yaml, calibration.json, plots/,
-                         and profile.yaml when there is one)
+                         and profile.yaml and pareto.csv when there are)
 A piece is pending when its fingerprint differs from the one recorded. The old format (a list of names,
 a boolean) loads as "fingerprint unknown", i.e. pending.
 """
@@ -46,7 +46,8 @@ PARENT_ARTIFACTS = ("report.md", "report.html", "summary.csv", "summary_trials.c
 # files the comparison run carries only when the folder has them, in its fingerprint only then (so folders
 # without one keep the fingerprint they were published with): the calibration profile of `compare --profile`
 PROFILE_FILE = "profile.yaml"
-OPTIONAL_ARTIFACTS = (PROFILE_FILE,)
+# and pareto.csv, the Pareto points of reports written since it was added
+OPTIONAL_ARTIFACTS = (PROFILE_FILE, "pareto.csv")
 # outcome.json fields about MLflow itself: written after publishing, so not part of what is published
 MLFLOW_OUTCOME_FIELDS = ("mlflow_pending", "mlflow_run_id", "mlflow_url", "tracking_uri")
 RECORD_FINGERPRINT_COLUMNS = ["request_id", "cell", "trial", "phase", "ok", "status", "prompt_hash", "send_ns",

@@ -22,7 +22,7 @@ from epdbench.reports.render import render_html, render_markdown, report_context
 from epdbench.specs.models import RateSuite, SpecError, load_spec
 from epdbench.specs.profile import load_profile
 from epdbench.tasks.publishing.publish_state import OPTIONAL_ARTIFACTS, PROFILE_FILE
-from epdbench.tasks.rundir.results import read_records
+from epdbench.tasks.rundir.results import read_records, write_text_atomic
 from epdbench.tasks.rundir.resume import LEDGER, ledger_path, noise_of
 from epdbench.tasks.rundir.traces import TRACES_DIR, read_spans, traces_path
 
@@ -91,9 +91,11 @@ def read_goodput(path: Path) -> pd.DataFrame:
 
 
 def write_report(rdir: Path, meta: dict, verdicts: dict, regression: dict | None = None,
-                 summary: pd.DataFrame | None = None, out: Path | None = None) -> list[Path]:
-    """report.md, report.html, plots/ and goodput.csv from the directory's records, written there or into
-    `out`; returns the report paths."""
+                 summary: pd.DataFrame | None = None, out: Path | None = None,
+                 gpu_hour_usd: float | None = None) -> list[Path]:
+    """report.md, report.html, plots/, goodput.csv and pareto.csv (analysis.pareto's points) from the directory's
+    records, written there or into `out`, priced at `gpu_hour_usd` (default: the run's spec); returns the report
+    paths."""
     out = out or rdir
     out.mkdir(parents=True, exist_ok=True)
     records = read_records(rdir / "records.parquet")
@@ -107,29 +109,31 @@ def write_report(rdir: Path, meta: dict, verdicts: dict, regression: dict | None
     plots = suite_plots(summary, records, configs, att, plot_note(meta))
     table = ttft_breakdown(rdir, meta, records)
     parts_plots = breakdown_plots(table, configs, plot_note(meta))
-    price = spec.cost.gpu_hour_usd if spec is not None else None
+    price = gpu_hour_usd if gpu_hour_usd is not None else spec.cost.gpu_hour_usd if spec is not None else None
     points = pareto_points(summary, price)
+    write_text_atomic(out / "pareto.csv", points.to_csv(index=False))
     frontier_plots = pareto_plots(points, configs, plot_note(meta))
     write_plots(out, plots + parts_plots + frontier_plots)
     context = report_context(meta, summary, verdicts, environment(spec, profile) if spec is not None else None,
                              records, regression, plots, goodput_table,
                              breakdown_view(table, configs, spec.tracing.enabled if spec is not None else None,
                                             parts_plots, meta.get("clock") == "virtual"),
-                             pareto_view(points, meta, price, frontier_plots))
+                             pareto_view(points, meta, price, frontier_plots, summary))
     (out / "report.md").write_text(render_markdown(context))
     (out / "report.html").write_text(render_html(context))
     return [out / name for name in REPORT_FILES]
 
 
-def rerender(rdir: Path, out: Path | None = None) -> list[Path]:
+def rerender(rdir: Path, out: Path | None = None, gpu_hour_usd: float | None = None) -> list[Path]:
     """Re-render a results directory written by `epdbench compare` (its stored regression check included),
-    into the directory itself or into `out`."""
+    into the directory itself or into `out`, priced at `gpu_hour_usd` when given."""
     missing = [name for name in NEEDED if not (rdir / name).exists()]
     if missing:
         raise ResultsError(f"{rdir}: no {', '.join(missing)} here; give a results directory written by "
                            "'epdbench compare'")
     outcome = json.loads((rdir / "outcome.json").read_text())
-    return write_report(rdir, outcome["meta"], outcome["verdicts"], outcome.get("regression"), out=out)
+    return write_report(rdir, outcome["meta"], outcome["verdicts"], outcome.get("regression"), out=out,
+                        gpu_hour_usd=gpu_hour_usd)
 
 
 def download_comparison(tracking_uri: str, run_id: str, dest: Path | None = None) -> Path:

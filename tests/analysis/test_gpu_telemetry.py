@@ -90,3 +90,39 @@ def test_neutral_csv_refuses_another_header_and_a_bad_line_but_drops_a_cut_last_
     with pytest.raises(g.TelemetryError, match="line 2"):
         g.parse_samples_csv(good.replace("1.000,", "x,") + "3.0,,0,1,2,3,4,dcgm\n")
     assert g.parse_samples_csv("") == {}
+
+
+def test_the_drivers_energy_counter_is_preferred_to_the_power_trapezoids_and_a_reset_gives_no_figure():
+    pts = [g.Sample(10.0, 0, 0, 0, 100.0, 0, 5_000.0), g.Sample(11.0, 0, 0, 0, 300.0, 0, 5_250.0),
+           g.Sample(12.0, 0, 0, 0, 300.0, 0, 5_550.0)]
+    assert g.energy_j(pts, 10.5, 12.0) == pytest.approx((5_550 - 5_125) / 1000)   # counter, interpolated at 10.5
+    no_counter = [g.Sample(s.t, s.gpu, s.util_pct, s.mem_used_mib, s.power_w, s.sm_clock_mhz) for s in pts]
+    assert g.energy_j(no_counter, 10.0, 12.0) == pytest.approx(200 + 300)          # trapezoids
+    reset = pts[:2] + [g.Sample(12.0, 0, 0, 0, 300.0, 0, 40.0)]
+    assert math.isnan(g.energy_j(reset, 10.0, 12.0))
+
+
+def rec(send, e2e, out, phase="measured", ok=True):
+    return {"send_wall_s": send, "e2e_ms": e2e, "output_tokens": out, "phase": phase, "ok": ok}
+
+
+def test_a_cells_window_runs_from_the_first_measured_send_to_the_last_measured_end():
+    rows = [rec(T0 - 5, 9_000, 50, phase="warmup"), rec(T0 + 0.5, 500, 10), rec(T0 + 0.6, 1_400, 30),
+            rec(T0 + 0.7, None, 0, ok=False)]
+    assert g.measured_window(rows) == pytest.approx((T0 + 0.5, T0 + 2.0, 40))
+    assert g.measured_window([rec(T0, 100, 3, phase="warmup")]) is None
+    figures = g.cell_telemetry(SAMPLES, rows)
+    assert set(figures) == set(g.COLUMNS)
+    assert figures["gpu_energy_j"] == pytest.approx((125 + 300) + (72.5 + 170))
+    assert figures["energy_j_per_token"] == pytest.approx(figures["gpu_energy_j"] / 40)
+    assert g.cell_telemetry([], rows) == {c: None for c in g.COLUMNS}
+    late = g.cell_telemetry(SAMPLES, [rec(T0 + 1.5, 2_000, 10)])   # past the last sample: no energy, no guess
+    assert late["gpu_energy_j"] is None and late["energy_j_per_token"] is None
+
+
+def test_several_hosts_gpus_are_told_apart():
+    a = [g.Sample(1.0, 0, 1, 1, 1, 1)]
+    b = [g.Sample(1.0, 0, 2, 2, 2, 2)]
+    flat = g.flatten_hosts({"pod-a": a, "pod-b": b})
+    assert sorted(s.gpu for s in flat) == [0, 1]
+    assert g.window(flat, 0.5, 1.5)["gpu_mem_used_mib_max"] == 3

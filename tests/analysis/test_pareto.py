@@ -113,12 +113,14 @@ def test_cost_per_million_output_tokens():
     assert cost_usd_per_mtok(3.6, 0.0) is None
 
 
-def test_points_carry_cost_only_with_a_price_and_never_an_energy_figure():
+def test_points_carry_cost_only_with_a_price_and_energy_only_where_the_gpus_were_read():
     summary = pd.DataFrame([row("a", 10, 250), row("b", 20, 500, 8)])
     priced = pareto_points(summary, 1.8)
     assert priced["cost_usd_per_mtok"].tolist() == pytest.approx([2.0, 1.0])
     assert pareto_points(summary)["cost_usd_per_mtok"].tolist() == [None, None]
     assert priced["energy_j_per_token"].tolist() == [None, None]
+    read = pd.DataFrame([row("a", 10, 250, energy_j_per_token=0.25), row("b", 20, 500, 8, energy_j_per_token=None)])
+    assert pareto_points(read)["energy_j_per_token"].tolist() == [0.25, None]
 
 
 def test_an_empty_summary_gives_no_points():

@@ -46,7 +46,8 @@ def render(price: float | None, target: str = "sim", with_plots: bool = True, fr
     frame = summary() if frame is None else frame
     points = pareto_points(frame, price)
     plots = pareto_plots(points, CONFIGS, "note") if with_plots else []
-    ctx = report_context(meta(target), full(frame), VERDICTS, pareto=pareto_view(points, meta(target), price, plots))
+    ctx = report_context(meta(target), full(frame), VERDICTS,
+                         pareto=pareto_view(points, meta(target), price, plots, full(frame)))
     return render_markdown(ctx), render_html(ctx), plots
 
 
@@ -113,11 +114,51 @@ def test_a_configuration_on_no_frontier_is_named():
 
 def test_energy_is_never_invented_on_any_target():
     assert energy_text({"target": "sim"}).startswith("unavailable — the simulator has no GPU")
-    assert energy_text({"target": "kubernetes"}) == ("unavailable — epdbench reads no GPU power (NVML or DCGM) on "
-                                                     "the kubernetes target yet, and never estimates it")
+    assert energy_text({"target": "kubernetes"}) == (
+        "unavailable — no GPU power was read on this run (the cluster's DCGM exporter: see the run's log for why), "
+        "and epdbench never estimates it")
+    assert energy_text({"target": "local", "device": "cpu"}).startswith("unavailable — the engines ran on CPU")
     assert set(pareto_points(summary(), 2.0)["energy_j_per_token"]) == {None}
     md, _, _ = render(2.0, target="kubernetes")
-    assert "Simulator:" not in section(md) and "on the kubernetes target yet" in section(md)
+    assert "Simulator:" not in section(md) and "no GPU power was read on this run" in section(md)
+    assert "J per output token" not in section(md)
+
+
+def measured() -> pd.DataFrame:
+    """summary() with the GPUs read on every cell of suite fixed (two trials of aggregated c=1, 0.5 and 0.7 J per
+    token), and nothing read on suite mm."""
+    rows = []
+    for r in summary().to_dict("records"):
+        if r["suite"] == "fixed":
+            r.update(gpu_samples=40, gpu_util_pct_mean=80.0, gpu_mem_used_mib_max=70_000.0, gpu_power_w_mean=500.0,
+                     gpu_sm_clock_mhz_mean=1980.0, gpu_energy_j=900.0, energy_j_per_token=0.5)
+        rows.append(r)
+    rows.append({**rows[0], "trial": 1, "energy_j_per_token": 0.7, "gpu_util_pct_mean": 60.0})
+    return pd.DataFrame(rows)
+
+
+def test_measured_energy_per_token_and_the_gpus_figures_are_shown_where_read():
+    points = pareto_points(measured(), 2.0)
+    agg1 = points[(points["config"] == "aggregated") & (points["concurrency"] == 1)
+                  & (points["workload"] == "512/64")].iloc[0]
+    assert agg1["energy_j_per_token"] == pytest.approx(0.6)          # the mean over the two trials
+    assert set(points[points["suite"] == "mm"]["energy_j_per_token"]) == {None}
+    md, html, _ = render(2.0, target="local", frame=measured())
+    text = section(md)
+    assert "Energy per token (J): the energy the configuration's GPUs drew over each cell's measured window (read " \
+           "by NVML on this host" in text
+    assert "| Shape | Configuration | Load | tok/s per user | tok/s per GPU | $ per M output tokens | J per output " \
+           "token |" in text
+    assert "| aggregated | 512/64 | c=1 | 70 % | 68.4 GiB | 500 W | 1980 MHz | 0.6 J |" in text
+    mm = text[text.index("### Suite `mm`"):]
+    assert "The GPUs over each cell's measured window" not in mm and "| c=2 | 50.0 | 90.0 | $6.17 | — |" in mm
+    assert "<th>J per output token</th>" in html and "<td class=\"num\">0.6 J</td>" in html
+    lines = pareto_lines(points, {"target": "local"})
+    assert "(least energy pd-rdma 0.5 J/output token at c=1)" in lines[0] or \
+           "(least energy aggregated 0.5 J/output token at c=8)" in lines[0]
+    metrics = pareto_metrics(points, CONFIGS)
+    assert metrics["energy_j_per_token.fixed.512/64.c1.aggregated"] == pytest.approx(0.6)
+    assert not [k for k in metrics if k.startswith("energy_j_per_token.mm.")]
 
 
 def test_usd_keeps_three_figures_below_a_dollar():
