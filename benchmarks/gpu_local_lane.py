@@ -39,7 +39,7 @@ def fmt(v) -> str:
     return "-" if v is None else (f"{v:.1f}" if isinstance(v, float) else str(v))
 
 
-async def run_cells(spec, config, url: str, cal: Calibration, cells, rows_out: list) -> list[dict]:
+async def run_cells(spec, config, url: str, cal: Calibration, cells, rows_out: list, telemetry=None) -> list[dict]:
     out = []
     async with LoadGenerator(url, spec.model.name, spec.request_timeout_s, run_tag=config.name[:8]) as lg:
         for cell in cells:
@@ -52,11 +52,14 @@ async def run_cells(spec, config, url: str, cal: Calibration, cells, rows_out: l
             s = summarize_cell(pd.DataFrame(rows))
             figures = {k: s.get(k) for k in ("requests_ok", "requests_total", "prompt_tokens_mean", "ttft_p50_ms",
                                              "ttft_p99_ms", "tpot_p50_ms", "itl_p99_ms", "output_tok_s")}
-            out.append({"cell": cell.cell_id, **figures})
+            gpu = telemetry.cell(rows) if telemetry is not None else {}   # the GPU over the cell (NVML)
+            out.append({"cell": cell.cell_id, **figures, **gpu})
             say(f"[{config.name}] {cell.suite} {cell.workload} c{cell.concurrency}: ok {s['requests_ok']}/"
                 f"{s['requests_total']}, prompt {fmt(s['prompt_tokens_mean'])} tokens, TTFT p50 "
                 f"{fmt(s['ttft_p50_ms'])} ms, TPOT p50 {fmt(s['tpot_p50_ms'])} ms, ITL p99 {fmt(s['itl_p99_ms'])} ms, "
-                f"{fmt(s['output_tok_s'])} tok/s")
+                f"{fmt(s['output_tok_s'])} tok/s"
+                + (f", GPU {fmt(gpu.get('gpu_util_pct_mean'))} % {fmt(gpu.get('gpu_power_w_mean'))} W, "
+                   f"{fmt(gpu.get('energy_j_per_token'))} J/token" if gpu else ""))
     return out
 
 
@@ -69,7 +72,8 @@ def run_configuration(spec, config, rdir: Path) -> dict:
     try:
         dep = target.start(spec, config, rdir / "spec.yaml", ev_dir)
         result["start_s"] = round(time.monotonic() - started, 1)
-        say(f"[{config.name}] serving at {dep.endpoint} via {dep.router} after {result['start_s']} s")
+        say(f"[{config.name}] serving at {dep.endpoint} via {dep.router} after {result['start_s']} s"
+            + (f"; {dep.telemetry_note}" if dep.telemetry_note else ""))
         engine = next(p for p in dep.engines if p.role in ("server", "prefill"))
         cal = calibrate(engine.url, spec.model.name, calibration_keys(spec))
         first = snap = evidence.snapshot(dep)
@@ -77,7 +81,8 @@ def run_configuration(spec, config, rdir: Path) -> dict:
         for suite in spec.suites:
             suite_rows: list[dict] = []
             cells += asyncio.run(run_cells(spec, config, dep.endpoint, cal,
-                                           [c for c in plan_cells(spec) if c.suite == suite.name], suite_rows))
+                                           [c for c in plan_cells(spec) if c.suite == suite.name], suite_rows,
+                                           dep.telemetry))
             after = evidence.snapshot(dep)
             suites[suite.name] = evidence.suite_evidence(dep, config, snap, after, suite_rows, False)
             rows += suite_rows
