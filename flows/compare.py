@@ -25,6 +25,7 @@ from epdbench.analysis.metrics import RECORD_COLUMNS, summarize
 from epdbench.analysis.pareto import pareto_points
 from epdbench.analysis.regression import RegressionSettings
 from epdbench.analysis.trials import aggregate_trials
+from epdbench.specs.budget import resolve_gpu_budget
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, load_spec, spec_to_yaml
 from epdbench.specs.profile import profile_to_yaml
 from epdbench.specs.workload import Cell, calibration_keys, plan_cells
@@ -300,6 +301,7 @@ def compare(spec: ExperimentSpec, out_dir: str | None = None, tracking_uri: str 
     (FolderLocked when another live process holds it); what a killed earlier run left running is ended
     first, and every process this run starts is registered for the next one to find."""
     global RUN_FOLDER
+    spec = resolve_gpu_budget(spec)   # scaled to cost.gpu_budget, if any (a no-op when the CLI resolved it)
     run = run_name or run_name_for(spec)
     rdir = Path(out_dir or Path("results") / run)
     held = RUN_FOLDER is not None and RUN_FOLDER.rdir.resolve() == rdir.resolve()   # the CLI took it already

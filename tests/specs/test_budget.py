@@ -157,3 +157,73 @@ def test_a_recorded_scaling_must_match_its_budget_and_its_configurations():
     assert refusal(resolve_gpu_budget, edited) == ("field 'cost.budget_scales': configuration aggregated is not 1 GPU "
                                                    "×6: drop budget_scales (epdbench writes it) and give the "
                                                    "configurations as written")
+
+
+# --- on the command line: `compare --gpu-budget N` and the spec's field, as compare and manifests deploy them ---
+
+
+@pytest.fixture
+def started_with(monkeypatch, tmp_path):
+    """The spec `epdbench compare` would start its flow with."""
+    import epdbench.flows.compare as flow
+    from epdbench.cli import main
+
+    seen = {}
+
+    class Started(Exception):
+        pass
+
+    def compare(spec, **kwargs):
+        seen["spec"] = spec
+        raise Started
+    monkeypatch.setattr(flow, "compare", compare)
+    monkeypatch.chdir(tmp_path)
+
+    def run(*argv):
+        with pytest.raises(Started):
+            main(["compare", "--clock", "virtual", *argv])
+        return seen["spec"]
+    return run
+
+
+def test_the_flag_scales_the_configurations_compare_runs_and_overrides_the_field(started_with, tmp_path):
+    spec = started_with("--spec", "epd-multimodal", "--gpu-budget", "6")
+    assert spec == resolve_gpu_budget(budgeted("epd-multimodal", 6, lambda d: d["target"]["sim"].update(
+        clock="virtual")))
+    path = tmp_path / "four.yaml"
+    path.write_text(spec_to_yaml(budgeted("epd-multimodal", 4)))         # the field, not yet resolved
+    assert {c.name: c.gpus for c in started_with("--spec", str(path)).configurations} == \
+        {"aggregated": 4, "pd-tcp": 4, "epd": 3, "epd-rdma": 3}
+    again = started_with("--spec", str(path), "--gpu-budget", "6")
+    assert again.cost.gpu_budget == 6 and replicas(again) == replicas(spec)
+    chosen = started_with("--spec", "epd-multimodal", "--gpu-budget", "2", "--configs", "aggregated,pd-tcp")
+    assert {c.name: c.gpus for c in chosen.configurations} == {"aggregated": 2, "pd-tcp": 2}
+    assert started_with("--spec", "epd-multimodal").configurations == load_spec("epd-multimodal").configurations
+
+
+@pytest.mark.parametrize("value, why", [
+    ("2", "--gpu-budget 2: epd (3), epd-rdma (3) need more GPUs than the budget, so cannot run even once: give a "
+          "budget of at least 3, or leave them out (--configs)"),
+    ("0", "--gpu-budget 0: give the GPUs every configuration may use, 1 or more (e.g. 6)"),
+    ("9", "--gpu-budget 9 exceeds 'hardware.gpus_per_node' (8)"),
+    ("six", "epdbench compare: argument --gpu-budget: invalid int value: 'six'")])
+def test_a_budget_that_cannot_work_is_refused_in_one_line_before_anything_starts(value, why, capsys, monkeypatch,
+                                                                                 tmp_path):
+    from epdbench.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["compare", "--spec", "epd-multimodal", "--clock", "virtual", "--gpu-budget", value]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {why}"), err
+    assert len(err.splitlines()) == 1 and not (tmp_path / "results").exists()
+
+
+def test_the_kubernetes_manifests_of_a_budgeted_spec_deploy_the_scaled_replicas(tmp_path):
+    from epdbench.cli import main
+
+    path = tmp_path / "six.yaml"
+    path.write_text(spec_to_yaml(budgeted("epd-multimodal", 6)))
+    assert main(["manifests", "--spec", str(path), "--config", "pd-tcp", "--out", str(tmp_path / "m")]) == 0
+    sets = {d["metadata"]["name"]: d["spec"]["replicas"] for f in sorted((tmp_path / "m" / "pd-tcp").glob("*.yaml"))
+            for d in yaml.safe_load_all(f.read_text()) if d["kind"] == "StatefulSet"}
+    assert sets == {"pd-tcp-prefill": 3, "pd-tcp-decode": 3}
