@@ -31,6 +31,7 @@ from epdbench.specs.profile import profile_to_yaml
 from epdbench.specs.workload import Cell, calibration_keys, plan_cells
 from epdbench.reports.goodput import throughput_goodput_gaps
 from epdbench.reports.pareto import pareto_lines
+from epdbench.reports.footing import gpu_footing
 from epdbench.reports.verdict import verdict_lines
 from epdbench.flows.outputs import prefect_summary_artifact, report_meta, verdict_view
 from epdbench.flows.incluster import LoadgenIncomplete, run_suite_in_cluster
@@ -397,7 +398,7 @@ def _compare(spec: ExperimentSpec, run: str, rdir: Path, tracking_uri: str | Non
     outcome["ttft_breakdown"] = breakdown_lines(ttft_breakdown(rdir, meta, read_records(rdir / "records.parquet")))
     outcome["pareto"] = pareto_lines(pareto_points(summary, spec.cost.gpu_hour_usd), meta)
     comparisons = compare_cells(summary)     # as the report's Verdict (reports.render.report_context), same summary
-    outcome["winners"] = verdict_lines(comparisons) + throughput_goodput_gaps(
+    outcome["winners"] = verdict_lines(comparisons, gpu_footing(meta)) + throughput_goodput_gaps(
         comparisons, goodput_table, {c.name: spec.gpus_used(c) for c in spec.configurations})
     write_json(rdir / "outcome.json", outcome)
     fingerprint = publish.comparison_fingerprint(rdir)
