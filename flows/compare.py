@@ -25,11 +25,13 @@ from epdbench.analysis.metrics import RECORD_COLUMNS, summarize
 from epdbench.analysis.pareto import pareto_points
 from epdbench.analysis.regression import RegressionSettings
 from epdbench.analysis.trials import aggregate_trials
+from epdbench.specs.budget import resolve_gpu_budget
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, load_spec, spec_to_yaml
 from epdbench.specs.profile import profile_to_yaml
 from epdbench.specs.workload import Cell, calibration_keys, plan_cells
 from epdbench.reports.goodput import throughput_goodput_gaps
 from epdbench.reports.pareto import pareto_lines
+from epdbench.reports.footing import gpu_footing
 from epdbench.reports.verdict import verdict_lines
 from epdbench.flows.outputs import prefect_summary_artifact, report_meta, verdict_view
 from epdbench.flows.incluster import LoadgenIncomplete, run_suite_in_cluster
@@ -303,6 +305,7 @@ def compare(spec: ExperimentSpec, out_dir: str | None = None, tracking_uri: str 
     (FolderLocked when another live process holds it); what a killed earlier run left running is ended
     first, and every process this run starts is registered for the next one to find."""
     global RUN_FOLDER
+    spec = resolve_gpu_budget(spec)   # scaled to cost.gpu_budget, if any (a no-op when the CLI resolved it)
     run = run_name or run_name_for(spec)
     rdir = Path(out_dir or Path("results") / run)
     held = RUN_FOLDER is not None and RUN_FOLDER.rdir.resolve() == rdir.resolve()   # the CLI took it already
@@ -398,7 +401,7 @@ def _compare(spec: ExperimentSpec, run: str, rdir: Path, tracking_uri: str | Non
     outcome["ttft_breakdown"] = breakdown_lines(ttft_breakdown(rdir, meta, read_records(rdir / "records.parquet")))
     outcome["pareto"] = pareto_lines(pareto_points(summary, spec.cost.gpu_hour_usd), meta)
     comparisons = compare_cells(summary)     # as the report's Verdict (reports.render.report_context), same summary
-    outcome["winners"] = verdict_lines(comparisons) + throughput_goodput_gaps(
+    outcome["winners"] = verdict_lines(comparisons, gpu_footing(meta)) + throughput_goodput_gaps(
         comparisons, goodput_table, {c.name: spec.gpus_used(c) for c in spec.configurations})
     write_json(rdir / "outcome.json", outcome)
     fingerprint = publish.comparison_fingerprint(rdir)

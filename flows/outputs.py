@@ -108,8 +108,10 @@ def report_meta(spec: ExperimentSpec, run: str, outcomes: dict[str, ConfigOutcom
         "tiny_model": spec.target.kind == "local" and spec.target.local.made_model == "tiny",
         "model_files": spec.target.local.made_model if spec.target.kind == "local" else None,
         "gpu_share": spec.shares_one_gpu,
+        "gpu_budget": spec.cost.gpu_budget,        # with each configuration's budget_scale: reports.footing
         "created": dt.datetime.now().isoformat(timespec="seconds"),
         "configurations": [{"name": c.name, "topology": c.topology, "roles": roles_text(c), "gpus": spec.gpus_used(c),
+                            "budget_scale": spec.cost.budget_scale(c.name),
                             "transport": c.kv_transport,
                             "connector": "none" if c.topology == "aggregated" else c.kv_connector,
                             "ec_transport": ec_path(spec, c),

@@ -18,6 +18,7 @@ from epdbench.analysis.regression import REGRESSION_METRICS
 from epdbench.analysis.samples import early_stops, prompt_fit
 from epdbench.analysis.trials import aggregate_trials, low_support
 from epdbench.reports.breakdown import breakdown_view
+from epdbench.reports.footing import gpu_footing
 from epdbench.reports.findings import (benefits, cache_text, headline_sentence, history_view, limitations, reuse_view,
                                        suite_prose)
 from epdbench.reports.goodput import throughput_goodput_gaps
@@ -162,6 +163,7 @@ def report_context(meta: dict, summary: pd.DataFrame, verdicts: dict[str, dict],
         "columns": [COLUMN_TITLES[m] for m in REPORT_METRICS],
         "suites": suite_tables(summary, comparisons),
         "verdict": verdict_view(comparisons),
+        "gpu_footing": gpu_footing(meta),
         "contamination": contamination_line(summary, meta),
         "goodput": goodput,
         "breakdown": breakdown or breakdown_view(None, [], None),

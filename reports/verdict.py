@@ -92,13 +92,15 @@ def metric_tally(rows: list[dict], metric: str) -> str | None:
     return f"{TERMINAL_NAMES.get(metric, METRIC_NAMES[metric][0])}: " + "; ".join(parts)
 
 
-def verdict_lines(comparisons: list[Comparison]) -> list[str]:
+def verdict_lines(comparisons: list[Comparison], footing: str | None = None) -> list[str]:
     """The Verdict in a few lines per suite, from the same rows as the report's table: per metric, which
-    configuration wins in how many of the suite's matched cells, ties, contaminated (the terminal's last word)."""
+    configuration wins in how many of the suite's matched cells, ties, contaminated (the terminal's last word);
+    `footing`, the GPU footing it stands on (reports.footing), under its first line."""
     rows = verdict_table(comparisons)
     if not rows:
         return ["Verdict: fewer than two configurations produced data in any cell, nothing to decide."]
     lines = ["Verdict (report.md opens with it): per metric, who is better outside the noise in how many matched cells"]
+    lines += [f"  {footing}"] * bool(footing)
     for suite in dict.fromkeys(r["suite"] for r in rows):
         mine = [r for r in rows if r["suite"] == suite]
         lines.append(f"  suite {suite}, {len(mine)} matched cell{'s' * (len(mine) != 1)}:")

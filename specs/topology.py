@@ -5,10 +5,12 @@ from pydantic import Field, model_validator
 
 from epdbench.specs.base import KvConnector, KvTransport, RoleName, Strict, Topology
 
+MAX_REPLICAS = 16       # of one role of a configuration
+
 
 class RoleSpec(Strict):
     role: RoleName = Field(title="Role", description="server (aggregated), prefill, decode or encode.")
-    replicas: int = Field(1, ge=1, le=16, title="Replicas", description="Pods (or simulator processes) of this role.")
+    replicas: int = Field(1, ge=1, le=MAX_REPLICAS, title="Replicas", description="Pods (or simulator processes) of this role.")
     tp: int = Field(1, ge=1, le=8, title="Tensor parallel size", description="GPUs per replica.")
     rdma_interfaces: int = Field(0, ge=0, le=8, title="RDMA interfaces",
                                  description="RDMA NICs per replica (KV over RDMA only).")

@@ -103,9 +103,10 @@ def _console_filter(record: logging.LogRecord) -> bool:
 def cmd_manifests(args) -> int:
     from epdbench.manifests.render import (DEFAULT_SCHEMA_VERSION, ManifestError, manifest_files, render_loadgen,
                                            render_manifests, validate_manifests)
+    from epdbench.specs.budget import resolve_gpu_budget
     from epdbench.specs.models import load_spec, spec_to_yaml
 
-    spec = with_target(load_spec(args.spec), "kubernetes", kube_overrides(args), args.spec)
+    spec = resolve_gpu_budget(with_target(load_spec(args.spec), "kubernetes", kube_overrides(args), args.spec))
     pool = pool_settings(args, spec.target.kubernetes)
     names = [c.name for c in spec.configurations]
     if args.config and args.config not in names:
@@ -194,11 +195,12 @@ def cmd_cleanup(args) -> int:
 def cmd_plan(args) -> int:
     import json
 
+    from epdbench.specs.budget import resolve_gpu_budget
     from epdbench.specs.models import load_spec, select_configurations
     from epdbench.analysis.plan import plan, total_seconds
 
     spec = load_spec(args.spec)
-    spec = select_configurations(spec, config_names(args.configs))
+    spec = resolve_gpu_budget(select_configurations(spec, config_names(args.configs)))   # as compare deploys them
     rows = plan(spec)
     if args.json:
         print(json.dumps(rows, indent=2))

@@ -98,6 +98,7 @@ def check_kubeconfig(target) -> None:
 def load_compare_spec(args) -> tuple:
     """The spec `compare` runs, with the command line's overrides and --profile's constants; and that profile
     (None without --profile)."""
+    from epdbench.specs.budget import resolve_gpu_budget
     from epdbench.specs.models import SpecError, load_spec, parse_spec, select_configurations
 
     spec = load_spec(args.spec)
@@ -145,6 +146,7 @@ def load_compare_spec(args) -> tuple:
     updates["tracking"] = tracking
     spec = spec.model_copy(update=updates)
     spec = select_configurations(spec, config_names(args.configs))
+    spec = resolve_gpu_budget(spec, getattr(args, "gpu_budget", None), "--gpu-budget")   # the configurations run
     check_keep_fits(spec)
     if spec.target.kind == "local":
         check_local_target(spec)

@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--gpu-hour-usd", type=float, default=None, metavar="USD",
                    help="price of one GPU-hour, for the report's cost per million output tokens (default: spec's "
                         "cost.gpu_hour_usd; none: no cost figures)")
+    c.add_argument("--gpu-budget", type=int, default=None, metavar="N",
+                   help="compare at an equal GPU budget: every configuration deployed with its replicas multiplied "
+                        "by floor(N / its GPUs) (default: spec's cost.gpu_budget; none: as written)")
     add_kube_flags(c)
     c.add_argument("--keep", action="store_true", help="leave each configuration running (--target kubernetes)")
     c.add_argument("--resume", default=None, metavar="RUN",

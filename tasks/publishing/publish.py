@@ -41,6 +41,7 @@ from epdbench.tasks.publishing.publish_state import (OPTIONAL_ARTIFACTS, PARENT_
                                           load_state, pending, read_json, resolve_tracking_uri, save_state,
                                           store_id)
 from epdbench.reports.environment import engine_image
+from epdbench.reports.footing import gpu_footing
 from epdbench.reports.mlflow_names import valid_keys
 from epdbench.tasks.publishing.mlflow_quiet import failure_reason, is_unreachable
 from epdbench.tasks.publishing.tracking import KEY_TAG, Tracker
@@ -114,7 +115,8 @@ def start_comparison(tracker: Tracker, spec: ExperimentSpec, run: str, rdir: Pat
 
     tags = {"epdbench.target": spec.target.kind, "epdbench.clock": "virtual" if spec.virtual else "real",
             "epdbench.spec": spec.name, "epdbench.trigger": trigger,
-            "epdbench.spec_fingerprint": spec_fingerprint(spec), "epdbench.results_dir": str(Path(rdir).resolve())}
+            "epdbench.spec_fingerprint": spec_fingerprint(spec), "epdbench.results_dir": str(Path(rdir).resolve()),
+            "epdbench.gpu_budget": str(spec.cost.gpu_budget or "none")}     # its footing: publish_comparison
     if flow_run_id:
         tags["epdbench.prefect_flow_run_id"] = flow_run_id
     return tracker.start_comparison(
@@ -147,6 +149,7 @@ def publish_configuration(tracker: Tracker, parent: str, spec: ExperimentSpec, c
               "epdbench.ec_transport_verdict": (t.get("ec") or {}).get("verdict", "none"),
               "epdbench.router": o.get("router") or "", "epdbench.error": (o.get("error") or "")[:5000]},
         params={"topology": config.topology, "roles": roles_text(config), "gpus": spec.gpus_used(config),
+                "budget_scale": spec.cost.budget_scale(config.name),
                 "tp": ",".join(f"{r.role}={r.tp}" for r in config.roles), "transport": config.kv_transport,
                 "connectors": kv_connector_name(config), "ec_transport": ec_path(spec, config),
                 "image": "epdbench-sim" if spec.target.kind == "sim" else engine_image(spec),
@@ -242,8 +245,10 @@ def _publish_comparison(tracker: Tracker, parent: str, rdir: Path, all_verified:
         tracker.log_artifacts(parent, rdir / TRACES_DIR, TRACES_DIR)
     goodput_metrics(tracker, parent, rdir / "goodput.csv")
     outcome = read_json(rdir / "outcome.json")
+    footing = gpu_footing((outcome or {}).get("meta") or {})
     tracker.set_tags(parent, {"epdbench.all_verified": all_verified, "epdbench.all_ok": all_ok,
                               "epdbench.contaminated_cells": (outcome or {}).get("contaminated_cells", 0),
+                              **({"epdbench.gpu_footing": footing} if footing else {}),
                               **comparison_view(tracker, parent, rdir)})
     run = _run_key(tracker, parent, rdir)
     wanted = {config_key(run, name) for name in folder_configs(rdir)}
