@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from epdbench.specs.models import ExperimentSpec, SpecError, load_spec, parse_spec, select_configurations
+from epdbench.specs.budget import resolve_gpu_budget
 from epdbench.specs.profile import apply_profile, load_profile
 
 Preset = Literal["smoke", "pd-text", "epd-multimodal", "epd-reuse", "pd-nixl"]
@@ -42,6 +43,13 @@ class RunRequest(BaseModel):
     run_key: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$", title="Run key",
                                 description="Name of the results folder; re-running with the same key resumes "
                                             "it, skipping cells already recorded.")
+    gpu_hour_usd: float | None = Field(None, ge=0, allow_inf_nan=False, title="Price per GPU-hour (USD)",
+                                       description="For the report's cost per million output tokens; empty: the "
+                                                   "preset's (none: no cost figures).")
+    gpu_budget: int | None = Field(None, ge=1, le=64, title="GPU budget",
+                                   description="GPUs every configuration may use: each one's replicas scaled by "
+                                               "floor(budget / its GPUs), so all are measured on about the same "
+                                               "number of GPUs; empty: the configurations as written.")
     profile: str | None = Field(None, min_length=1, title="Calibration profile",
                                 description="Path, on the machine that runs the flow, of a profile written by "
                                             "epdbench calibrate: the simulator's constants come from it (sim "
@@ -84,10 +92,13 @@ def resolve_request(req: RunRequest, profile: dict | None = None) -> ExperimentS
         data["target"]["kubernetes"]["engine"]["image"] = req.engine_image
     if req.namespace:
         data["target"]["kubernetes"]["namespace"] = req.namespace
+    if req.gpu_hour_usd is not None:
+        data["cost"]["gpu_hour_usd"] = req.gpu_hour_usd
     spec = parse_spec(data, f"preset {req.preset}")
     if profile is not None:
         spec = apply_profile(spec, profile)
-    return select_configurations(spec, list(req.configurations) or None)
+    spec = select_configurations(spec, list(req.configurations) or None)
+    return resolve_gpu_budget(spec, req.gpu_budget, "gpu_budget") if req.gpu_budget is not None else spec
 
 
 def run_name(req: RunRequest, date: str) -> str:

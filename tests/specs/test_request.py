@@ -47,3 +47,17 @@ def test_the_form_runs_a_preset_in_virtual_time_on_the_simulator_only():
     assert run_name(RunRequest(preset="smoke", clock="virtual"), "2026-12-04") == "smoke-sim-virtual-2026-12-04"
     with pytest.raises(SpecError, match="clock: virtual time is the simulator's; target kubernetes runs in real"):
         resolve_request(RunRequest(preset="smoke", clock="virtual", target="kubernetes"))
+
+
+def test_the_form_prices_a_gpu_hour_and_scales_to_a_gpu_budget():
+    spec = resolve_request(RunRequest(preset="epd-multimodal", configurations=["aggregated", "pd-tcp"],
+                                      gpu_hour_usd=2.5, gpu_budget=4))
+    assert spec.cost.gpu_hour_usd == 2.5
+    assert {c.name: c.gpus for c in spec.configurations} == {"aggregated": 4, "pd-tcp": 4}
+    assert {s.configuration: s.scale for s in spec.cost.budget_scales} == {"aggregated": 4, "pd-tcp": 2}
+    plain = resolve_request(RunRequest(preset="epd-multimodal", configurations=["aggregated"]))
+    assert plain.cost.gpu_budget is None and plain.configurations[0].gpus == 1
+    with pytest.raises(SpecError, match=r"^gpu_budget 1: pd-tcp \(2\) needs more GPUs than the budget"):
+        resolve_request(RunRequest(preset="epd-multimodal", configurations=["aggregated", "pd-tcp"], gpu_budget=1))
+    with pytest.raises(ValueError):
+        RunRequest(gpu_hour_usd=-1)
