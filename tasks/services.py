@@ -72,7 +72,7 @@ def plan_services(host: str, prefect_port: int, mlflow_port: int, data_dir: Path
     ]
     if pool is None:
         services.append(Service(
-            "deployments", [sys.executable, "-m", "epdbench.flows.deployments", "--nightly-cron", nightly_cron,
+            "deployments", [sys.executable, "-P", "-m", "epdbench.flows.deployments", "--nightly-cron", nightly_cron,
                             "--timezone", timezone, "--nightly-preset", nightly_preset],
             "", {**base, "PREFECT_API_URL": prefect_api, "MLFLOW_TRACKING_URI": mlflow_url,
                  "EPDBENCH_RESULTS_DIR": str(data_dir / "results"),     # runs' folders beside the stores
@@ -104,7 +104,7 @@ def register_pool_deployments(pool: PoolPlan, prefect_api: str, data_dir: Path, 
     env = {**os.environ, "PREFECT_API_URL": prefect_api, "PREFECT_HOME": str(data_dir.resolve() / "prefect"),
            "DO_NOT_TRACK": "true"}
     with open(log, "ab") as fh:
-        done = subprocess.run([sys.executable, "-m", "epdbench.flows.deployments", "--nightly-cron", nightly_cron,
+        done = subprocess.run([sys.executable, "-P", "-m", "epdbench.flows.deployments", "--nightly-cron", nightly_cron,
                                "--timezone", timezone, "--nightly-preset", nightly_preset,
                                "--work-pool", pool.settings.pool, "--image", pool.settings.image,
                                "--namespace", pool.settings.namespace],

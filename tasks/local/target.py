@@ -160,7 +160,7 @@ def router_command(spec: ExperimentSpec, config: ConfigurationSpec, engines: lis
     router_port = free_port(host)
     url = f"http://{host}:{router_port}"
     if builtin_router(spec, config):
-        cmd = [sys.executable, "-m", BUILTIN_ROUTER_MODULE,
+        cmd = [sys.executable, "-P", "-m", BUILTIN_ROUTER_MODULE,   # -P: a checkout in the cwd shadows no module
                *builtin_router_args(host=host, port=router_port, engines=[(p.role, p.url) for p in engines])]
         return cmd, {**os.environ, "PYTHONUNBUFFERED": "1"}, url, url + "/metrics"
     prom_port = free_port(host)

@@ -217,7 +217,7 @@ class RunFolder:
         r, w = os.pipe()
         try:
             self._guard = subprocess.Popen(
-                [sys.executable, "-m", "epdbench.tasks.proc.runguard", str(self.rdir.resolve()), str(os.getpid()),
+                [sys.executable, "-P", "-m", "epdbench.tasks.proc.runguard", str(self.rdir.resolve()), str(os.getpid()),
                  str(process_start_time(os.getpid()))],
                 stdin=r, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         except BaseException:

@@ -42,7 +42,7 @@ def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_
             for i in range(role.replicas):
                 port = free_port(host)
                 name = f"{role.role}-{i}"
-                cmd = [sys.executable, "-m", "epdbench.sim.server", "--spec", str(spec_path), "--config", config.name,
+                cmd = [sys.executable, "-P", "-m", "epdbench.sim.server", "--spec", str(spec_path), "--config", config.name,
                        "--role", role.role, "--replica", str(i), "--host", host, "--port", str(port)]
                 if role.role == "prefill":
                     bootstrap[name] = free_port(host)
@@ -66,7 +66,7 @@ def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_
                 decodes=[p.url for p in procs if p.role == "decode"])]
             dep.router = "vllm-router"
         else:
-            cmd = [sys.executable, "-m", "epdbench.sim.proxy", "--host", host, "--port", str(router_port)]
+            cmd = [sys.executable, "-P", "-m", "epdbench.sim.proxy", "--host", host, "--port", str(router_port)]
             for p in procs:
                 cmd += [f"--{p.role}", p.url]
             if skip:

@@ -3,6 +3,7 @@ another, EPD gets its encoder-output folder (removed at the end) and epdbench's 
 model made in the results folder."""
 from __future__ import annotations
 
+import subprocess
 import sys
 from collections import namedtuple
 from pathlib import Path
@@ -64,9 +65,18 @@ def test_epd_gets_its_own_encoder_output_folder_and_the_proxy_in_front(started):
     assert encode[encode.index("--model") + 1] == str(run / "real-shapes-model")
     assert (run / "real-shapes-model" / "tokenizer.json").exists()
     router = next(e for e in events if e[0] == "router")
-    assert router[1][:3] == [sys.executable, "-m", "epdbench.sim.proxy"]
+    assert router[1][:4] == [sys.executable, "-P", "-m", "epdbench.sim.proxy"]
     assert [a for a in router[1] if a.startswith("--")] == ["--host", "--port", "--encode", "--prefill", "--decode"]
     assert router[2].endswith("/metrics")
+    # started from a checkout of epdbench (its own epdbench/ folder in the working directory, as on a GPU host
+    # where the package is installed, not linked), the proxy is still the installed one's
+    shadow = run.parent / "checkout"
+    (shadow / "epdbench" / "sim").mkdir(parents=True)
+    for name in ("__init__.py", "sim/__init__.py"):
+        (shadow / "epdbench" / name).write_text("")
+    (shadow / "epdbench" / "sim" / "proxy.py").write_text("raise SystemExit('the checkout shadowed the package')")
+    proc = subprocess.run([*router[1][:4], "--help"], cwd=shadow, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "--encode" in proc.stdout, proc.stderr[-2000:]
     target.stop(dep)
     assert not dep.ec_dir.exists()
 
