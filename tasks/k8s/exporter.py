@@ -2,7 +2,9 @@
 EndpointSlices, the exporter pod on each node the configuration's GPU pods run on, read through the API server's
 pod proxy (`/api/v1/namespaces/NS/pods/POD:PORT/proxy/metrics`). The exporter is a DaemonSet, one pod per GPU
 node, and a Service proxy would reach any one of them at random; only when the EndpointSlices cannot be read is
-the Service's proxy used, and then said. Functions of API dicts only; no client, no I/O."""
+the Service's proxy used, and then said. The default reference is the GPU Operator's exporter (NVIDIA/gpu-operator,
+assets/state-dcgm-exporter/0600_service.yaml: Service nvidia-dcgm-exporter, port gpu-metrics 9400, in the
+operator's namespace, `gpu-operator` as its install guide has it). Functions of API dicts only; no client, no I/O."""
 from __future__ import annotations
 
 from dataclasses import dataclass
