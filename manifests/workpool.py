@@ -36,6 +36,7 @@ class PoolSettings:
     cpu: str = "2"                  # flow-run pod request and limit
     memory: str = "4Gi"
     port_forward: bool = False      # the spec's access is port-forward: grant pods/portforward
+    dcgm_exporter: str | None = None   # the spec's target.kubernetes.dcgm_exporter (namespace/name:port): read it
     pool: str = WORK_POOL
 
 
@@ -76,16 +77,21 @@ def base_job_template(upstream: dict, s: PoolSettings) -> dict:
 
 
 def render_pool_objects(s: PoolSettings, worker_in_cluster: bool = False) -> list[dict]:
-    """The flow-run ServiceAccount, Role (namespace), ClusterRole (nodes, its namespace) and bindings; with
-    `worker_in_cluster`, the worker's ServiceAccount, Role, binding and Deployment too."""
+    """The flow-run ServiceAccount, Role (namespace), ClusterRole (nodes, its namespace) and bindings; with a
+    DCGM exporter, a Role and binding in its namespace to read it; with `worker_in_cluster`, the worker's
+    ServiceAccount, Role, binding and Deployment too."""
     worker = None
     if worker_in_cluster:
         worker = {"account": WORKER_ACCOUNT,
                   "env": [{"name": k, "value": v} for k, v in {
                       "PREFECT_API_URL": s.prefect_api, "PREFECT_HOME": "/tmp/prefect", "DO_NOT_TRACK": "1",
                       "PREFECT_INTEGRATIONS_KUBERNETES_OBSERVER_NAMESPACES": s.namespace}.items()]}
+    dcgm = None
+    if s.dcgm_exporter:
+        namespace, _, service_port = s.dcgm_exporter.partition("/")
+        dcgm = {"namespace": namespace, "service": service_port.partition(":")[0], "service_port": service_port}
     text = make_env(TEMPLATE_DIR).get_template("workpool.yaml.j2").render(
         namespace=s.namespace, flow_account=FLOW_ACCOUNT, cluster_name=f"{FLOW_ACCOUNT}-{s.namespace}",
-        labels=LABELS, port_forward=s.port_forward, worker=worker, image=s.image, pool=s.pool)
+        labels=LABELS, port_forward=s.port_forward, worker=worker, image=s.image, pool=s.pool, dcgm=dcgm)
     return [obj for obj in yaml.safe_load_all(text) if obj]
 

@@ -321,6 +321,9 @@ def spec_fingerprint(spec: ExperimentSpec) -> str:
             if data["target"]["local"][field] == LocalTargetSpec.model_fields[field].get_default(
                     call_default_factory=True):
                 del data["target"]["local"][field]
+    kube = data["target"]["kubernetes"]
+    if kube["dcgm_exporter"] == KubernetesTargetSpec.model_fields["dcgm_exporter"].default:   # as before the field
+        del kube["dcgm_exporter"]
     if data["engine"]["block_size"] is None:   # vLLM's default block: fingerprints stay as before the field
         del data["engine"]["block_size"]
     if data["hardware"]["measured_vision_factor"] == 1.0:   # as measured: fingerprints stay as before the field

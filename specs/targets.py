@@ -61,6 +61,9 @@ RESERVED_ENGINE_ENV = {"HF_HOME", "HF_TOKEN", "VLLM_REQUEST_BODY_LOG_LEVEL", "MC
                        "VLLM_MOONCAKE_BOOTSTRAP_PORT", "VLLM_NIXL_SIDE_CHANNEL_PORT", "VLLM_NIXL_SIDE_CHANNEL_HOST",
                        "UCX_TLS", "UCX_LOG_LEVEL", "UCX_NET_DEVICES", "VLLM_EC_SIDE_CHANNEL_HOST",
                        "VLLM_EC_SIDE_CHANNEL_PORT", "VLLM_USE_V2_MODEL_RUNNER"}
+# namespace/name:port of a Service (the port by number or by name)
+DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+SERVICE_REF = rf"^{DNS_LABEL}/{DNS_LABEL}:([0-9]{{1,5}}|{DNS_LABEL})$"
 K8S_QUANTITY = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$"
 K8S_CPU = r"^([0-9]+(\.[0-9]+)?|[0-9]+m)$"
 GUARANTEED = ("Request and limit are equal, so with both cpu and memory set the pod has Guaranteed QoS and an "
@@ -236,6 +239,13 @@ class KubernetesTargetSpec(Strict):
                                           "(`epdbench collect-traces`).")
     loadgen: KubeLoadgenSpec = Field(default_factory=KubeLoadgenSpec, title="Load generator",
                                      description="Placement and resources of the in-cluster load generator Jobs.")
+    dcgm_exporter: str | None = Field(
+        "gpu-operator/nvidia-dcgm-exporter:9400", pattern=SERVICE_REF, title="DCGM exporter",
+        description="Service of NVIDIA's DCGM exporter, as namespace/name:port (the GPU Operator's by default): "
+                    "while each configuration is deployed, the exporter pod on each of its GPU nodes is read "
+                    "every second through the API server's pod proxy, and its pods' GPUs (utilisation, memory, "
+                    "power, SM clock, energy counter) are kept in telemetry/<config>.csv. A cluster without it: "
+                    "one line says GPU telemetry is unavailable, and nothing is read. None: not read.")
 
 
 LOCAL_RESERVED_ENV = RESERVED_ENGINE_ENV | {"VLLM_CPU_KVCACHE_SPACE", "CUDA_VISIBLE_DEVICES"}

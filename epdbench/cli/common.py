@@ -247,4 +247,4 @@ def pool_settings(args, target):
     return PoolSettings(image=args.image or target.runner_image, namespace=target.namespace,
                         prefect_api=f"http://{host}:{args.prefect_port}/api",
                         mlflow_uri=f"http://{host}:{args.mlflow_port}", results_claim=args.results_claim,
-                        port_forward=target.access == "port-forward")
+                        port_forward=target.access == "port-forward", dcgm_exporter=target.dcgm_exporter)

@@ -1,5 +1,6 @@
 """The Kubernetes API calls the pipeline makes, on plain dicts, through the official `kubernetes` client:
-server-side apply, list/get/delete by label, pod logs, events, nodes, port-forward. Nothing else."""
+server-side apply, list/get/delete by label, pod logs, events, nodes, port-forward, and GETs through the
+proxy subresources (`call`). Nothing else."""
 from __future__ import annotations
 
 import json
@@ -42,6 +43,7 @@ class Kind:
 KINDS: dict[str, Kind] = {
     "ServiceAccount": Kind("v1", "serviceaccounts"),
     "Service": Kind("v1", "services"),
+    "EndpointSlice": Kind("discovery.k8s.io/v1", "endpointslices"),
     "Pod": Kind("v1", "pods"),
     "Event": Kind("v1", "events"),
     "PersistentVolumeClaim": Kind("v1", "persistentvolumeclaims"),
@@ -123,8 +125,9 @@ class KubeApi:
     def call_json(self, method: str, path: str, **kw) -> dict:
         return json.loads(self.call(method, path, **kw) or b"{}")
 
-    def path_of(self, kind: str, name: str | None = None) -> str:
-        path = KINDS[kind].collection_path(self.namespace)
+    def path_of(self, kind: str, name: str | None = None, namespace: str | None = None) -> str:
+        """The object's (or its kind's collection's) path, in this client's namespace unless another is named."""
+        path = KINDS[kind].collection_path(namespace or self.namespace)
         return path if name is None else f"{path}/{name}"
 
     def server_version(self) -> str:
@@ -137,21 +140,22 @@ class KubeApi:
 
     def apply(self, obj: dict) -> dict:
         """Server-side apply: creates or updates the object, taking over fields from other managers."""
-        return self.call_json("PATCH", self.path_of(obj["kind"], obj["metadata"]["name"]), body=obj,
+        meta = obj["metadata"]
+        return self.call_json("PATCH", self.path_of(obj["kind"], meta["name"], meta.get("namespace")), body=obj,
                               query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
                               content_type="application/apply-patch+yaml")
 
-    def get(self, kind: str, name: str) -> dict:
-        return self.call_json("GET", self.path_of(kind, name))
+    def get(self, kind: str, name: str, namespace: str | None = None) -> dict:
+        return self.call_json("GET", self.path_of(kind, name, namespace))
 
-    def list(self, kind: str, label_selector: str | None = None) -> list[dict]:
+    def list(self, kind: str, label_selector: str | None = None, namespace: str | None = None) -> list[dict]:
         query = [("labelSelector", label_selector)] if label_selector else []
-        return self.call_json("GET", self.path_of(kind), query=query).get("items") or []
+        return self.call_json("GET", self.path_of(kind, namespace=namespace), query=query).get("items") or []
 
-    def delete(self, kind: str, name: str) -> bool:
+    def delete(self, kind: str, name: str, namespace: str | None = None) -> bool:
         """Delete one object (dependents in the background); False when it was already gone."""
         try:
-            self.call("DELETE", self.path_of(kind, name), content_type="application/json",
+            self.call("DELETE", self.path_of(kind, name, namespace), content_type="application/json",
                       body={"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"})
         except KubeApiError as e:
             if e.status == 404:

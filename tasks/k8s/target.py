@@ -1,7 +1,8 @@
 """Provision a configuration on Kubernetes: render → validate → server-side apply → wait until every pod
-is ready → reach the router → logs, /metrics and placement as evidence; delete everything by label,
-always (unless keep). Same interface as the sim target: start(spec, config, spec_path, log_dir) ->
-Deployment and stop(Deployment); failures raise ProvisionError with the cluster's reason."""
+is ready → reach the router → logs, /metrics and placement as evidence, GPU telemetry from the DCGM exporter
+while deployed; delete everything by label, always (unless keep). Same interface as the sim target:
+start(spec, config, spec_path, log_dir) -> Deployment and stop(Deployment); failures raise ProvisionError with
+the cluster's reason."""
 from __future__ import annotations
 
 import atexit
@@ -19,6 +20,7 @@ from epdbench.tasks.k8s import status
 from epdbench.tasks.deployment import Deployment, Process, ProvisionError, probe_until_served
 from epdbench.tasks.k8s.access import open_access
 from epdbench.tasks.k8s.api import LABELLED_KINDS, KubeApi, KubeApiError, connect
+from epdbench.tasks.k8s.telemetry import start_telemetry
 from epdbench.tasks.k8s.traces import SpanPuller
 from epdbench.tasks.rundir.results import write_json
 
@@ -50,6 +52,7 @@ class KubeDeployment(Deployment):
     log_dir: Path = Path(".")
     access: object | None = None
     log_stamps: dict[str, str] = field(default_factory=dict)   # pod/container -> newest log timestamp read
+    telemetry: object | None = None   # the DCGM exporter's sampler (tasks/k8s/telemetry.py), while deployed
 
     @property
     def cleanup_hint(self) -> str:
@@ -90,6 +93,7 @@ def _start(spec: ExperimentSpec, config: ConfigurationSpec, run_dir: Path, log_d
         say(f"[{config.name}] applied {len(objects)} objects labelled {dep.selector} in namespace {api.namespace}")
         pods = wait_ready(api, dep.selector, expected_pods(config), target, config.name)
         serve(dep, spec, config, pods)
+        dep.telemetry = start_telemetry(api, target, run_dir / "telemetry", config.name, pods, say)
         return dep
     except BaseException as e:
         if isinstance(e, Exception):
@@ -357,6 +361,8 @@ def stop(dep: KubeDeployment) -> None:
     wait until gone; with keep, leave it up and say how to remove it. Never raises."""
     if dep in _ACTIVE:
         _ACTIVE.remove(dep)
+    if dep.telemetry is not None:
+        dep.telemetry.stop()
     if dep.access is not None:
         try:
             dep.access.close()

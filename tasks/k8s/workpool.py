@@ -65,12 +65,18 @@ def ensure_work_pool(name: str, template: dict) -> str:
 
 def apply_pool_objects(target: KubernetesTargetSpec, objects: list[dict]) -> KubeApi:
     """Server-side apply, in order; a refusal names the object (the rights to create RBAC objects are
-    usually a cluster admin's)."""
+    usually a cluster admin's). Rights in another namespace (the DCGM exporter's) are skipped, and that said,
+    when that namespace does not exist."""
     api = connect(target)
     for obj in objects:
+        elsewhere = obj["metadata"].get("namespace") not in (None, target.namespace)
         try:
             api.apply(obj)
         except KubeApiError as e:
+            if elsewhere and e.status == 404:
+                print(f"{obj['kind']} {obj['metadata']['name']} not applied: no namespace "
+                      f"{obj['metadata']['namespace']} ({e}); flow runs will have no GPU telemetry", flush=True)
+                continue
             hint = (" (creating Roles and ClusterRoles needs a cluster admin; apply the files of "
                     "'epdbench manifests --work-pool' once with such rights)") if e.status == 403 else ""
             raise RuntimeError(f"{obj['kind']} {obj['metadata']['name']}: {e}{hint}") from None
@@ -82,7 +88,7 @@ def delete_pool_objects(api: KubeApi, objects: list[dict]) -> list[str]:
     left = []
     for obj in reversed(objects):
         try:
-            api.delete(obj["kind"], obj["metadata"]["name"])
+            api.delete(obj["kind"], obj["metadata"]["name"], obj["metadata"].get("namespace"))
         except KubeApiError as e:
             left.append(f"{obj['kind']} {obj['metadata']['name']}: {e}")
     return left

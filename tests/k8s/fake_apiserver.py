@@ -79,6 +79,7 @@ class FakeApiServer:
         self.store = ObjectStore()
         self.kubelet = Kubelet(self.store, self.work_dir, spec_path, behaviour, env_overrides or {})
         self.requests: list[tuple[str, str]] = []
+        self.proxied: dict[tuple[str, str, str], Callable[[], tuple[int, str]]] = {}
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="fake-apiserver", daemon=True)
         self.port = 0
@@ -139,6 +140,12 @@ class FakeApiServer:
         with self.store.lock:
             return self.store.write(obj, manager)
 
+    def serve_proxy(self, plural: str, namespace: str, name: str, respond: Callable[[], tuple[int, str]]) -> None:
+        """Answer the proxy subresource of `plural/name` (e.g. pods, "exporter-x:9400") with respond()'s
+        (status, text) at every request, whatever the tail: a process outside the fake kubelet, e.g. a DaemonSet's
+        pod in another namespace."""
+        self.proxied[(plural, namespace, name)] = respond
+
     def remove(self, kind: str, name: str, namespace: str = "epdbench") -> None:
         with self.store.lock:
             self.store.pop((PLURAL_OF[kind], namespace, name))
@@ -185,6 +192,9 @@ class FakeApiServer:
         if not m or m["plural"] not in RESOURCES:
             return status_body(404, "NotFound", "the server could not find the requested resource")
         plural, ns, name, sub = m["plural"], m["ns"] or "", m["name"], m["sub"]
+        if sub == "proxy" and (plural, ns, name) in self.proxied:
+            code, text = self.proxied[(plural, ns, name)]()
+            return web.Response(status=code, text=text, content_type="text/plain")
         if sub == "proxy":
             return await self.proxy.proxy(request, plural, ns, name, m["tail"] or "/")
         if sub == "portforward":
@@ -223,6 +233,8 @@ class FakeApiServer:
         if obj["metadata"].setdefault("namespace", ns) != ns:
             return status_body(400, "BadRequest", "the namespace of the object does not match the URL")
         with self.store.lock:
+            if ns and self.store.get("namespaces", "", ns) is None:
+                return status_body(404, "NotFound", f'namespaces "{ns}" not found')
             old = self.store.get(plural, ns, name)
             owners = {f["manager"] for f in (old or {}).get("metadata", {}).get("managedFields", [])}
             if old and manager not in owners and request.query.get("force") != "true":

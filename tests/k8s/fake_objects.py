@@ -20,6 +20,7 @@ RESOURCES = {  # plural -> (apiVersion, kind, namespaced)
     "clusterroles": ("rbac.authorization.k8s.io/v1", "ClusterRole", False),
     "clusterrolebindings": ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", False),
     "configmaps": ("v1", "ConfigMap", True), "jobs": ("batch/v1", "Job", True),
+    "endpointslices": ("discovery.k8s.io/v1", "EndpointSlice", True),
 }
 PLURAL_OF = {kind: plural for plural, (_, kind, _) in RESOURCES.items()}
 

@@ -58,3 +58,22 @@ def test_the_local_worker_gets_the_chosen_context_with_absolute_paths_owner_only
         worker_kubeconfig(KubernetesTargetSpec(kubeconfig=str(source), context="nope"), tmp_path / "x.yaml")
     with pytest.raises(RuntimeError, match="not found: give --kubeconfig"):
         worker_kubeconfig(KubernetesTargetSpec(kubeconfig=str(tmp_path / "missing")), tmp_path / "y.yaml")
+
+
+def test_the_dcgm_exporters_rights_are_applied_in_its_namespace_or_skipped_without_it(cluster, tmp_path,  # noqa: F811
+                                                                                       capsys):
+    fake = cluster()
+    target = KubernetesTargetSpec(kubeconfig=str(fake.kubeconfig(tmp_path / "kubeconfig")))
+    objects = render_pool_objects(PoolSettings(**{**SETTINGS.__dict__, "dcgm_exporter": "gpu-operator/dcgm:9400"}))
+    apply_pool_objects(target, objects)                              # no namespace gpu-operator: said, skipped
+    out = capsys.readouterr().out
+    assert "Role epdbench-flow-epdbench-dcgm not applied: no namespace gpu-operator" in out
+    assert "flow runs will have no GPU telemetry" in out
+    assert not [o for o in fake.objects() if o["metadata"].get("namespace") == "gpu-operator"]
+    assert fake.objects("Role") and fake.objects("ClusterRole")      # the rest is applied
+    fake.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gpu-operator"}})
+    api = apply_pool_objects(target, objects)
+    assert sorted(o["kind"] for o in fake.objects() if o["metadata"].get("namespace") == "gpu-operator") == [
+        "Role", "RoleBinding"]
+    assert delete_pool_objects(api, [o for o in objects if o["metadata"].get("namespace") == "gpu-operator"]) == []
+    assert not [o for o in fake.objects() if o["metadata"].get("namespace") == "gpu-operator"]

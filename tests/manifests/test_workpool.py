@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 
 from epdbench.cli import main as cli_main
 from epdbench.manifests.podsecurity import pod_templates, violations
@@ -130,8 +131,10 @@ def test_manifests_work_pool_writes_the_pool_objects_template_and_a_flow_run_job
     template = json.loads((pool / "base-job-template.json").read_text())
     assert template["variables"]["properties"]["image"]["default"] == SETTINGS.image
     assert (pool / "flow-run-job.yaml").read_text().count("serviceAccountName: epdbench-flow") == 1
-    assert len(list(pool.glob("0*-*.yaml"))) == 9
-    assert "work-pool/: 9 objects" in capsys.readouterr().out
+    assert len(list(pool.glob("[01][0-9]-*.yaml"))) == 11     # with the DCGM exporter's Role and binding
+    assert "work-pool/: 11 objects" in capsys.readouterr().out
+    dcgm = yaml.safe_load((pool / "05-role-epdbench-flow-gpu-bench-dcgm.yaml").read_text())
+    assert dcgm["metadata"]["namespace"] == "gpu-operator"        # the spec's default, the GPU Operator's
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -155,3 +158,24 @@ def test_up_refuses_work_pool_flags_out_of_place(tmp_path, capsys, argv, message
     assert cli_main(["up", "--data-dir", str(tmp_path / "d"), *argv]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "d").exists()                          # refused before anything started
+
+
+def test_reading_the_dcgm_exporter_is_granted_in_its_namespace_only_and_by_name():
+    objects = render_pool_objects(PoolSettings(**{**SETTINGS.__dict__,
+                                                  "dcgm_exporter": "gpu-operator/nvidia-dcgm-exporter:9400"}))
+    validate_manifests(objects, "1.31")
+    validate_manifests(objects, "1.37")
+    role = next(o for o in objects if o["kind"] == "Role" and o["metadata"]["namespace"] == "gpu-operator")
+    rules = role["rules"]
+    # what tasks/k8s/telemetry.py calls: the Service by name, its EndpointSlices, GET through the pods' proxy
+    assert allows(rules, "", "services", "get") and allows(rules, "discovery.k8s.io", "endpointslices", "list")
+    assert allows(rules, "", "pods/proxy", "get") and allows(rules, "", "services/proxy", "get")
+    by_resource = {res: r for r in rules for res in r["resources"]}
+    assert by_resource["services"]["resourceNames"] == ["nvidia-dcgm-exporter"]
+    assert by_resource["services/proxy"]["resourceNames"] == ["nvidia-dcgm-exporter", "nvidia-dcgm-exporter:9400"]
+    assert all(r["verbs"] in (["get"], ["list"]) for r in rules)           # reads only
+    assert not allows(rules, "", "pods", "list") and not allows(rules, "", "pods/proxy", "create")
+    binding = next(o for o in objects if o["kind"] == "RoleBinding" and o["metadata"]["namespace"] == "gpu-operator")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FLOW_ACCOUNT, "namespace": "gpu-bench"}]
+    assert len(objects) == len(render_pool_objects(SETTINGS)) + 2           # none without an exporter

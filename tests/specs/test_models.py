@@ -360,3 +360,22 @@ def test_what_needs_processes_is_refused_in_virtual_time(sim, problem):
     data["target"]["sim"].update({"clock": "virtual", **sim})
     with pytest.raises(SpecError, match=re.escape(problem)):
         parse_spec(data)
+
+
+def test_the_dcgm_exporter_leaves_fingerprints_as_they_were_unless_another_is_named():
+    """GPU telemetry's source (target.kubernetes.dcgm_exporter) at its default keeps every fingerprint as before the
+    field; naming another is a change spec_changes shows."""
+    from epdbench.specs.models import spec_changes, spec_fingerprint
+
+    spec = load_spec("pd-text")
+    data = spec.model_dump(mode="json")
+    data["target"]["kubernetes"].pop("dcgm_exporter")
+    assert spec_fingerprint(parse_spec(data)) == spec_fingerprint(spec)
+    data["target"]["kubernetes"]["dcgm_exporter"] = "monitoring/dcgm-exporter:metrics"
+    other = parse_spec(data)
+    assert spec_fingerprint(other) != spec_fingerprint(spec)
+    assert spec_changes(spec, other) == ['target.kubernetes.dcgm_exporter: "gpu-operator/nvidia-dcgm-exporter:9400"'
+                                         ' → "monitoring/dcgm-exporter:metrics"']
+    with pytest.raises(SpecError, match="dcgm_exporter"):
+        data["target"]["kubernetes"]["dcgm_exporter"] = "nvidia-dcgm-exporter"
+        parse_spec(data)
