@@ -1,6 +1,5 @@
 """GPU telemetry from NVIDIA's DCGM exporter (dcgm-exporter, `GET :9400/metrics`), pure: one scrape's Prometheus
-text → gpu_telemetry's neutral Samples per (pod, GPU), and the readings of the GPUs' energy counters, with the
-energy a window drew computed from those counters.
+text → gpu_telemetry's neutral Samples per (pod, GPU), each with its GPU's energy counter.
 
 The format, as read in NVIDIA/dcgm-exporter (main at d5e5f51, 2026-05-12, after release 4.5.3-4.8.2):
 - etc/default-counters.csv and etc/dcp-metrics-included.csv (the file the GPU Operator's exporter collects):
@@ -22,18 +21,17 @@ The format, as read in NVIDIA/dcgm-exporter (main at d5e5f51, 2026-05-12, after 
 - pkg/cmd/app.go: the exporter reads DCGM every --collect-interval (DCGM_EXPORTER_INTERVAL, 30000 ms by default)
   and serves the latest reading to every scrape in between: a scrape's instant is the sampler's.
 
-Energy: where a GPU's energy counter is exported, a window's energy is the counter's rise across it (`counter_
-energy_j`), measured by the GPU itself between DCGM's readings, rather than the trapezoid of 1-s power samples
-(gpu_telemetry.energy_j), which only sees instants. Its readings are kept apart from the neutral CSV, in
-ENERGY_HEADER's form.
+Energy: where a GPU's energy counter is exported, each Sample carries it (`energy_mj`), and a window's energy is the
+counter's rise across it (gpu_telemetry.energy_j), measured by the GPU itself between DCGM's readings, rather than
+the trapezoid of 1-s power samples, which only sees instants.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Collection, Iterable, Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
-from epdbench.analysis.gpu_telemetry import Sample, TelemetryError
+from epdbench.analysis.gpu_telemetry import Sample
 from epdbench.analysis.prom import parse_prometheus
 
 SOURCE = "dcgm"
@@ -124,7 +122,7 @@ def parse_scrape(text: str, t: float, namespace: str, pods: Collection[str]) -> 
         if len(by_pod) > 1:
             out.shared[gpu] = sorted(by_pod)
         values = by_pod[owner]
-        sample = Sample(t, gpu.index, *(values.get(f, math.nan) for f in FIGURES))
+        sample = Sample(t, gpu.index, *(values.get(f, math.nan) for f in FIGURES), values.get(ENERGY, math.nan))
         out.samples.setdefault(owner, []).append(sample)
         if not math.isnan(values.get(ENERGY, math.nan)):
             out.energy_mj[(owner, gpu.index)] = values[ENERGY]
@@ -150,70 +148,3 @@ def fresh(scrape: Scrape, last_mj: Mapping[Key, float]) -> tuple[Scrape, dict[Ke
             if mj is not None:
                 kept.energy_mj[(pod, s.gpu)] = last[(pod, s.gpu)] = mj
     return kept, last
-
-
-# The energy counters' readings, one line per GPU and reading: epoch seconds, pod, GPU index, the counter (mJ).
-ENERGY_HEADER = ("t", "host", "gpu", "energy_mj", "source")
-
-
-def energy_csv(scrape: Scrape, header: bool = True) -> str:
-    lines = [",".join(ENERGY_HEADER)] if header else []
-    for (pod, gpu), mj in sorted(scrape.energy_mj.items()):
-        lines.append(f"{scrape.t:.3f},{pod},{gpu},{mj:.0f},{SOURCE}")
-    return "\n".join(lines) + ("\n" if lines else "")
-
-
-def parse_energy_csv(text: str) -> dict[Key, list[tuple[float, float]]]:
-    """energy_csv's lines back as (t, mJ) readings per (host, gpu). A last line cut short by the sampler's end is
-    dropped; any other malformed line raises TelemetryError naming it."""
-    lines = [x for x in text.splitlines() if x.strip()]
-    if not lines:
-        return {}
-    if tuple(f.strip() for f in lines[0].split(",")) != ENERGY_HEADER:
-        raise TelemetryError(f"energy header {lines[0][:120]!r} is not {','.join(ENERGY_HEADER)}")
-    out: dict[Key, list[tuple[float, float]]] = {}
-    for i, line in enumerate(lines[1:], start=2):
-        fields = [f.strip() for f in line.split(",")]
-        try:
-            if len(fields) != len(ENERGY_HEADER):
-                raise ValueError(f"{len(fields)} fields, not {len(ENERGY_HEADER)}")
-            out.setdefault((fields[1], int(fields[2])), []).append((float(fields[0]), float(fields[3])))
-        except ValueError as e:
-            if i == len(lines) and not text.endswith("\n"):
-                break
-            raise TelemetryError(f"energy line {i}: {line[:120]!r}: {e}") from None
-    return out
-
-
-def _at(a: tuple[float, float], b: tuple[float, float], t: float) -> float:
-    return a[1] if b[0] == a[0] else a[1] + (b[1] - a[1]) * (t - a[0]) / (b[0] - a[0])
-
-
-def counter_energy_j(readings: Sequence[tuple[float, float]], t0: float, t1: float) -> float:
-    """Energy (J) one GPU drew from t0 to t1, from its cumulative counter's (t, mJ) readings: the counter at each
-    end of the window, interpolated linearly between the readings around it (steady power between DCGM's
-    readings), then their difference. NaN when the readings do not bracket the window, or the counter fell
-    within it (a driver reload starts it again)."""
-    pts = sorted(readings)
-    if t1 <= t0 or not pts or pts[0][0] > t0 or pts[-1][0] < t1:
-        return math.nan
-    lo = max(i for i, p in enumerate(pts) if p[0] <= t0)
-    hi = min(i for i, p in enumerate(pts) if p[0] >= t1)
-    span = pts[lo:hi + 1]
-    if any(b[1] < a[1] for a, b in zip(span, span[1:])):
-        return math.nan
-    start = _at(pts[lo], pts[min(lo + 1, hi)], t0)
-    end = _at(pts[max(hi - 1, lo)], pts[hi], t1)
-    return (end - start) / 1000.0
-
-
-def window_energy_j(readings: Mapping[Key, Sequence[tuple[float, float]]], t0: float, t1: float,
-                    keys: Iterable[Key] | None = None) -> float | None:
-    """Energy (J) the GPUs `keys` (every one with readings by default) drew over [t0, t1], from their counters;
-    None when there are none, or any one's counter cannot give it (then the power trapezoid of
-    gpu_telemetry.window is the figure to use, and never a mix of the two)."""
-    chosen = sorted(readings if keys is None else keys)
-    energies = [counter_energy_j(readings.get(k, ()), t0, t1) for k in chosen]
-    if not energies or any(math.isnan(e) for e in energies):
-        return None
-    return sum(energies)

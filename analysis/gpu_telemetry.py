@@ -140,11 +140,12 @@ def window(samples: Sequence[Sample], t0: float, t1: float, gpus: Sequence[int] 
 
 # The neutral form every sampler writes (epoch seconds, the GPU's index on its host, its figures; `source` says
 # what read them: nvidia-smi, dcgm) and `host` which node or pod's GPU it is (empty on one host).
+TELEMETRY_FILE = "gpu-telemetry.csv"     # its name in a configuration's evidence folder
 CSV_HEADER = ("t", "host", "gpu", "util_pct", "mem_used_mib", "power_w", "sm_clock_mhz", "energy_mj", "source")
 
 
 def _cell(v: float) -> str:
-    return "" if math.isnan(v) else f"{v:g}"
+    return "" if math.isnan(v) else f"{v:.15g}"   # an energy counter (mJ since boot) keeps its units digit
 
 
 def samples_csv(samples: Iterable[Sample], source: str, host: str = "", header: bool = True) -> str:

@@ -70,6 +70,8 @@ def run_suite_in_cluster(dep, version: str, spec: ExperimentSpec, suite: str, co
                            f"load generator output incomplete; {len(rows)} finished requests kept")
             continue
         status, reason = cell_status(rows, spec.max_failed_fraction, [])
+        if getattr(dep, "telemetry", None) is not None:   # the GPUs over the cell's window (the Job's clock)
+            noise = {**noise, **dep.telemetry.cell(rows)}
         record_attempt(rdir, config.name, cell_id, trial, status, reason, noise)
         summary = summarize(pd.DataFrame(rows), noise={(config.name, cell_id, trial): noise}).iloc[0].to_dict()
         announce_cell(config.name, cell, trial, summary, status, reason)

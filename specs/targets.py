@@ -244,7 +244,8 @@ class KubernetesTargetSpec(Strict):
         description="Service of NVIDIA's DCGM exporter, as namespace/name:port (the GPU Operator's by default): "
                     "while each configuration is deployed, the exporter pod on each of its GPU nodes is read "
                     "every second through the API server's pod proxy, and its pods' GPUs (utilisation, memory, "
-                    "power, SM clock, energy counter) are kept in telemetry/<config>.csv. A cluster without it: "
+                    "power, SM clock, energy counter) are kept in evidence/<config>/gpu-telemetry.csv, each cell's "
+                    "figures with its records. A cluster without it: "
                     "one line says GPU telemetry is unavailable, and nothing is read. None: not read.")
 
 

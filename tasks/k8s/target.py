@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from epdbench.analysis.gpu_telemetry import TELEMETRY_FILE
 from epdbench.manifests import podsecurity
 from epdbench.manifests.render import (ENGINE_PORT, LABEL_ROLE, OTLP_PORT, ROUTER_PORT, ManifestError, label_value,
                                       manifest_files, object_name, render_loadgen, render_manifests, router_command,
@@ -52,7 +53,6 @@ class KubeDeployment(Deployment):
     log_dir: Path = Path(".")
     access: object | None = None
     log_stamps: dict[str, str] = field(default_factory=dict)   # pod/container -> newest log timestamp read
-    telemetry: object | None = None   # the DCGM exporter's sampler (tasks/k8s/telemetry.py), while deployed
 
     @property
     def cleanup_hint(self) -> str:
@@ -93,7 +93,7 @@ def _start(spec: ExperimentSpec, config: ConfigurationSpec, run_dir: Path, log_d
         say(f"[{config.name}] applied {len(objects)} objects labelled {dep.selector} in namespace {api.namespace}")
         pods = wait_ready(api, dep.selector, expected_pods(config), target, config.name)
         serve(dep, spec, config, pods)
-        dep.telemetry = start_telemetry(api, target, run_dir / "telemetry", config.name, pods, say)
+        dep.telemetry = start_telemetry(api, target, log_dir / TELEMETRY_FILE, config.name, pods, say)
         return dep
     except BaseException as e:
         if isinstance(e, Exception):

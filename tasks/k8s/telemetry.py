@@ -1,20 +1,23 @@
 """GPU telemetry on the Kubernetes target (side effects): while a configuration is deployed, read NVIDIA's DCGM
-exporter (target.kubernetes.dcgm_exporter) on the nodes of its GPU pods every second, and append the readings of
-its pods' GPUs to <results>/telemetry/<config>.csv (analysis.gpu_telemetry's neutral CSV, source `dcgm`, host the
-pod's name) and their energy counters' to <results>/telemetry/energy/<config>.csv (analysis.dcgm.ENERGY_HEADER).
+exporter (target.kubernetes.dcgm_exporter) on the nodes of its GPU pods every second, keep the readings of its
+pods' GPUs (energy counters included) for each cell's figures (`cell`, as the local target's NVML sampler), and
+append them to the configuration's evidence folder, `evidence/<config>/gpu-telemetry.csv` (analysis.gpu_telemetry's
+neutral CSV, source `dcgm`, host the pod's name).
 
 The exporter is looked up once, at provisioning: absent, one line says why and nothing is read. A failed read is
 said once and tried again at the next tick. Nothing here fails or holds up the run: the loop is bounded in count
 and time, each read has its own timeout, and stop() waits at most that long."""
 from __future__ import annotations
 
+import collections
+import math
 import threading
 import time
 from pathlib import Path
 from typing import Callable
 
 from epdbench.analysis import dcgm
-from epdbench.analysis.gpu_telemetry import samples_csv
+from epdbench.analysis.gpu_telemetry import Sample, cell_telemetry, flatten_hosts, measured_window, samples_csv
 from epdbench.manifests.render import LABEL_ROLE
 from epdbench.specs.models import KubernetesTargetSpec
 from epdbench.tasks.k8s.api import KubeApi, KubeApiError
@@ -23,6 +26,7 @@ from epdbench.tasks.k8s.exporter import ExporterRef, ExporterUnavailable, Scrape
 INTERVAL_S = 1.0
 READ_TIMEOUT_S = 5.0
 MAX_SAMPLING_S = 24 * 3600.0   # a configuration deployed longer is no longer read (and that is said)
+KEEP = 100_000                 # readings kept in memory per pod for cells' figures (about a day of one GPU at 1 s)
 
 Say = Callable[[str], None]
 
@@ -67,10 +71,13 @@ class DcgmSampler:
     """Reads `targets` every interval_s on a thread of its own, from start() until stop() (or max_s)."""
 
     def __init__(self, api: KubeApi, targets: list[ScrapeTarget], namespace: str, pods: set[str], csv_path: Path,
-                 energy_path: Path, say: Say, interval_s: float = INTERVAL_S, max_s: float = MAX_SAMPLING_S,
+                 say: Say, interval_s: float = INTERVAL_S, max_s: float = MAX_SAMPLING_S,
                  clock: Callable[[], float] = time.time):
         self.api, self.targets, self.namespace, self.pods = api, targets, namespace, pods
-        self.csv_path, self.energy_path, self.say = csv_path, energy_path, say
+        self.csv_path, self.say = csv_path, say
+        self._kept: dict[str, collections.deque[Sample]] = {}
+        self._lock = threading.Lock()
+        self._last_read = -math.inf
         self.interval_s, self.max_s, self.clock = interval_s, max_s, clock
         self.reads = self.failed_reads = self.samples = 0
         self._last_mj: dict[dcgm.Key, float] = {}
@@ -119,15 +126,34 @@ class DcgmSampler:
                                                        "(said once; tried again every tick)")
                 continue
             self.reads += 1
-            self.keep(dcgm.parse_scrape(text, self.clock(), self.namespace, self.pods), target)
+            t = self.clock()
+            self.keep(dcgm.parse_scrape(text, t, self.namespace, self.pods), target)
+            with self._lock:
+                self._last_read = t
 
     def keep(self, scrape: dcgm.Scrape, target: ScrapeTarget) -> None:
         self.notes(scrape, target)
         kept, self._last_mj = dcgm.fresh(scrape, self._last_mj)
         for pod, samples in sorted(kept.samples.items()):
             append(self.csv_path, lambda header: samples_csv(samples, dcgm.SOURCE, host=pod, header=header))
+            with self._lock:
+                self._kept.setdefault(pod, collections.deque(maxlen=KEEP)).extend(samples)
             self.samples += len(samples)
-        append(self.energy_path, lambda header: dcgm.energy_csv(kept, header=header))
+
+    def cell(self, rows: list[dict]) -> dict:
+        """A finished cell's telemetry (analysis.gpu_telemetry.COLUMNS) from its records, once a read after its
+        end is in (waiting at most a few intervals): the pods' GPUs taken together."""
+        found = measured_window(rows)
+        if found is not None:
+            limit = time.monotonic() + 2 * self.interval_s + READ_TIMEOUT_S
+            while time.monotonic() < limit and self._thread.is_alive():
+                with self._lock:
+                    if self._last_read >= found[1]:
+                        break
+                time.sleep(self.interval_s / 4)
+        with self._lock:
+            by_pod = {pod: list(q) for pod, q in self._kept.items()}
+        return cell_telemetry(flatten_hosts(by_pod), rows)
 
     def notes(self, scrape: dcgm.Scrape, target: ScrapeTarget) -> None:
         if not scrape.samples:
@@ -146,7 +172,7 @@ class DcgmSampler:
                                  "sampled (whole GPUs only)")
 
 
-def start_telemetry(api: KubeApi, target: KubernetesTargetSpec, out_dir: Path, config: str, pods: list[dict],
+def start_telemetry(api: KubeApi, target: KubernetesTargetSpec, csv_path: Path, config: str, pods: list[dict],
                     say: Say) -> DcgmSampler | None:
     """Start reading the exporter for a configuration whose pods are ready, or say in one line why GPU telemetry
     is unavailable and return None. Never raises."""
@@ -170,5 +196,4 @@ def start_telemetry(api: KubeApi, target: KubernetesTargetSpec, out_dir: Path, c
         tell(f"GPU telemetry: {note}")
     tell(f"GPU telemetry: reading {', '.join(t.name for t in targets)} ({ref}) every {INTERVAL_S:g} s")
     return DcgmSampler(api, targets, api.namespace, {p["metadata"]["name"] for p in engines},
-                       out_dir / f"{config}.csv", out_dir / "energy" / f"{config}.csv", tell,
-                       interval_s=INTERVAL_S).start()
+                       csv_path, tell, interval_s=INTERVAL_S).start()

@@ -17,13 +17,12 @@ import time
 from pathlib import Path
 from typing import Iterable
 
-from epdbench.analysis.gpu_telemetry import Sample, cell_telemetry, samples_csv
+from epdbench.analysis.gpu_telemetry import TELEMETRY_FILE, Sample, cell_telemetry, samples_csv  # noqa: F401
 
 INTERVAL_S = 0.2           # five readings a second, as benchmarks/vllm_truth.py samples nvidia-smi
 FLUSH_S = 5.0              # how often the samples read since the last write are appended to the CSV
 KEEP = 200_000             # samples kept in memory (about 5.5 hours of one GPU at 0.2 s)
 SOURCE = "nvml"
-TELEMETRY_FILE = "gpu-telemetry.csv"    # in the configuration's evidence folder
 
 
 def load_nvml():

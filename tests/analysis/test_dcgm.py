@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from epdbench.analysis import dcgm
-from epdbench.analysis.gpu_telemetry import Sample, TelemetryError, energy_j, parse_samples_csv, samples_csv
+from epdbench.analysis.gpu_telemetry import Sample, energy_j, parse_samples_csv, samples_csv
 
 PAGE = (Path(__file__).parent / "data" / "dcgm-exporter-h100-k8s.txt").read_text()
 PODS = {"pd-tcp-prefill-0", "pd-tcp-decode-0", "pd-tcp-decode-1"}
@@ -23,9 +23,9 @@ def line(name: str, gpu: int, value: str, extra: str = "") -> str:
 def test_the_exporters_page_gives_one_sample_per_gpu_of_the_configurations_pods():
     scrape = dcgm.parse_scrape(PAGE, 1000.0, "epdbench", PODS)
     assert scrape.samples == {
-        "pd-tcp-prefill-0": [Sample(1000.0, 0, 62.0, 72806.0, 391.9, 1980.0)],
-        "pd-tcp-decode-0": [Sample(1000.0, 1, 81.0, 72807.0, 491.07, 1980.0)],
-        "pd-tcp-decode-1": [Sample(1000.0, 2, 78.0, 72808.0, 475.84, 1980.0)]}
+        "pd-tcp-prefill-0": [Sample(1000.0, 0, 62.0, 72806.0, 391.9, 1980.0, 412873251044.0)],
+        "pd-tcp-decode-0": [Sample(1000.0, 1, 81.0, 72807.0, 491.07, 1980.0, 422744554161.0)],
+        "pd-tcp-decode-1": [Sample(1000.0, 2, 78.0, 72808.0, 475.84, 1980.0, 432615857278.0)]}
     assert scrape.energy_mj == {("pd-tcp-prefill-0", 0): 412873251044.0, ("pd-tcp-decode-0", 1): 422744554161.0,
                                 ("pd-tcp-decode-1", 2): 432615857278.0}
     # the free GPUs carry no pod label; GPU 5 is another namespace's pod's: not ours, and not unattributed either
@@ -44,7 +44,7 @@ def test_the_samples_round_trip_through_the_neutral_csv_with_the_pod_as_host():
     scrape = dcgm.parse_scrape(PAGE, 1000.25, "epdbench", PODS)
     text = "".join(samples_csv(s, dcgm.SOURCE, host=pod, header=i == 0)
                    for i, (pod, s) in enumerate(sorted(scrape.samples.items())))
-    assert text.splitlines()[1] == "1000.250,pd-tcp-decode-0,1,81,72807,491.07,1980,dcgm"
+    assert text.splitlines()[1] == "1000.250,pd-tcp-decode-0,1,81,72807,491.07,1980,422744554161,dcgm"
     assert parse_samples_csv(text) == scrape.samples
 
 
@@ -104,37 +104,12 @@ def test_a_reading_the_exporter_serves_again_is_kept_once():
     assert last == {("p", 0): 505000}
 
 
-def test_energy_readings_round_trip_and_a_cut_last_line_is_dropped():
-    text = dcgm.energy_csv(scrape_at(1.0, 5000)) + dcgm.energy_csv(scrape_at(2.5, 505000), header=False)
-    assert text.splitlines() == ["t,host,gpu,energy_mj,source", "1.000,p,0,5000,dcgm", "2.500,p,0,505000,dcgm"]
-    assert dcgm.parse_energy_csv(text) == {("p", 0): [(1.0, 5000.0), (2.5, 505000.0)]}
-    assert dcgm.parse_energy_csv(text + "3.5,p,0") == dcgm.parse_energy_csv(text)
-    assert dcgm.energy_csv(scrape_at(1.0, None), header=False) == "" and dcgm.parse_energy_csv("") == {}
-    with pytest.raises(TelemetryError, match="energy header"):
-        dcgm.parse_energy_csv("t,host,gpu\n")
-    with pytest.raises(TelemetryError, match="energy line 2"):
-        dcgm.parse_energy_csv(text.replace("1.000,", "x,"))
-
-
-def test_counter_energy_is_the_counters_rise_across_the_window():
-    readings = [(0.0, 1_000_000.0), (1.0, 1_500_000.0), (2.0, 2_000_000.0), (3.0, 2_500_000.0)]   # 500 W
-    assert dcgm.counter_energy_j(readings, 0.5, 2.5) == pytest.approx(1000.0)
-    assert dcgm.counter_energy_j(readings, 1.0, 2.0) == pytest.approx(500.0)
-    steady = [Sample(t, 0, 0.0, 0.0, 500.0, 0.0) for t in (0.0, 1.0, 2.0, 3.0)]   # the same as the trapezoid
-    assert dcgm.counter_energy_j(readings, 0.25, 2.75) == pytest.approx(energy_j(steady, 0.25, 2.75))
+def test_each_sample_carries_its_gpus_energy_counter_and_a_windows_energy_is_its_rise():
+    samples = [scrape_at(t, mj).samples["p"][0] for t, mj in ((1.0, 5000), (2.0, 505000), (3.0, 1005000))]
+    assert [s.energy_mj for s in samples] == [5000, 505000, 1005000]
+    assert energy_j(samples, 1.5, 2.5) == pytest.approx(500.0)                     # 500 W by the counter
     # a burst between two 1-s readings is in the counter, whatever the instants the power samples saw
-    bursty = [(0.0, 0.0), (1.0, 300_000.0), (2.0, 1_000_000.0)]
-    assert dcgm.counter_energy_j(bursty, 0.0, 2.0) == pytest.approx(1000.0)
-    assert math.isnan(dcgm.counter_energy_j(readings, -0.1, 2.0))                 # not covered
-    assert math.isnan(dcgm.counter_energy_j(readings, 1.0, 3.5))
-    assert math.isnan(dcgm.counter_energy_j(readings, 2.0, 2.0))
-    assert math.isnan(dcgm.counter_energy_j([(0.0, 9e6), (1.0, 10.0), (2.0, 5e5)], 0.0, 2.0))   # reset inside
-    assert dcgm.counter_energy_j([(0.0, 9e6), (1.0, 10.0), (2.0, 500_010.0)], 1.0, 2.0) == pytest.approx(500.0)
-
-
-def test_window_energy_sums_gpus_and_is_none_rather_than_partial():
-    readings = {("p", 0): [(0.0, 0.0), (2.0, 1_000_000.0)], ("q", 1): [(0.0, 0.0), (2.0, 400_000.0)]}
-    assert dcgm.window_energy_j(readings, 0.0, 2.0) == pytest.approx(1400.0)
-    assert dcgm.window_energy_j(readings, 0.0, 2.0, keys=[("q", 1)]) == pytest.approx(400.0)
-    assert dcgm.window_energy_j(readings, 0.0, 2.0, keys=[("q", 1), ("r", 0)]) is None   # one GPU without counter
-    assert dcgm.window_energy_j(readings, 0.0, 3.0) is None and dcgm.window_energy_j({}, 0.0, 1.0) is None
+    bursty = [Sample(t, 0, 0.0, 0.0, 100.0, 0.0, mj) for t, mj in ((0.0, 0.0), (1.0, 300_000.0), (2.0, 1e6))]
+    assert energy_j(bursty, 0.0, 2.0) == pytest.approx(1000.0)
+    assert math.isnan(energy_j(bursty, -0.1, 2.0))                                 # not covered
+    assert math.isnan(energy_j([Sample(t, 0, 0, 0, 1, 0, mj) for t, mj in ((0.0, 9e6), (1.0, 10.0))], 0.0, 1.0))

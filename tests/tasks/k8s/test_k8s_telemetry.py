@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from epdbench.analysis.dcgm import parse_energy_csv
 from epdbench.analysis.gpu_telemetry import CSV_HEADER, parse_samples_csv
 from epdbench.manifests.render import LABEL_ROLE
 from epdbench.specs.models import KubernetesTargetSpec
@@ -99,7 +98,7 @@ def sample(fake, tmp_path: Path, exporter: Exporter, reads: int, **target) -> tu
     """Start the sampler for PODS, wait (bounded) until the exporter has answered `reads` requests, stop it."""
     said: list[str] = []
     spec = KubernetesTargetSpec(kubeconfig=str(fake.kubeconfig(tmp_path / "kubeconfig")), **target)
-    out = tmp_path / "results" / "telemetry"
+    out = tmp_path / "results" / "evidence" / "pd-tcp" / "gpu-telemetry.csv"
     sampler = telemetry.start_telemetry(connect(spec), spec, out, "pd-tcp", PODS, said.append)
     assert sampler is not None, said
     try:
@@ -107,7 +106,11 @@ def sample(fake, tmp_path: Path, exporter: Exporter, reads: int, **target) -> tu
     finally:
         sampler.stop()
     assert not sampler._thread.is_alive()
+    SAMPLERS.append(sampler)
     return said, out
+
+
+SAMPLERS: list = []   # each test's sampler, for the figures it keeps in memory
 
 
 def test_the_exporter_on_the_pods_node_is_read_every_tick_into_the_neutral_csv(cluster, tmp_path, fast):  # noqa: F811
@@ -115,7 +118,7 @@ def test_the_exporter_on_the_pods_node_is_read_every_tick_into_the_neutral_csv(c
     exporter = Exporter(["pd-tcp-prefill-0", "pd-tcp-decode-0"])
     install_exporter(fake, exporter)
     said, out = sample(fake, tmp_path, exporter, reads=4)
-    text = (out / "pd-tcp.csv").read_text()
+    text = out.read_text()
     assert text.startswith(",".join(CSV_HEADER) + "\n") and text.count("t,host") == 1   # the header once
     by_pod = parse_samples_csv(text)
     assert set(by_pod) == {"pd-tcp-prefill-0", "pd-tcp-decode-0"}          # not the other namespace's, nor the free
@@ -125,9 +128,16 @@ def test_the_exporter_on_the_pods_node_is_read_every_tick_into_the_neutral_csv(c
     assert [s.power_w for s in prefill] == [300.0 + 10 * k for k in range(n)]   # the page changed every read
     assert all(a.t < b.t for a, b in zip(prefill, prefill[1:])) and decode[0].util_pct == 51.0
     assert all(line.endswith(",dcgm") for line in text.splitlines()[1:])
-    energy = parse_energy_csv((out / "energy" / "pd-tcp.csv").read_text())
-    assert [mj for _, mj in energy[("pd-tcp-decode-0", 1)]] == [2e9 + 300_000 * k for k in range(n)]
-    assert [t for t, _ in energy[("pd-tcp-prefill-0", 0)]] == [s.t for s in prefill]
+    assert [s.energy_mj for s in decode] == [2e9 + 300_000 * k for k in range(n)]     # each reading's counter
+    # a cell's figures from the readings kept in memory: both pods' GPUs over the cell's measured window
+    kept = list(SAMPLERS[-1]._kept["pd-tcp-prefill-0"])      # the readings' own instants (the CSV's are to the ms)
+    span = kept[-2].t - kept[1].t
+    rows = [{"phase": "measured", "ok": True, "send_wall_s": kept[1].t, "e2e_ms": span * 1000 + 1e-3,
+             "output_tokens": 10}]
+    figures = SAMPLERS[-1].cell(rows)
+    assert figures["gpu_samples"] == 2 * (n - 2)
+    assert figures["gpu_energy_j"] == pytest.approx(2 * 300 * (n - 3), rel=1e-3)   # both counters rise 300 J a read
+    assert figures["energy_j_per_token"] == pytest.approx(figures["gpu_energy_j"] / 10)
     assert said[0] == f"[pd-tcp] GPU telemetry: reading {EXPORTER_POD} (gpu-operator/nvidia-dcgm-exporter:9400) " \
                       f"every 0.05 s"
     unattributed = [line for line in said if "no pod label" in line]
@@ -142,7 +152,7 @@ def test_a_reading_served_again_is_kept_once(cluster, tmp_path, fast):  # noqa: 
     exporter = Exporter(["pd-tcp-prefill-0", "pd-tcp-decode-0"], repeats=3)    # a collection every third read
     install_exporter(fake, exporter)
     _, out = sample(fake, tmp_path, exporter, reads=7)
-    prefill = parse_samples_csv((out / "pd-tcp.csv").read_text())["pd-tcp-prefill-0"]
+    prefill = parse_samples_csv(out.read_text())["pd-tcp-prefill-0"]
     collections = (exporter.served + 2) // 3
     assert len(prefill) in (collections - 1, collections)   # one row per collection (the last may be unread)
     assert [s.power_w for s in prefill] == [300.0 + 10 * k for k in range(len(prefill))]
@@ -156,7 +166,7 @@ def test_failing_reads_are_said_once_and_reading_goes_on(cluster, tmp_path, fast
     failures = [line for line in said if "failed" in line and "reading" in line]
     assert len(failures) == 1 and f"reading {EXPORTER_POD} failed" in failures[0] and "HTTP 500" in failures[0]
     assert "3 failed" in said[-1]
-    powers = [s.power_w for s in parse_samples_csv((out / "pd-tcp.csv").read_text())["pd-tcp-prefill-0"]]
+    powers = [s.power_w for s in parse_samples_csv(out.read_text())["pd-tcp-prefill-0"]]
     assert powers[:3] == [300.0, 340.0, 350.0]        # read 0, then 4 and 5 once the exporter answers again
 
 
@@ -168,14 +178,14 @@ def test_an_exporter_that_maps_none_of_the_pods_says_so_once(cluster, tmp_path, 
     none = [line for line in said if "shows no GPU" in line]
     assert none == [f"[pd-tcp] GPU telemetry: {EXPORTER_POD} shows no GPU of this configuration's pods (1 carry no "
                     "pod label: is its Kubernetes mapping on, DCGM_EXPORTER_KUBERNETES?)"]
-    assert not (out / "pd-tcp.csv").exists() and said[-1].startswith("[pd-tcp] GPU telemetry: 0 samples")
+    assert not out.exists() and said[-1].startswith("[pd-tcp] GPU telemetry: 0 samples")
 
 
 def test_a_cluster_without_the_exporter_says_so_in_one_line_and_samples_nothing(cluster, tmp_path):  # noqa: F811
     fake = cluster()
     spec = KubernetesTargetSpec(kubeconfig=str(fake.kubeconfig(tmp_path / "kubeconfig")))
     said: list[str] = []
-    out = tmp_path / "telemetry"
+    out = tmp_path / "evidence" / "pd-tcp" / "gpu-telemetry.csv"
     assert telemetry.start_telemetry(connect(spec), spec, out, "pd-tcp", PODS, said.append) is None
     assert said == ["[pd-tcp] GPU telemetry unavailable: no Service gpu-operator/nvidia-dcgm-exporter on this "
                     "cluster (no DCGM exporter there; or name yours in target.kubernetes.dcgm_exporter); nothing "
@@ -189,7 +199,7 @@ def test_a_cluster_without_the_exporter_says_so_in_one_line_and_samples_nothing(
     off = KubernetesTargetSpec(kubeconfig=spec.kubeconfig, dcgm_exporter=None)
     said.clear()
     assert telemetry.start_telemetry(connect(off), off, out, "pd-tcp", PODS, said.append) is None and said == []
-    assert exporter.served == 0 and not out.exists()
+    assert exporter.served == 0 and not out.parent.exists()
 
 
 def test_the_kubernetes_target_samples_while_deployed_and_a_failing_exporter_fails_nothing(cluster, tmp_path,  # noqa: F811
@@ -209,7 +219,7 @@ def test_the_kubernetes_target_samples_while_deployed_and_a_failing_exporter_fai
         k8s_target.stop(dep)
     assert not dep.telemetry._thread.is_alive()
     served = exporter.served
-    rows = parse_samples_csv((tmp_path / "results/run-1/telemetry/aggregated.csv").read_text())
+    rows = parse_samples_csv(next(tmp_path.rglob("evidence/aggregated/gpu-telemetry.csv")).read_text())
     assert list(rows) == ["aggregated-server-0"] and len(rows["aggregated-server-0"]) >= 4
     out = capsys.readouterr().out
     assert out.count("GPU telemetry: reading nvidia-dcgm-exporter-7xk2p failed") == 1
