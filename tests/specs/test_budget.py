@@ -162,43 +162,19 @@ def test_a_recorded_scaling_must_match_its_budget_and_its_configurations():
 # --- on the command line: `compare --gpu-budget N` and the spec's field, as compare and manifests deploy them ---
 
 
-@pytest.fixture
-def started_with(monkeypatch, tmp_path):
-    """The spec `epdbench compare` would start its flow with."""
-    import epdbench.flows.compare as flow
-    from epdbench.cli import main
-
-    seen = {}
-
-    class Started(Exception):
-        pass
-
-    def compare(spec, **kwargs):
-        seen["spec"] = spec
-        raise Started
-    monkeypatch.setattr(flow, "compare", compare)
-    monkeypatch.chdir(tmp_path)
-
-    def run(*argv):
-        with pytest.raises(Started):
-            main(["compare", "--clock", "virtual", *argv])
-        return seen["spec"]
-    return run
-
-
 def test_the_flag_scales_the_configurations_compare_runs_and_overrides_the_field(started_with, tmp_path):
-    spec = started_with("--spec", "epd-multimodal", "--gpu-budget", "6")
+    spec = started_with("--clock", "virtual", "--spec", "epd-multimodal", "--gpu-budget", "6")
     assert spec == resolve_gpu_budget(budgeted("epd-multimodal", 6, lambda d: d["target"]["sim"].update(
         clock="virtual")))
     path = tmp_path / "four.yaml"
     path.write_text(spec_to_yaml(budgeted("epd-multimodal", 4)))         # the field, not yet resolved
-    assert {c.name: c.gpus for c in started_with("--spec", str(path)).configurations} == \
+    assert {c.name: c.gpus for c in started_with("--clock", "virtual", "--spec", str(path)).configurations} == \
         {"aggregated": 4, "pd-tcp": 4, "epd": 3, "epd-rdma": 3}
-    again = started_with("--spec", str(path), "--gpu-budget", "6")
+    again = started_with("--clock", "virtual", "--spec", str(path), "--gpu-budget", "6")
     assert again.cost.gpu_budget == 6 and replicas(again) == replicas(spec)
-    chosen = started_with("--spec", "epd-multimodal", "--gpu-budget", "2", "--configs", "aggregated,pd-tcp")
+    chosen = started_with("--clock", "virtual", "--spec", "epd-multimodal", "--gpu-budget", "2", "--configs", "aggregated,pd-tcp")
     assert {c.name: c.gpus for c in chosen.configurations} == {"aggregated": 2, "pd-tcp": 2}
-    assert started_with("--spec", "epd-multimodal").configurations == load_spec("epd-multimodal").configurations
+    assert started_with("--clock", "virtual", "--spec", "epd-multimodal").configurations == load_spec("epd-multimodal").configurations
 
 
 @pytest.mark.parametrize("value, why", [

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-import epdbench.flows.compare as flow
 from epdbench.cli import main
 from epdbench.specs.models import PRESET_DIR, SpecError, load_spec, parse_spec, spec_changes, spec_fingerprint
 
@@ -45,27 +44,6 @@ def test_a_bad_price_is_one_line_naming_the_field(usd, why):
 
 def test_a_free_gpu_is_a_price():
     assert priced(load_spec("smoke"), 0).cost.gpu_hour_usd == 0.0
-
-
-@pytest.fixture
-def started_with(monkeypatch, tmp_path):
-    """The spec `epdbench compare` would start its flow with."""
-    seen = {}
-
-    class Started(Exception):
-        pass
-
-    def compare(spec, **kwargs):
-        seen["spec"] = spec
-        raise Started
-    monkeypatch.setattr(flow, "compare", compare)
-    monkeypatch.chdir(tmp_path)
-
-    def run(*argv):
-        with pytest.raises(Started):
-            main(["compare", *argv])
-        return seen["spec"]
-    return run
 
 
 def test_the_flag_overrides_the_specs_price(started_with, tmp_path, tiny_spec):
