@@ -207,8 +207,11 @@ def local_engine_env(spec: ExperimentSpec, config: ConfigurationSpec, role: str,
         if nixl_port is None:
             raise ValueError(f"{config.name} {role}: NIXL needs a side-channel port")
         tls = LOCAL_UCX_TLS[config.kv_transport] + (",cuda_copy" if local.device == "cuda" else "")
+        # VLLM_LOG_STATS_INTERVAL: vLLM logs its `KV Transfer metrics` (the evidence that transfers succeeded) once
+        # per stats interval, at INFO only while the engine is busy (at DEBUG once idle: vllm/v1/metrics/loggers.py);
+        # at the default 10 s a short cell's transfers were logged only after it, idle, and never seen
         env.update({"VLLM_NIXL_SIDE_CHANNEL_HOST": local.host, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(nixl_port),
-                    "UCX_TLS": tls, "UCX_LOG_LEVEL": "info"})
+                    "UCX_TLS": tls, "UCX_LOG_LEVEL": "info", "VLLM_LOG_STATS_INTERVAL": "1"})
     if local.device == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(local.cpu_kvcache_gib)
         if cpus:
