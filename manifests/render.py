@@ -81,8 +81,11 @@ UCX_TLS = {"tcp": "tcp,cuda_copy,sm,self", "rdma": "rc,ud,cuda_copy,sm,self"}
 
 def ucx_env(spec: ExperimentSpec, transport: str) -> list[dict]:
     """UCX's environment of a NIXL pod: the transports it may choose, the NICs (when the spec names them), and the
-    info-level lines that name each endpoint's lanes (the evidence analysis.ucx reads)."""
-    env = [{"name": "UCX_TLS", "value": UCX_TLS[transport]}, {"name": "UCX_LOG_LEVEL", "value": "info"}]
+    info-level lines that name each endpoint's lanes (the evidence analysis.ucx reads); and vLLM's KV transfer stats
+    logged every second, as the local target's (specs.commands.local_engine_env: at INFO only while the engine is
+    busy, so a short cell's transfers at the default 10 s were logged at DEBUG, once idle)."""
+    env = [{"name": "UCX_TLS", "value": UCX_TLS[transport]}, {"name": "UCX_LOG_LEVEL", "value": "info"},
+           {"name": "VLLM_LOG_STATS_INTERVAL", "value": "1"}]
     devices = spec.target.kubernetes.node.ucx_net_devices.get(transport)
     if devices:
         env.append({"name": "UCX_NET_DEVICES", "value": devices})
