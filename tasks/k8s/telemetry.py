@@ -22,6 +22,7 @@ from epdbench.manifests.render import LABEL_ROLE
 from epdbench.specs.models import KubernetesTargetSpec
 from epdbench.tasks.k8s.api import KubeApi, KubeApiError
 from epdbench.tasks.k8s.exporter import ExporterRef, ExporterUnavailable, ScrapeTarget, scrape_targets
+from epdbench.tasks.rundir.results import append_text
 
 INTERVAL_S = 1.0
 READ_TIMEOUT_S = 5.0
@@ -55,16 +56,6 @@ def locate(api: KubeApi, ref: ExporterRef, nodes: set[str]) -> tuple[list[Scrape
     except KubeApiError:
         slices = None
     return scrape_targets(ref, service, slices, nodes)
-
-
-def append(path: Path, text_of: Callable[[bool], str]) -> None:
-    """Append text_of(header) to path, the header only when the file is new or empty."""
-    header = not path.exists() or path.stat().st_size == 0
-    text = text_of(header)
-    if text:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a", encoding="utf-8") as fh:
-            fh.write(text)
 
 
 class DcgmSampler:
@@ -135,7 +126,7 @@ class DcgmSampler:
         self.notes(scrape, target)
         kept, self._last_mj = dcgm.fresh(scrape, self._last_mj)
         for pod, samples in sorted(kept.samples.items()):
-            append(self.csv_path, lambda header: samples_csv(samples, dcgm.SOURCE, host=pod, header=header))
+            append_text(self.csv_path, lambda header: samples_csv(samples, dcgm.SOURCE, host=pod, header=header))
             with self._lock:
                 self._kept.setdefault(pod, collections.deque(maxlen=KEEP)).extend(samples)
             self.samples += len(samples)

@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 from typing import Iterable
 
-from epdbench.analysis.gpu_telemetry import TELEMETRY_FILE, Sample, cell_telemetry, samples_csv  # noqa: F401
+from epdbench.analysis.gpu_telemetry import Sample, cell_telemetry, measured_window, samples_csv
+from epdbench.tasks.rundir.results import append_text
 
 INTERVAL_S = 0.2           # five readings a second, as benchmarks/vllm_truth.py samples nvidia-smi
 FLUSH_S = 5.0              # how often the samples read since the last write are appended to the CSV
@@ -69,7 +70,12 @@ class NvmlSampler:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="epdbench-nvml", daemon=True)
-        self.error: str | None = None
+        self.error: str | None = None       # the first failure, said once on the run's output
+
+    def _fail(self, line: str) -> None:
+        if self.error is None:
+            self.error = line
+            print(f"[{self.csv_path.parent.name}] {line}", flush=True)   # the configuration's evidence folder
 
     def start(self) -> "NvmlSampler":
         self.csv_path.parent.mkdir(parents=True, exist_ok=True)
@@ -90,7 +96,7 @@ class NvmlSampler:
                     last_flush = time.monotonic()
                 self._stop.wait(self.interval_s)
         except Exception as e:  # noqa: BLE001 - a sampler that fails stops sampling; the run goes on
-            self.error = f"GPU telemetry stopped: {e}"
+            self._fail(f"GPU telemetry stopped: {e}; the cells after it have no GPU figures")
         finally:
             self._flush()
 
@@ -100,11 +106,9 @@ class NvmlSampler:
         if not batch:
             return
         try:
-            fresh = not self.csv_path.exists() or self.csv_path.stat().st_size == 0
-            with open(self.csv_path, "a") as fh:
-                fh.write(samples_csv(batch, SOURCE, header=fresh))
+            append_text(self.csv_path, lambda header: samples_csv(batch, SOURCE, header=header))
         except OSError as e:
-            self.error = f"GPU telemetry not written to {self.csv_path}: {e.strerror}"
+            self._fail(f"GPU telemetry not written to {self.csv_path}: {e.strerror}")
 
     def samples(self) -> list[Sample]:
         with self._lock:
@@ -113,15 +117,13 @@ class NvmlSampler:
     def cell(self, rows: list[dict]) -> dict:
         """A finished cell's telemetry (analysis.gpu_telemetry.COLUMNS) from its records, once a reading past its
         end is in (waiting at most a few intervals for it)."""
-        ends = [r["send_wall_s"] + r["e2e_ms"] / 1000.0 for r in rows
-                if r.get("phase") == "measured" and r.get("ok") and r.get("send_wall_s") is not None
-                and r.get("e2e_ms") is not None]
-        if ends:
+        found = measured_window(rows)
+        if found is not None:
             limit = time.monotonic() + 3 * self.interval_s + 1.0
             while time.monotonic() < limit and self._thread.is_alive():
                 with self._lock:
                     latest = self._samples[-1].t if self._samples else -math.inf
-                if latest >= max(ends):
+                if latest >= found[1]:
                     break
                 time.sleep(self.interval_s / 2)
         return cell_telemetry(self.samples(), rows)

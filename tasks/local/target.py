@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from epdbench.analysis.gpu_telemetry import TELEMETRY_FILE
 from epdbench.specs.commands import (BUILTIN_ROUTER_MODULE, VLLM_SERVER_MODULE,
                                      builtin_router_args, local_cpu_binds, local_engine_args, local_engine_env,
                                      local_gpus, moves_kv, otlp_engine_args, otlp_engine_env, vllm_logging_config,
@@ -21,7 +22,7 @@ from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
 from epdbench.tasks.deployment import Deployment, Process, ProvisionError
 from epdbench.tasks.local.engine_env import EngineEnvError, default_env_dir, env_python, vllm_version
 from epdbench.tasks.local.model_files import ModelFilesError, made_model_folder
-from epdbench.tasks.local.nvml import TELEMETRY_FILE, start_sampler
+from epdbench.tasks.local.nvml import start_sampler
 from epdbench.tasks.proc.processes import (free_port, port_taken, router_binary, serve_through_router, spawn,
                                            stop_deployment, wait_healthy)
 from epdbench.tasks.local.wheelhouse_pins import DEFAULT_VENV

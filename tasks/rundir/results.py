@@ -120,6 +120,17 @@ def write_json(path: Path, data) -> None:
     write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True, default=str))
 
 
+def append_text(path: Path, text_of) -> None:
+    """Append text_of(header) to `path` (made with its folder when new), `header` True only when the file is new or
+    empty: a CSV that samplers extend as they read, its header written once."""
+    header = not path.exists() or path.stat().st_size == 0
+    text = text_of(header)
+    if text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(text)
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     """`text` into `path` whole or not at all (a temporary file renamed over it)."""
     path.parent.mkdir(parents=True, exist_ok=True)

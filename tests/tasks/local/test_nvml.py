@@ -96,3 +96,20 @@ def test_without_nvml_or_with_a_gpu_it_does_not_have_it_says_why_and_samples_not
     none, why = sampler.start_sampler([0], tmp_path / "x.csv")
     assert none is None and "nvidia-ml-py is not installed" in why
     assert not (tmp_path / "x.csv").exists()
+
+
+def test_a_csv_that_cannot_be_written_is_said_once_and_the_cells_figures_still_come(tmp_path, capsys, monkeypatch):
+    csv = tmp_path / "evidence" / "agg" / "gpu-telemetry.csv"
+    csv.mkdir(parents=True)                       # a folder where the file should be: every append fails
+    monkeypatch.setattr(sampler, "FLUSH_S", 0.05)
+    s, _ = sampler.start_sampler([0], csv, nvml=FakeNvml(gpus=1), interval_s=0.02)
+    start = time.time()
+    try:
+        time.sleep(0.4)
+        figures = s.cell([{"phase": "measured", "ok": True, "send_wall_s": start + 0.1, "e2e_ms": 200.0,
+                           "output_tokens": 4}])
+    finally:
+        s.stop()
+    out = capsys.readouterr().out
+    assert out.count("[agg] GPU telemetry not written to ") == 1 and s.error.startswith("GPU telemetry not written")
+    assert figures["gpu_power_w_mean"] == pytest.approx(100) and figures["energy_j_per_token"] is not None
