@@ -34,7 +34,9 @@ FRONTIER, DOMINATED, CONTAMINATED, UNPLACED = "frontier", "dominated", "contamin
 PER_USER, PER_GPU = "tok_s_per_user", "output_tok_s_per_gpu"
 POINT_COLUMNS = ["suite", "shape", "stream", "workload", "concurrency", "config", "trials", PER_USER,
                  f"{PER_USER}_lo", f"{PER_USER}_hi", PER_GPU, f"{PER_GPU}_lo", f"{PER_GPU}_hi", "contaminated",
-                 "status", "dominated_by", "cost_usd_per_mtok", "energy_j_per_token"]
+                 "status", "dominated_by", "cost_usd_per_mtok", "energy_j_per_token",
+                 # the GPUs over the cell where the target read them (analysis.gpu_telemetry; means over trials)
+                 "gpu_samples", "gpu_util_pct_mean", "gpu_mem_used_mib_max", "gpu_power_w_mean", "gpu_sm_clock_mhz_mean"]
 
 
 def interactivity(tpot_ms) -> float | None:

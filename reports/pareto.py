@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from epdbench.analysis.labels import load_label, shape_label
+from epdbench.analysis.noise import finite
 from epdbench.analysis.pareto import FRONTIER, PER_GPU, PER_USER, frontier_configs
 from epdbench.reports.fmt import fmt, workload_key
 from epdbench.reports.mlflow_names import valid_keys
@@ -51,29 +52,22 @@ def joules(value) -> str:
     return f"{value:.3g} J"
 
 
-def _gpu_rows(mine: pd.DataFrame, summary: pd.DataFrame | None) -> list[dict]:
-    """Per configuration, shape and load where the GPUs were read: utilisation, memory, power, SM clock (the mean
-    over trials) and energy per output token."""
-    if summary is None or summary.empty or "gpu_samples" not in summary:
-        return []
-    read = summary[pd.to_numeric(summary["gpu_samples"], errors="coerce").fillna(0) > 0]
+def _gpu_rows(mine: pd.DataFrame) -> list[dict]:
+    """Per configuration, shape and load where the GPUs were read: utilisation, memory, power, SM clock (the means
+    over trials the points carry) and energy per output token."""
     rows = []
     for shape, stream in _shape_order(mine):
         cells = mine[(mine["shape"] == shape) & (mine["stream"] == stream)]
         for r in cells.to_dict("records"):
-            g = read[(read["config"] == r["config"]) & (read["suite"] == r["suite"])
-                     & (read["workload"] == r["workload"]) & (read["concurrency"] == r["concurrency"])
-                     & (read["stream"] == r["stream"])]
-            if g.empty:
+            if not (finite(r.get("gpu_samples")) or 0) > 0:
                 continue
-            mean = {c: pd.to_numeric(g[c], errors="coerce").mean() for c in (
-                "gpu_util_pct_mean", "gpu_mem_used_mib_max", "gpu_power_w_mean", "gpu_sm_clock_mhz_mean")}
+            mem = finite(r.get("gpu_mem_used_mib_max"))
             rows.append({"config": r["config"], "shape": shape_label(shape, stream),
                          "load": load_label(r["workload"], r["concurrency"], short=True),
-                         "util": fmt_or_dash(mean["gpu_util_pct_mean"], "{:.0f} %"),
-                         "mem": fmt_or_dash(mean["gpu_mem_used_mib_max"] / 1024, "{:.1f} GiB"),
-                         "power": fmt_or_dash(mean["gpu_power_w_mean"], "{:.0f} W"),
-                         "clock": fmt_or_dash(mean["gpu_sm_clock_mhz_mean"], "{:.0f} MHz"),
+                         "util": fmt_or_dash(r.get("gpu_util_pct_mean"), "{:.0f} %"),
+                         "mem": fmt_or_dash(None if mem is None else mem / 1024, "{:.1f} GiB"),
+                         "power": fmt_or_dash(r.get("gpu_power_w_mean"), "{:.0f} W"),
+                         "clock": fmt_or_dash(r.get("gpu_sm_clock_mhz_mean"), "{:.0f} MHz"),
                          "energy": joules(r["energy_j_per_token"])})
     return rows
 
@@ -103,12 +97,11 @@ def _cost_rows(mine: pd.DataFrame) -> list[dict]:
     return rows
 
 
-def pareto_view(points: pd.DataFrame, meta: dict, gpu_hour_usd: float | None = None, plots=(),
-                summary: pd.DataFrame | None = None) -> dict:
+def pareto_view(points: pd.DataFrame, meta: dict, gpu_hour_usd: float | None = None, plots=()) -> dict:
     """What the section shows: per suite the frontier points (most interactive first, with their cost when priced
     and their energy per token when measured), the configurations on no frontier of the suite, cost per load and
-    configuration, the GPUs' figures per cell where the target read them (from `summary`); the price or how to give
-    one, where energy per token comes from or why it is absent, and whether the figures are the simulator's."""
+    configuration, the GPUs' figures per cell where the target read them; the price or how to give one, where
+    energy per token comes from or why it is absent, and whether the figures are the simulator's."""
     suites = []
     for suite in dict.fromkeys(points["suite"]) if not points.empty else []:
         mine = points[points["suite"] == suite]
@@ -124,7 +117,7 @@ def pareto_view(points: pd.DataFrame, meta: dict, gpu_hour_usd: float | None = N
         suites.append({"name": suite, "frontier": frontier,
                        "off": [c for c in dict.fromkeys(mine["config"]) if c not in on],
                        "costs": _cost_rows(mine) if gpu_hour_usd is not None else [],
-                       "gpu": _gpu_rows(mine, summary)})
+                       "gpu": _gpu_rows(mine)})
     return {"has_data": bool(suites), "suites": suites, "note": plot_note(meta),
             "price": f"${gpu_hour_usd:g} per GPU-hour" if gpu_hour_usd is not None else None,
             "how_to_price": HOW_TO_PRICE, "energy": energy_text(meta, has_energy(points)),
@@ -162,7 +155,8 @@ def pareto_lines(points: pd.DataFrame, meta: dict) -> list[str]:
 
 def pareto_metrics(points: pd.DataFrame, configs: list[str]) -> dict[str, float]:
     """The comparison run's metrics: cost_usd_per_mtok.<suite>.<workload>.c<N>[.<stream>].<config> per priced
-    cell, energy_j_per_token.<same> per cell whose GPUs were read, and frontier_points.<suite>.<config>, how many of the suite's cells of a configuration lie on their
+    cell, energy_j_per_token.<same> per cell whose GPUs were read, and frontier_points.<suite>.<config>, how many
+    of the suite's cells of a configuration lie on their
     shape's frontier (0 when none); keys made valid by reports.mlflow_names."""
     out: dict[str, float] = {}
     for r in points.to_dict("records"):

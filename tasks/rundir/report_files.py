@@ -118,7 +118,7 @@ def write_report(rdir: Path, meta: dict, verdicts: dict, regression: dict | None
                              records, regression, plots, goodput_table,
                              breakdown_view(table, configs, spec.tracing.enabled if spec is not None else None,
                                             parts_plots, meta.get("clock") == "virtual"),
-                             pareto_view(points, meta, price, frontier_plots, summary))
+                             pareto_view(points, meta, price, frontier_plots))
     (out / "report.md").write_text(render_markdown(context))
     (out / "report.html").write_text(render_html(context))
     return [out / name for name in REPORT_FILES]

@@ -47,7 +47,7 @@ def render(price: float | None, target: str = "sim", with_plots: bool = True, fr
     points = pareto_points(frame, price)
     plots = pareto_plots(points, CONFIGS, "note") if with_plots else []
     ctx = report_context(meta(target), full(frame), VERDICTS,
-                         pareto=pareto_view(points, meta(target), price, plots, full(frame)))
+                         pareto=pareto_view(points, meta(target), price, plots))
     return render_markdown(ctx), render_html(ctx), plots
 
 
