@@ -3,15 +3,14 @@ flag answers at once, before Prefect, MLflow or Kubernetes load."""
 from __future__ import annotations
 
 import logging
-import math
 import re
 import signal
 import sys
 from pathlib import Path
 
 from epdbench.cli.common import (EXIT_FAILURES, EXIT_OK, EXIT_REGRESSION, EXIT_UNPUBLISHED, INTERRUPTED_RUN,
-                                 NO_SPACE_ERRNOS, CliError, check_out_dir, config_names, kube_overrides,
-                                 load_compare_spec, pool_settings,
+                                 NO_SPACE_ERRNOS, CliError, check_out_dir, config_names, gpu_hour_usd_of,
+                                 kube_overrides, load_compare_spec, pool_settings,
                                  quiet_defaults, regression_settings, results_dir_of, tracking_uri_of, with_target)
 
 
@@ -225,9 +224,7 @@ def cmd_report(args) -> int:
 
     if bool(args.results_dir) == bool(args.run_id):
         raise CliError("report: give a results directory or --run-id, not both or neither")
-    price = getattr(args, "gpu_hour_usd", None)
-    if price is not None and not (math.isfinite(price) and price >= 0):
-        raise CliError(f"--gpu-hour-usd {price:g}: give the price of one GPU-hour in USD, 0 or more (e.g. 2.5)")
+    price = gpu_hour_usd_of(args)
     try:
         out = None
         if args.run_id:

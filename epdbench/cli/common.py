@@ -95,6 +95,14 @@ def check_kubeconfig(target) -> None:
                         "not found: give the kubeconfig of the cluster")
 
 
+def gpu_hour_usd_of(args) -> float | None:
+    """`--gpu-hour-usd` (compare, report), or None; CliError (one line) for a price that is not a number >= 0."""
+    price = getattr(args, "gpu_hour_usd", None)
+    if price is not None and not (math.isfinite(price) and price >= 0):
+        raise CliError(f"--gpu-hour-usd {price:g}: give the price of one GPU-hour in USD, 0 or more (e.g. 2.5)")
+    return price
+
+
 def load_compare_spec(args) -> tuple:
     """The spec `compare` runs, with the command line's overrides and --profile's constants; and that profile
     (None without --profile)."""
@@ -133,10 +141,8 @@ def load_compare_spec(args) -> tuple:
         if args.seed < 0:
             raise SpecError("--seed: must be >= 0")
         updates["seed"] = args.seed
-    price = getattr(args, "gpu_hour_usd", None)
+    price = gpu_hour_usd_of(args)
     if price is not None:
-        if not (math.isfinite(price) and price >= 0):
-            raise SpecError(f"--gpu-hour-usd {price:g}: give the price of one GPU-hour in USD, 0 or more (e.g. 2.5)")
         updates["cost"] = spec.cost.model_copy(update={"gpu_hour_usd": price})
     tracking = spec.tracking
     if args.experiment:
