@@ -200,11 +200,16 @@ def local_ec_transport(dep: Deployment, spec: ExperimentSpec, records: list[dict
     ECExampleConnector lines, and the folder they went through, read before it is removed."""
     roles = {p.name: p.role for p in dep.processes if p.role in ("encode", "prefill")}
     pods = {p.name: ec_files_of_pod(iter_lines(p.log_path)) for p in dep.processes if p.name in roles}
+    return verify_ec_files(pods, roles, ec_expected(spec, records), folder_listing(dep.ec_dir))
+
+
+def ec_expected(spec: ExperimentSpec, records: list[dict]) -> dict:
+    """What the measured requests' distinct images must have left in the encoder-output folder: their count and
+    their encoder outputs' bytes (the model's embedding of each image's tokens)."""
     images = {r["image_hash"]: r.get("image_px") for r in records if r["phase"] == "measured" and r.get("image_hash")}
     per_image = CostModel(spec.model, spec.hardware, 1).embedding_bytes
-    expected = {"images": len(images),
-                "bytes": sum(per_image(image_tokens(spec.model, px, px)) for px in images.values() if px)}
-    return verify_ec_files(pods, roles, expected, folder_listing(dep.ec_dir))
+    return {"images": len(images),
+            "bytes": sum(per_image(image_tokens(spec.model, px, px)) for px in images.values() if px)}
 
 
 def collect(dep: Deployment, spec: ExperimentSpec, config: ConfigurationSpec, first: dict, last: dict,
