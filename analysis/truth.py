@@ -6,7 +6,9 @@ Columns (benchmarks/data/README.md): gpu (the CUDA device name), vllm_version, m
 workload (the spec's label: `1024/128`, `1260px+400/128`), input_tokens (text tokens asked), image_px (0: none),
 output_tokens, concurrency, n_measured, requests_ok, prompt_tokens_mean (as the server counted them), the client
 figures ttft_p50_ms, ttft_p99_ms, tpot_p50_ms, itl_p99_ms, output_tok_s, req_s, and the engine's own means over
-the cell (analysis.engine_steps.ENGINE_MEANS). A figure not known is empty, never 0.
+the cell (analysis.engine_steps.ENGINE_MEANS), the share of the cell's prompt tokens and images the engine's caches
+served (CACHES: a truth row is meant to be cold), and the GPU over the cell (TELEMETRY). A figure not known is
+empty, never 0.
 """
 from __future__ import annotations
 
@@ -26,8 +28,14 @@ CLIENT_METRICS = ["ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "itl_p99_ms", "ou
 # The GPU over the cell, where the host could read it (nvidia-smi; analysis.gpu_telemetry): optional columns.
 TELEMETRY = ["gpu_util_pct_mean", "gpu_mem_used_mib_max", "gpu_power_w_mean", "gpu_sm_clock_mhz_mean", "gpu_energy_j",
              "energy_j_per_token"]
+# The engine's prefix and encoder caches over the cell, in % of the prompt tokens and images looked up
+# (vllm:prefix_cache_hits_total / _queries_total, vllm:mm_cache_*): optional columns.
+CACHES = ["engine_prefix_hit_pct", "engine_mm_hit_pct"]
+# A row whose prefix cache served more than this share of its prompt tokens is left out (usable): one 16-token
+# block of a chat template shared by every request is 1.9 % of the table's shortest chat prompt (821 tokens).
+WARM_PREFIX_PCT = 2.0
 COLUMNS = ["gpu", "vllm_version", "model", "tool", "config", "suite", "workload", *SHAPE, "concurrency", *COUNTS,
-           *CLIENT_METRICS, *ENGINE_MEANS, *TELEMETRY]
+           *CLIENT_METRICS, *ENGINE_MEANS, *CACHES, *TELEMETRY]
 REQUIRED = [*KEYS, "input_tokens", "output_tokens"]
 # What sim_vs_real sets side by side: the client's figures and the engine's.
 COMPARED = ["ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "itl_p99_ms", "output_tok_s", "engine_prefill_ms",
@@ -52,7 +60,8 @@ def check(frame: pd.DataFrame) -> None:
     name more than one GPU."""
     if missing := [c for c in REQUIRED if c not in frame.columns]:
         raise TruthError(f"no column(s) {', '.join(missing)}: a truth table has {', '.join(COLUMNS)}")
-    numbers = [c for c in (*SHAPE, *COUNTS, *CLIENT_METRICS, *ENGINE_MEANS, *TELEMETRY) if c in frame.columns]
+    numbers = [c for c in (*SHAPE, *COUNTS, *CLIENT_METRICS, *ENGINE_MEANS, *CACHES, *TELEMETRY)
+               if c in frame.columns]
     if problem := table_check.unreadable(frame, KEYS, numbers):
         raise TruthError(problem)
     for pos, label in enumerate(frame.index):
@@ -91,15 +100,25 @@ def for_tool(frame: pd.DataFrame, tool: str) -> pd.DataFrame:
 
 def usable(frame: pd.DataFrame, notes: list[str]) -> pd.DataFrame:
     """The rows whose every measured request succeeded (requests_ok = n_measured, where both are given): a cell
-    with failed requests has figures of those that succeeded, where the simulator serves every one. `notes` gets
-    a line for what was left out (analysis.table_check.usable)."""
+    with failed requests has figures of those that succeeded, where the simulator serves every one; and whose
+    engine computed its prompts (CACHES: prefix hits up to WARM_PREFIX_PCT, no image from the encoder cache), as
+    the simulator does. `notes` gets a line for each kind of row left out."""
     failed = pd.Series(0.0, index=frame.index)
     if {"n_measured", "requests_ok"} <= set(frame.columns):
         failed = (pd.to_numeric(frame["n_measured"], errors="coerce")
                   - pd.to_numeric(frame["requests_ok"], errors="coerce")).fillna(0)
     rows, said = table_check.usable(frame.assign(requests_failed=failed))
     notes.extend(said)
-    return frame.loc[rows.index]
+    rows = frame.loc[rows.index]
+    hits = {c: pd.to_numeric(rows[c], errors="coerce") if c in rows.columns else pd.Series(math.nan, index=rows.index)
+            for c in CACHES}
+    warm = (hits["engine_prefix_hit_pct"] > WARM_PREFIX_PCT) | (hits["engine_mm_hit_pct"] > 0)
+    if warm.any():
+        most = hits["engine_prefix_hit_pct"][warm].max()
+        notes.append(f"{int(warm.sum())} row{'s' if warm.sum() > 1 else ''} measured on a warm cache left out (prefix "
+                     f"hits up to {0 if most != most else most:.0f} % of their prompt tokens, or images from the "
+                     "encoder cache): the simulator computes every prompt")
+    return rows[~warm]
 
 
 def cells(frame: pd.DataFrame, notes: list[str] | None = None) -> pd.DataFrame:

@@ -7,6 +7,7 @@ The benchmark that measures them is `benchmarks/vllm_truth.py`; what reads them 
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 
@@ -20,6 +21,10 @@ from epdbench.analysis.truth import COLUMNS
 ENGINE_HISTOGRAMS = dict(zip(ENGINE_MEANS, ("vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds",
                                             "vllm:request_decode_time_seconds", "vllm:time_to_first_token_seconds",
                                             "vllm:request_time_per_output_token_seconds")))
+# vLLM's cache counters (same file): the share of the cell's prompt tokens its prefix cache served, and of its
+# images its encoder cache did. A truth row is meant to be cold; analysis.truth.usable leaves out a warm one.
+ENGINE_CACHES = {"engine_prefix_hit_pct": ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"),
+                 "engine_mm_hit_pct": ("vllm:mm_cache_hits_total", "vllm:mm_cache_queries_total")}
 TRUTH_COLUMNS = COLUMNS
 
 
@@ -36,9 +41,16 @@ def _histogram_totals(text: str, name: str) -> tuple[float, float] | None:
     return None if total is None or count is None else (total, count)
 
 
+def _counter_total(text: str, name: str) -> float | None:
+    """Counter `name` summed over its label sets, or None when the text has none."""
+    values = [v for sample, _labels, v in parse_prometheus(text) if sample == name and not math.isnan(v)]
+    return sum(values) if values else None
+
+
 def engine_means(before: str, after: str) -> dict[str, float | None]:
-    """Mean engine time (ms) per request of each histogram over the window between two /metrics texts; None where
-    the histogram is missing or no request ended in the window (never 0)."""
+    """Mean engine time (ms) per request of each histogram over the window between two /metrics texts, and the
+    window's cache hits in % of what was looked up (ENGINE_CACHES); None where the metric is missing or nothing
+    ended or was looked up in the window (never 0)."""
     out: dict[str, float | None] = {}
     for key, name in ENGINE_HISTOGRAMS.items():
         a, b = _histogram_totals(after, name), _histogram_totals(before, name) or (0.0, 0.0)
@@ -46,6 +58,13 @@ def engine_means(before: str, after: str) -> dict[str, float | None]:
             out[key] = None
             continue
         out[key] = round((a[0] - b[0]) / (a[1] - b[1]) * 1e3, 4)
+    for key, (hits, queries) in ENGINE_CACHES.items():
+        h, q = _counter_total(after, hits), _counter_total(after, queries)
+        looked_up = None if q is None else q - (_counter_total(before, queries) or 0.0)
+        if h is None or not looked_up or looked_up <= 0:
+            out[key] = None
+            continue
+        out[key] = round((h - (_counter_total(before, hits) or 0.0)) / looked_up * 100, 3)
     return out
 
 
@@ -79,20 +98,32 @@ def client_figures_from_bench(result: dict) -> dict:
             "output_tok_s": _num(result.get("output_throughput")), "req_s": _num(result.get("request_throughput"))}
 
 
+def bench_seed(seed: int, cell_id: str) -> int:
+    """`vllm bench serve`'s --seed for one cell: the spec's seed and the cell together. Its random dataset draws
+    each prompt's token offsets from the seed alone, so one seed for every cell repeats the same prompts from cell to
+    cell (a longer shape's prompt starting with the shorter one's): the engine's prefix cache then serves them, as a
+    table measured so showed (hits up to 72 %, benchmarks/data/README.md)."""
+    digest = hashlib.sha256(f"{seed}|{cell_id}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
 def bench_serve_args(*, api: str, input_tokens: int, output_tokens: int, image_px: int | None, concurrency: int,
-                     n_measured: int, n_warmup: int, base_url: str, model: str, tokenizer: str, seed: int,
+                     n_measured: int, base_url: str, model: str, tokenizer: str, seed: int,
                      result_dir: str, result_file: str) -> list[str]:
     """Arguments after `vllm bench serve` for one cell on the same server: the same endpoint kind as the product's
     load generator (`api`: chat or completions), the same input and output lengths (random tokens; images of the
     cell's edge through the random-mm dataset, one per request, chat only), EOS ignored as the product does,
-    closed loop at the cell's concurrency."""
+    closed loop at the cell's concurrency, the server's own sampling defaults as the product's requests get them
+    (no --temperature: `--temperature 0` would make the bench's decode greedy where the product's samples).
+    No warm-ups of its own (--num-warmups 0): vllm bench sends its first measured prompt as every warm-up, which
+    leaves that prompt in the prefix cache; the caller warms the server with other prompts. `seed`: bench_seed."""
     chat = api == "chat" or image_px
     args = ["--backend", "openai-chat" if chat else "openai", "--base-url", base_url,
             "--endpoint", "/v1/chat/completions" if chat else "/v1/completions",
             "--model", model, "--tokenizer", tokenizer, "--seed", str(seed),
-            "--num-prompts", str(n_measured), "--max-concurrency", str(concurrency), "--num-warmups", str(n_warmup),
+            "--num-prompts", str(n_measured), "--max-concurrency", str(concurrency), "--num-warmups", "0",
             "--random-input-len", str(input_tokens), "--random-output-len", str(output_tokens),
-            "--random-range-ratio", "0.0", "--ignore-eos", "--temperature", "0",
+            "--random-range-ratio", "0.0", "--ignore-eos",
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
             "--save-result", "--result-dir", result_dir, "--result-filename", result_file, "--disable-tqdm"]
     if image_px:

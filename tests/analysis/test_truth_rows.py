@@ -1,8 +1,8 @@
 """The ground-truth rows: engine means from /metrics deltas, vllm bench serve's result file, its command line."""
 import pytest
 
-from epdbench.analysis.truth_rows import (TRUTH_COLUMNS, bench_serve_args, client_figures_from_bench, engine_means,
-                                     truth_row)
+from epdbench.analysis.truth_rows import (TRUTH_COLUMNS, bench_seed, bench_serve_args, client_figures_from_bench,
+                                         engine_means, truth_row)
 
 
 def metrics(prefill_sum: float, prefill_count: int, with_queue: bool = True) -> str:
@@ -29,7 +29,7 @@ def test_engine_means_are_window_deltas_in_ms():
 
 def test_engine_means_from_nothing_before_and_missing_histograms():
     assert engine_means("", metrics(0.3, 2))["engine_prefill_ms_mean"] == pytest.approx(150.0)
-    assert set(engine_means("", "")) == {c for c in TRUTH_COLUMNS if c.startswith("engine_")}
+    assert set(engine_means("", "")) == {c for c in TRUTH_COLUMNS if c.startswith("engine_")}   # cache hits too
     assert all(v is None for v in engine_means("", "").values())
 
 
@@ -45,7 +45,7 @@ def test_bench_result_maps_to_the_product_columns():
 
 
 def test_bench_args_text_and_image():
-    common = dict(output_tokens=128, concurrency=8, n_measured=16, n_warmup=2, base_url="http://127.0.0.1:1",
+    common = dict(output_tokens=128, concurrency=8, n_measured=16, base_url="http://127.0.0.1:1",
                   model="m", tokenizer="/tok", seed=0, result_dir="/r", result_file="f.json")
     text = bench_serve_args(api="completions", input_tokens=4096, image_px=None, **common)
     assert text[:2] == ["--dataset-name", "random"]
@@ -57,6 +57,39 @@ def test_bench_args_text_and_image():
     assert image[image.index("--backend") + 1] == "openai-chat"
     assert image[image.index("--random-mm-bucket-config") + 1] == "{(1260, 1260, 1): 1.0}"
     assert image[image.index("--random-mm-base-items-per-request") + 1] == "1"
+    for args in (text, image):
+        # its own warm-ups would repeat its first measured prompt; greedy decoding is not what the product asks for
+        assert args[args.index("--num-warmups") + 1] == "0" and "--temperature" not in args
+
+
+def test_bench_seeds_differ_per_cell_and_repeat_per_spec_seed():
+    cells = [f"text|{n}/128|c{c}|main" for n in (1024, 4096, 8192) for c in (1, 8, 32)]
+    seeds = [bench_seed(0, c) for c in cells]
+    assert len(set(seeds)) == len(cells) and all(0 <= s < 2**31 for s in seeds)
+    assert seeds == [bench_seed(0, c) for c in cells] and bench_seed(1, cells[0]) != seeds[0]
+
+
+def cache_metrics(hits: float, queries: float, mm_hits: float | None = None, mm_queries: float | None = None) -> str:
+    """vLLM 0.26's cache counters (vllm/v1/metrics/loggers.py), as its /metrics exposes them."""
+    lines = ["# TYPE vllm:prefix_cache_queries_total counter",
+             f'vllm:prefix_cache_queries_total{{engine="0",model_name="m"}} {queries}',
+             f'vllm:prefix_cache_queries_created{{engine="0",model_name="m"}} 1.7e9',
+             "# TYPE vllm:prefix_cache_hits_total counter",
+             f'vllm:prefix_cache_hits_total{{engine="0",model_name="m"}} {hits}']
+    if mm_hits is not None:
+        lines += [f'vllm:mm_cache_queries_total{{engine="0",model_name="m"}} {mm_queries}',
+                  f'vllm:mm_cache_hits_total{{engine="0",model_name="m"}} {mm_hits}']
+    return "\n".join(lines) + "\n"
+
+
+def test_cache_hits_are_the_window_share_of_what_was_looked_up():
+    out = engine_means(cache_metrics(100, 1000, 0, 10), cache_metrics(400, 2000, 2, 20))
+    assert out["engine_prefix_hit_pct"] == pytest.approx(30.0)       # 300 of 1000 tokens looked up in the window
+    assert out["engine_mm_hit_pct"] == pytest.approx(20.0)           # 2 of 10 images
+    cold = engine_means(cache_metrics(0, 1000), cache_metrics(0, 5000))
+    assert cold["engine_prefix_hit_pct"] == 0.0 and cold["engine_mm_hit_pct"] is None   # no encoder cache exposed
+    idle = engine_means(cache_metrics(5, 100), cache_metrics(5, 100))
+    assert idle["engine_prefix_hit_pct"] is None                      # nothing looked up in the window
 
 
 def test_truth_row_orders_columns_rounds_and_keeps_nulls():
