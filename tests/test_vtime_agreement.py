@@ -25,7 +25,10 @@ ROOT = Path(__file__).parents[1]
 # loops of 4096-token prompts): TTFT p50 303.7 ms and TPOT p50 9.7 ms in virtual time; over HTTP either the same or
 # 192.7 ms and 11.1 ms, the second mode the same to 0.03 ms in two runs of one CI job (2026-12-06) — an order of
 # near-simultaneous events (which replica a new request joins, which step it starts in) that host timing decides
-# and the virtual core resolves one way. To be explained and modelled; listed so that it does not hide others.
+# and the virtual core resolves one way. Not reproduced on the development VM (2026-12-06): ten HTTP runs of the
+# cell (six of it alone, four of smoke's aggregated configuration) gave 303/9.7 or 283-290/10.4, the two modes
+# virtual time itself gives across seeds 0-7 (280-308 ms / 9.71 or 10.41 ms): closed loops of equal requests that
+# stay in lockstep or not. To be explained and modelled; listed so that it does not hide others.
 TWO_MODES = {("aggregated", "fixed", "4096/64", 8): {"ttft_p50_ms", "tpot_p50_ms"}}
 
 
