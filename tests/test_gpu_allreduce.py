@@ -2,7 +2,6 @@
 that read back as physics/gpu_ops.py's CSV; its sizing helpers; bad input ends in one line and exit 2."""
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from epdbench.physics.gpu_ops import ALLREDUCE_GRIDS, LM_MODELS, read_ops_csv
+from tests.benchmark_scripts import load_benchmark
 
 pytest.importorskip("torch", reason="benchmarks/gpu_allreduce.py needs PyTorch (its CPU build will do)")
 SCRIPT = Path(__file__).parents[1] / "benchmarks" / "gpu_allreduce.py"
@@ -17,10 +17,7 @@ SCRIPT = Path(__file__).parents[1] / "benchmarks" / "gpu_allreduce.py"
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("gpu_allreduce", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gpu_allreduce")
 
 
 def test_multicast_is_off_in_the_environment_before_nccl_starts(bench):

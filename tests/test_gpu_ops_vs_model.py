@@ -1,24 +1,18 @@
 """benchmarks/gpu_ops_vs_model.py: every operator class of the checked-in H200 CSV is set beside the cost model under
 both its operator laws, the model's figure for a case is the cost model's own, and a bad CSV ends in one line and
 exit 2."""
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 
 from epdbench.physics.costmodel import PrefillChunk
 from epdbench.physics.gpu_ops import read_ops_csv
-
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "gpu_ops_vs_model.py"
+from tests.benchmark_scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("gpu_ops_vs_model", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gpu_ops_vs_model")
 
 
 @pytest.fixture(scope="module")

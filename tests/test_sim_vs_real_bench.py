@@ -3,23 +3,17 @@ constants (tests/truth_tables.py) — is off by what the moves make before the p
 and matches it after; bad input is one line and exit 2."""
 from __future__ import annotations
 
-import importlib.util
 import re
-from pathlib import Path
 
 import pytest
 
 from epdbench.cli import main as cli
+from tests.benchmark_scripts import load_benchmark
 from tests.truth_tables import synthetic_truth
-
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "sim_vs_real.py"
 
 
 def script():
-    spec = importlib.util.spec_from_file_location("sim_vs_real", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("sim_vs_real")
 
 
 def overall(printed: str) -> list[str]:

@@ -6,7 +6,6 @@ and its row says so and is left out of what the simulator is held to."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import socket
 import subprocess
@@ -24,6 +23,7 @@ from epdbench.analysis.truth_rows import bench_serve_args, client_figures_from_b
 from epdbench.specs.models import load_spec
 from epdbench.specs.workload import build_requests, plan_cells
 from epdbench.tasks.local.target import model_to_serve
+from tests.benchmark_scripts import load_benchmark
 from tests.test_e2e_local import engine_python
 
 SCRIPT = Path(__file__).parents[1] / "benchmarks" / "vllm_truth.py"
@@ -37,10 +37,7 @@ def free_port() -> int:
 
 
 def script():
-    loaded = importlib.util.spec_from_file_location("vllm_truth_script", SCRIPT)
-    module = importlib.util.module_from_spec(loaded)
-    loaded.loader.exec_module(module)
-    return module
+    return load_benchmark("vllm_truth")
 
 
 @pytest.fixture(scope="module")

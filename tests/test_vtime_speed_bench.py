@@ -1,20 +1,15 @@
 """benchmarks/vtime_speed.py: the figures it prints carry their noise, and its A/B verdict counts a difference only
 when every process of one version was faster than every process of the other."""
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "vtime_speed.py"
+from tests.benchmark_scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("vtime_speed", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("vtime_speed")
 
 
 def test_a_version_is_faster_only_when_all_its_processes_beat_all_of_the_others(bench):

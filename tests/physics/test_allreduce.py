@@ -13,6 +13,7 @@ from epdbench.physics.gpu_ops import ALLREDUCE_GRIDS, LM_MODELS, parse_ops_csv
 from epdbench.physics.oplaws import digest
 from epdbench.specs.models import load_spec
 from epdbench.specs.node import OperatorTimings
+from tests.benchmark_scripts import load_benchmark
 from tests.physics.test_gpu_ops import as_csv, row
 
 FLOOR_S, BUS_GB_S = 12e-6, 360.0          # a curve of the shape NCCL's all-reduce has: latency + bytes / bandwidth
@@ -162,12 +163,7 @@ def test_tp_one_and_no_bytes_cost_nothing(pd_text):
 
 
 def test_the_comparison_script_sets_nccls_constants_beside_the_rows_and_the_left_out_error(tmp_path, capsys):
-    import importlib.util
-    from pathlib import Path
-    script = Path(__file__).parents[2] / "benchmarks" / "allreduce_vs_model.py"
-    spec = importlib.util.spec_from_file_location("allreduce_vs_model", script)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("allreduce_vs_model")
     path = tmp_path / "rows.csv"
     path.write_text(as_csv(allreduce_rows() + allreduce_rows(impl="nccl 2.27.7 eager", scale=3.0)))
     cases = bench.comparisons(parse_ops_csv(path.read_text()))

@@ -1,20 +1,15 @@
 """The RDMA defaults are what their source gives: the fit of benchmarks/mooncake_rdma_published.py to the transfer
 times Mooncake published (a default edited by hand, or the table, would part from it)."""
-import importlib.util
-from pathlib import Path
 
 import pytest
 
 from epdbench.specs.models import load_spec
 from epdbench.specs.node import HardwareSpec
-
-SCRIPT = Path(__file__).parents[2] / "benchmarks" / "mooncake_rdma_published.py"
+from tests.benchmark_scripts import load_benchmark
 
 
 def published_fit() -> dict:
-    spec = importlib.util.spec_from_file_location("mooncake_rdma_published", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_benchmark("mooncake_rdma_published")
     return module.fit(module.TABLE)
 
 
