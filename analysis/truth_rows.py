@@ -12,7 +12,7 @@ import json
 import math
 
 from epdbench.analysis.engine_steps import ENGINE_MEANS
-from epdbench.analysis.prom import parse_prometheus
+from epdbench.analysis.prom import counter_deltas, hit_rate, parse_prometheus
 from epdbench.analysis.truth import COLUMNS
 
 # vLLM's own request histograms (vllm/v1/metrics/loggers.py, 0.26) behind the table's engine means
@@ -21,10 +21,11 @@ from epdbench.analysis.truth import COLUMNS
 ENGINE_HISTOGRAMS = dict(zip(ENGINE_MEANS, ("vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds",
                                             "vllm:request_decode_time_seconds", "vllm:time_to_first_token_seconds",
                                             "vllm:request_time_per_output_token_seconds")))
-# vLLM's cache counters (same file): the share of the cell's prompt tokens its prefix cache served, and of its
-# images its encoder cache did. A truth row is meant to be cold; analysis.truth.usable leaves out a warm one.
-ENGINE_CACHES = {"engine_prefix_hit_pct": ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"),
-                 "engine_mm_hit_pct": ("vllm:mm_cache_hits_total", "vllm:mm_cache_queries_total")}
+# vLLM's cache counters (same file; analysis.prom.DELTA_COUNTERS' keys): the share of the cell's prompt tokens its
+# prefix cache served, and of its images its encoder cache did. A truth row is meant to be cold;
+# analysis.truth.usable leaves out a warm one.
+ENGINE_CACHES = {"engine_prefix_hit_pct": ("prefix_cache_hits", "prefix_cache_queries"),
+                 "engine_mm_hit_pct": ("mm_cache_hits", "mm_cache_queries")}
 TRUTH_COLUMNS = COLUMNS
 
 
@@ -41,12 +42,6 @@ def _histogram_totals(text: str, name: str) -> tuple[float, float] | None:
     return None if total is None or count is None else (total, count)
 
 
-def _counter_total(text: str, name: str) -> float | None:
-    """Counter `name` summed over its label sets, or None when the text has none."""
-    values = [v for sample, _labels, v in parse_prometheus(text) if sample == name and not math.isnan(v)]
-    return sum(values) if values else None
-
-
 def engine_means(before: str, after: str) -> dict[str, float | None]:
     """Mean engine time (ms) per request of each histogram over the window between two /metrics texts, and the
     window's cache hits in % of what was looked up (ENGINE_CACHES); None where the metric is missing or nothing
@@ -58,13 +53,11 @@ def engine_means(before: str, after: str) -> dict[str, float | None]:
             out[key] = None
             continue
         out[key] = round((a[0] - b[0]) / (a[1] - b[1]) * 1e3, 4)
+    deltas = counter_deltas(before, after)
     for key, (hits, queries) in ENGINE_CACHES.items():
-        h, q = _counter_total(after, hits), _counter_total(after, queries)
-        looked_up = None if q is None else q - (_counter_total(before, queries) or 0.0)
-        if h is None or not looked_up or looked_up <= 0:
-            out[key] = None
-            continue
-        out[key] = round((h - (_counter_total(before, hits) or 0.0)) / looked_up * 100, 3)
+        looked_up = deltas.get(queries)
+        rate = hit_rate(deltas[hits], looked_up) if hits in deltas and looked_up and looked_up > 0 else None
+        out[key] = None if rate is None else round(rate * 100, 3)
     return out
 
 
