@@ -16,8 +16,16 @@ async def _blocked(block_s: float, scale: float = 1.0) -> LoopLag:
     return lag
 
 
+def _quietest_idle(tries: int = 3) -> LoopLag:
+    """The idle loop with the lowest p99 of `tries` runs: the host only ever adds lateness (CI once saw a
+    7.6 ms hiccup in an idle 0.1 s run, beside the other tests' processes), so the quietest run is the
+    loop's own floor."""
+    runs = [asyncio.run(_blocked(0.0)) for _ in range(tries)]
+    return min(runs, key=lambda r: samples_p99_ms(r.samples_s))
+
+
 def test_a_blocked_loop_shows_as_lag_and_an_idle_one_does_not():
-    idle = asyncio.run(_blocked(0.0))
+    idle = _quietest_idle()
     busy = asyncio.run(_blocked(0.03))
     assert 10 <= len(idle.samples_s) <= 60 and 10 <= len(busy.samples_s) <= 60
     assert max(busy.samples_s) >= 0.025                       # the 30 ms block, seen by one tick
