@@ -63,11 +63,11 @@ class CalibrationProfile(Strict):
                                         "fractions of that GPU's datasheet figures. Absent in profiles written "
                                         "before it was recorded.")
     model: str | None = Field(None, title="Model", description="The model of the fitted run (its spec's model.name).")
-    source_target: Literal["sim", "kubernetes"] | None = Field(
+    source_target: Literal["sim", "kubernetes", "local"] | None = Field(
         None, title="Source target",
         description="Where the fitted run ran, from the spec.yaml of its results folder: sim (the simulator's own "
-                    "emulated figures, not hardware) or kubernetes; absent when the source was a table without its "
-                    "run's folder.")
+                    "emulated figures, not hardware), kubernetes or local (real engines on one host); absent when "
+                    "the source was a table without its run's folder.")
     created: date = Field(title="Date", description="When the profile was fitted.")
     hardware: dict[str, float] = Field(title="Fitted constants",
                                        description="Hardware fields the fit set; applying the profile replaces "
@@ -102,12 +102,14 @@ class CalibrationProfile(Strict):
         None, title="Operator timings",
         description="The gpu_ops measurement the measured laws come from (epdbench calibrate --ops, or the fitted "
                     "run's own): applying the profile sets hardware.op_timings. Absent: the spec's own.")
-    fitted_figures: Literal["client", "engine"] = Field(
+    fitted_figures: Literal["client", "engine", "transfers"] = Field(
         "client", title="Figures fitted",
         description="client: a run's client-side figures (TTFT, TPOT, throughput: epdbench calibrate --from); "
                     "engine: the engines' own step timings, prefill time and decode time per token (epdbench "
-                    "calibrate --engine-steps), so its errors are of those figures. Absent in profiles written "
-                    "before it was recorded: client.")
+                    "calibrate --engine-steps), so its errors are of those figures; transfers: the KV connector's "
+                    "own transfer timings (epdbench calibrate --transport), its errors those of the run's client "
+                    "figures, none of which the fit read. Absent in profiles written before it was recorded: "
+                    "client.")
     holdout_verdict: dict[str, Literal[HOLDOUT_VERDICTS]] = Field(
         default_factory=dict, title="Hold-out verdict",
         description="Per metric: whether the fitted constants predict the held-out cells better or worse than the "
@@ -212,8 +214,10 @@ def error_bar(profile: dict | None, spec: ExperimentSpec | None = None) -> str:
     if profile is None:
         return ("uncalibrated: the spec's hardware constants, no measured error bar (epdbench calibrate fits them "
                 "to a run and measures one)")
-    engine = ("fitted to engine step timings (its errors are of the engines' prefill and decode times, not of "
-              "client TTFT or throughput): " if profile.get("fitted_figures") == "engine" else "")
+    engine = {"engine": "fitted to engine step timings (its errors are of the engines' prefill and decode times, "
+                        "not of client TTFT or throughput): ",
+              "transfers": "the KV link fitted to the connector's own transfer timings: "}.get(
+                  profile.get("fitted_figures"), "")
     if profile.get("source_target") == "sim":
         return "fitted to a simulator run (emulated figures, not hardware): " + engine + _error_bar(profile, spec)
     return engine + _error_bar(profile, spec)
@@ -288,7 +292,8 @@ def profile_origin(profile: dict) -> str:
                 "the measured laws derived from them")
     on = ", ".join(x for x in (profile.get("gpu"), profile.get("model")) if x)
     laws = "roofline laws" if profile.get("op_laws", "roofline") == "roofline" else "measured laws"
-    what = "the engine step timings of a run" if profile.get("fitted_figures") == "engine" else "a run"
+    what = {"engine": "the engine step timings of a run", "transfers": "the KV transfer timings of a run"}.get(
+        profile.get("fitted_figures"), "a run")
     return (f"fitted to {what} of spec {profile['spec']}" + (f" ({on})" if on else "")
             + f" ({profile['source']}, {profile['created']}) on the {laws}: {fitted or 'no constant'}")
 

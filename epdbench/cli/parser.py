@@ -78,6 +78,15 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--engine-steps", default=None, metavar="CSV",
                      help="a truth table of a real engine's figures (benchmarks/data/README.md): fit the engine "
                           "constants to its own step timings (prefill, decode per token) of its lone requests")
+    cal.add_argument("--transport", default=None, metavar="RUN",
+                     help="a PD or EPD run's results folder (or one configuration's folder of engine logs): fit the "
+                          "KV link (tcp_gb_s, rdma_efficiency) to the KV connector's own transfer timings in its logs")
+    cal.add_argument("--profile", default=None,
+                     help="with --transport: a profile whose constants the run is served with first (e.g. calibrate "
+                          "--engine-steps's, fitted on the same GPU and model); the profile written carries them "
+                          "and the fitted link")
+    cal.add_argument("--config", default=None,
+                     help="with --transport: the one configuration to read (a folder of logs: whose they are)")
     cal.add_argument("--tool", default="epdbench",
                      help="with --engine-steps: the load generator whose rows to read (default: epdbench)")
     cal.add_argument("--out", required=True, help="where to write the profile (YAML)")

@@ -17,19 +17,27 @@ def cmd_calibrate(args) -> int:
     from epdbench.tasks.sim.vrun import simulate_summary
 
     given = [flag for flag, value in (("--ops", args.ops), ("--from", args.source),
-                                      ("--engine-steps", args.engine_steps)) if value is not None]
+                                      ("--engine-steps", args.engine_steps), ("--transport", args.transport))
+             if value is not None]
     if len(given) > 1:
-        raise CliError(f"{' and '.join(given)}: give one — a run to fit (--from), a gpu_ops CSV to carry (--ops) or "
-                       "a truth table of engine step timings to fit (--engine-steps)")
+        raise CliError(f"{' and '.join(given)}: give one — a run to fit (--from), a gpu_ops CSV to carry (--ops), "
+                       "a truth table of engine step timings to fit (--engine-steps) or a run's KV transfer timings "
+                       "to fit (--transport)")
+    for flag, value in (("--config", args.config), ("--profile", args.profile)):
+        if value is not None and args.transport is None:
+            raise CliError(f"{flag}: it goes with --transport (a run's KV transfer timings to fit)")
     if args.ops is not None:
         from epdbench.cli.ops import cmd_calibrate_ops
         return cmd_calibrate_ops(args)
     if args.engine_steps is not None:
         from epdbench.cli.engine_steps import cmd_calibrate_engine_steps
         return cmd_calibrate_engine_steps(args)
+    if args.transport is not None:
+        from epdbench.cli.transport_fit import cmd_calibrate_transport
+        return cmd_calibrate_transport(args)
     if args.source is None:
         raise CliError("--from: give the run to fit (its results folder, summary.csv or records.parquet), --ops "
-                       "with a gpu_ops CSV, or --engine-steps with a truth table")
+                       "with a gpu_ops CSV, --engine-steps with a truth table, or --transport with a PD or EPD run")
     metrics, out = _calibrate_flags(args)
     args.source = _run_file(args.source)
     signal.signal(signal.SIGTERM, signal.default_int_handler)     # SIGTERM stops it as Ctrl-C does
@@ -117,31 +125,36 @@ def write_profile(out, profile: dict, flag: str) -> int:
 
 
 def _calibration_spec(args):
-    """(the spec the run used, where it ran: "sim", "kubernetes" or None if unknown). The run's folder (the one
-    holding --from) keeps its resolved spec.yaml: without --spec that is the spec; with --spec, the two must
-    agree in all the virtual-time core reproduces (not the free constants, where the fit starts, nor the target).
-    A table without its run's folder needs --spec."""
+    """(the spec the run used, where it ran: "sim", "kubernetes", "local" or None if unknown) for --from: the run's
+    folder (the one holding --from) keeps its resolved spec.yaml."""
     from pathlib import Path
 
+    return stored_spec(Path(args.source).parent / "spec.yaml", args.spec, f"--from {args.source}",
+                       f"beside {args.source}")
+
+
+def stored_spec(kept, flag_spec: str | None, what: str, where: str):
+    """(the spec a run used, its target kind or None): the spec.yaml it kept (`kept`, a path or None) — without
+    --spec that is the spec; with --spec, the two must agree in all the virtual-time core reproduces (not the free
+    constants, where a fit starts, nor the target). A run without its spec.yaml needs --spec."""
     from epdbench.specs.models import SpecError, load_spec
     from epdbench.specs.profile import calibration_changes
 
-    kept = Path(args.source).parent / "spec.yaml"
     stored = None
-    if kept.is_file():
+    if kept is not None and kept.is_file():
         try:
             stored = load_spec(str(kept))
         except SpecError as e:
-            if args.spec is None:
-                raise CliError(f"--from {args.source}: cannot read the run's spec.yaml ({e}); give --spec") from None
-            print(f"note: cannot read {kept} ({e}): --spec {args.spec} is not checked against it", flush=True)
-    if args.spec is None:
+            if flag_spec is None:
+                raise CliError(f"{what}: cannot read the run's spec.yaml ({e}); give --spec") from None
+            print(f"note: cannot read {kept} ({e}): --spec {flag_spec} is not checked against it", flush=True)
+    if flag_spec is None:
         if stored is None:
-            raise CliError(f"--spec: give the spec the run used (no spec.yaml beside {args.source})")
+            raise CliError(f"--spec: give the spec the run used (no spec.yaml {where})")
         return stored, stored.target.kind
-    spec = load_spec(args.spec)
+    spec = load_spec(flag_spec)
     if stored is not None and (changes := calibration_changes(stored, spec)):
-        raise CliError(f"--spec {args.spec} is not the spec the run used ({'; '.join(changes)}, against {kept}); "
+        raise CliError(f"--spec {flag_spec} is not the spec the run used ({'; '.join(changes)}, against {kept}); "
                        "leave --spec out to fit the run's own")
     return spec, stored.target.kind if stored is not None else None
 
