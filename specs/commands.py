@@ -194,15 +194,18 @@ def vllm_logging_config(version: str) -> dict:
 
 def local_engine_env(spec: ExperimentSpec, config: ConfigurationSpec, role: str, *, nixl_port: int | None,
                      gpus: Sequence[int] = (), cpus: str | None = None,
-                     logging_config: str | None = None) -> dict[str, str]:
+                     logging_config: str | None = None, internal_port: int | None = None) -> dict[str, str]:
     """Environment of a role's engine on the local target: request bodies logged with the client's id (`logging_config`:
-    the path of VLLM_LOGGING_CONFIG written out); NIXL's side channel on its own loopback port and UCX's lanes at info
-    level (the evidence); the KV cache's host memory and the engine's cores (cpu) or the replica's GPUs (cuda); then
-    the spec's own variables."""
+    the path of VLLM_LOGGING_CONFIG written out); the engine's own ports scanned up from `internal_port` (VLLM_PORT);
+    NIXL's side channel on its own loopback port and UCX's lanes at info level (the evidence); the KV cache's host
+    memory and the engine's cores (cpu) or the replica's GPUs (cuda); then the spec's own variables."""
     local = spec.target.local
     env = {"VLLM_REQUEST_BODY_LOG_LEVEL": REQUEST_BODY_LOG_LEVEL, "PYTHONUNBUFFERED": "1"}
     if logging_config:
         env["VLLM_LOGGING_CONFIG_PATH"] = logging_config
+    if internal_port is not None:
+        # vLLM's get_open_port scans up from VLLM_PORT (vllm/utils/network_utils.py) for the ports it binds later
+        env["VLLM_PORT"] = str(internal_port)
     if moves_kv(config, role) and config.kv_connector == "nixl":
         if nixl_port is None:
             raise ValueError(f"{config.name} {role}: NIXL needs a side-channel port")

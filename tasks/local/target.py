@@ -23,8 +23,8 @@ from epdbench.tasks.deployment import Deployment, Process, ProvisionError
 from epdbench.tasks.local.engine_env import EngineEnvError, default_env_dir, env_python, vllm_version
 from epdbench.tasks.local.model_files import ModelFilesError, made_model_folder
 from epdbench.tasks.local.nvml import start_sampler
-from epdbench.tasks.proc.processes import (free_port, port_taken, router_binary, serve_through_router, spawn,
-                                           stop_deployment, wait_healthy)
+from epdbench.tasks.proc.processes import (free_port, port_taken, private_port_block, router_binary,
+                                           serve_through_router, spawn, stop_deployment, wait_healthy)
 from epdbench.tasks.local.wheelhouse_pins import DEFAULT_VENV
 
 STOP_GRACE_S = 30               # vLLM shuts its engine core down on SIGTERM; a CPU engine takes a few seconds
@@ -119,7 +119,7 @@ def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_
                     cmd += otlp_engine_args(traces_endpoint)
                 env = engine_environment(python, local_engine_env(
                     spec, config, role.role, nixl_port=nixl, gpus=gpus[name], cpus=cpus.get(name),
-                    logging_config=str(logging_config)))
+                    logging_config=str(logging_config), internal_port=private_port_block(host)))
                 if port_taken(host, port):
                     # a vLLM engine binds its port only after its interpreter starts: another server answering
                     # /health there meanwhile would pass for it

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import random
 import shutil
 import signal
 import socket
@@ -35,10 +36,50 @@ atexit.register(stop_all)
 ISSUED_PORTS: deque[int] = deque(maxlen=4096)   # the ports free_port handed out last, in this process
 
 
-def free_port(host: str) -> int:
-    """A port free now that this process has not handed out among its last 4096. A deployment picks all its ports
-    before its processes bind them, and the kernel can give bind(0) the same port again meanwhile (1 in 20,000
-    consecutive calls on the development VM): two processes of one deployment would then race for one port."""
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")   # where the kernel picks ports by itself
+SINGLE_PORTS = range(10_000, 20_000)    # free_port's, below the usual ephemeral range (32768 on)
+BLOCKS_FROM = 20_000                    # private_port_block's blocks, from here to the ephemeral range
+PORT_BLOCK = 64                         # ports of one engine's own block
+ISSUED_BLOCKS: deque[int] = deque(maxlen=256)   # the blocks private_port_block handed out last, in this process
+
+
+def ephemeral_low(path: Path = EPHEMERAL_RANGE) -> int:
+    """The lowest port of the kernel's ephemeral range (32768 where it cannot be read)."""
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str, low: int | None = None) -> int:
+    """A port free now, below the kernel's ephemeral range, that this process has not handed out among its last
+    4096. A deployment picks its ports before its processes bind them, and a port bind(0) gave is one the kernel
+    hands out again meanwhile — to another bind(0) (1 in 20,000 consecutive calls on the development VM) or as the
+    local end of a connection: the real-engine lane twice saw an engine's NIXL side channel, bound half a minute
+    after its port was picked so, fail with `Address already in use`. Below the range the kernel hands out none.
+    Where the range starts too low to leave room, bind(0) as before (kernel_port)."""
+    if (low if low is not None else ephemeral_low()) < BLOCKS_FROM:
+        return kernel_port(host)
+    for _ in range(64):
+        port = random.choice(SINGLE_PORTS)
+        if port not in ISSUED_PORTS and _bindable(host, port):
+            ISSUED_PORTS.append(port)
+            return port
+    raise ProvisionError(f"no free port on {host} below the ephemeral range that this process has not handed out "
+                         "already (64 tries)")
+
+
+def kernel_port(host: str) -> int:
+    """A port bind(0) gives, free now, that this process has not handed out among its last 4096."""
     for _ in range(64):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind((host, 0))
@@ -47,6 +88,24 @@ def free_port(host: str) -> int:
             ISSUED_PORTS.append(port)
             return port
     raise ProvisionError(f"no free port on {host} that this process has not handed out already (64 tries)")
+
+
+def private_port_block(host: str, low: int | None = None) -> int | None:
+    """The first port of a block of PORT_BLOCK ports between free_port's and the kernel's ephemeral range, free now
+    and not handed out by this process before: an engine's own ports (VLLM_PORT: vLLM scans up from it for the ports
+    it binds later, its engine core's ZMQ handshake among them), which vLLM otherwise takes from bind(0) and binds
+    later, as free_port says. Blocks apart keep the engines of a deployment apart. None where the ephemeral range
+    leaves no room (the engine then picks its own)."""
+    top = (low if low is not None else ephemeral_low()) - PORT_BLOCK
+    blocks = range(BLOCKS_FROM // PORT_BLOCK + 1, top // PORT_BLOCK)
+    if not blocks:
+        return None
+    for _ in range(64):
+        port = random.choice(blocks) * PORT_BLOCK
+        if port not in ISSUED_BLOCKS and _bindable(host, port):
+            ISSUED_BLOCKS.append(port)
+            return port
+    raise ProvisionError(f"no free block of {PORT_BLOCK} ports below the ephemeral range on {host} (64 tries)")
 
 
 def router_binary(fix: str = "pip install vllm-router, or set target.sim.router: builtin") -> str:

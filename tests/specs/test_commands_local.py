@@ -40,6 +40,8 @@ def test_the_engines_environment_holds_nixl_to_its_transport_and_logs_what_the_v
     assert env["VLLM_LOGGING_CONFIG_PATH"] == "/run/vllm-logging.json" and env["VLLM_CPU_KVCACHE_SPACE"] == "1"
     server = local_engine_env(spec, agg, "server", nixl_port=None)
     assert not any(k.startswith(("UCX_", "VLLM_NIXL_")) for k in server) and "CUDA_VISIBLE_DEVICES" not in server
+    assert "VLLM_PORT" not in server
+    assert local_engine_env(spec, agg, "server", nixl_port=None, internal_port=20_032)["VLLM_PORT"] == "20032"
     with pytest.raises(ValueError, match="pd-nixl-tcp prefill: NIXL needs a side-channel port"):
         local_engine_env(spec, pd, "prefill", nixl_port=None)
 
