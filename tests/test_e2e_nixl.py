@@ -66,7 +66,7 @@ def lone_transfers_run(tmp_path_factory, tiny_spec_path):
     rdma = next(c for c in spec["configurations"] if c["name"] == "pd-rdma")
     spec["configurations"] = [{**pd, "name": "pd-nixl-tcp", "kv_connector": "nixl"},
                               {**rdma, "name": "pd-nixl-rdma", "kv_connector": "nixl"}]
-    spec["suites"] = [{"kind": "fixed", "name": "long", "shapes": [{"input_tokens": 8192, "output_tokens": 64}],
+    spec["suites"] = [{"kind": "fixed", "name": "long", "shapes": [{"input_tokens": 8192, "output_tokens": 128}],
                        "concurrencies": [1], "n_warmup": 0, "n_measured": 7}]
     (work / "link.yaml").write_text(yaml.safe_dump(spec))
     out = work / "results"

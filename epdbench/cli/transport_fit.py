@@ -74,11 +74,11 @@ def records_summary(folder: Path):
     path = next((p for p in (folder / "records.parquet", folder.parent.parent / "records.parquet") if p.is_file()),
                 None)
     if path is None:
-        return None, None
+        return None
     from epdbench.analysis.metrics import RECORD_COLUMNS, summarize
     from epdbench.tasks.rundir.results import read_records
     try:
-        return summarize(read_records(path, RECORD_COLUMNS)), path
+        return summarize(read_records(path, RECORD_COLUMNS))
     except (ValueError, KeyError, OSError) as e:
         raise CliError(f"--transport: cannot read {path} ({str(e).splitlines()[0] if str(e) else e})") from None
 
@@ -95,7 +95,7 @@ def fit_links(spec, folders: dict[str, Path]) -> dict[str, dict]:
         c = configs[name]
         timed, untimed, pods = [], 0, []
         for log in _logs(folder):
-            w = windows_of(_lines(log), _pod(log))
+            w = windows_of(_lines(log), f"{name}/{_pod(log)}")     # pods of two configurations share names
             timed += w.timed
             untimed += w.untimed
             if w.timed:
@@ -116,7 +116,6 @@ def fit_links(spec, folders: dict[str, Path]) -> dict[str, dict]:
         connector = acc["connector"]
         rate = link_rate(acc["windows"], lambda w: setup_seconds(hw, transport, round(w.descriptors),
                                                                   connector.get(w.pod, "mooncake")))
-        acc["rate"] = rate
         if rate.bytes_per_s is None:
             raise CliError(f"--transport: {len(rate.rates)} lone {transport} transfer window(s) in the logs of "
                            f"{', '.join(acc['configs'])}, at least {MIN_LONE} needed (windows of one transfer with "
@@ -171,13 +170,10 @@ def _base_profile(path: str | None, spec):
     return base
 
 
-def check_on_client_figures(spec, summary, configs: list[str], values: dict[str, float], quiet: bool = False):
-    """The run's cells of `configs` served in virtual time with the spec's and with the fitted link against the
-    run's client figures: (observed cells, the hold-out check of the two, the spec's errors, the fitted ones)."""
-    import time
-
-    from epdbench.analysis import fit, holdout
-    from epdbench.tasks.sim.vrun import simulate_summary
+def client_cells(spec, summary, configs: list[str]):
+    """(the run's usable cells of `configs` from its summary, `spec` narrowed to them), or (None, None) saying why
+    there is no check."""
+    from epdbench.analysis import fit
 
     notes: list[str] = []
     try:
@@ -186,28 +182,27 @@ def check_on_client_figures(spec, summary, configs: list[str], values: dict[str,
         narrowed = fit.spec_for_cells(spec, observed)
     except fit.FitInputError as e:
         print(f"  no check on the run's client figures: {e}")
-        return None, {}, {}, {}
+        return None, None
     if missing := fit.unplanned(narrowed, observed):
         observed = observed.drop(index=missing)
-    for note in [] if quiet else notes:
+    for note in notes:
         print(f"  {note}")
-    t0 = time.perf_counter()
-    before, after = (fit.predicted_cells(simulate_summary(s), list(observed.columns))
-                     for s in (narrowed, fit.spec_with(narrowed, values)))
-    observed = fit.matched(observed, before)
-    if not quiet:
-        print(f"\nthe run's {len(observed)} cells of {', '.join(configs)} in virtual time, without and with the "
-              f"fitted link ({time.perf_counter() - t0:.1f} s): their client figures, none of which the fit read",
-              flush=True)
-        print_cells(observed, before, after)
-    return (observed, holdout.compare_on_held_out(observed, before, after),
-            fit.relative_errors(observed, before), fit.relative_errors(observed, after))
+    return observed, narrowed
+
+
+def simulated(spec, observed):
+    """The observed cells' client figures as the virtual-time core serves them under `spec`."""
+    from epdbench.analysis import fit
+    from epdbench.tasks.sim.vrun import simulate_summary
+
+    return fit.predicted_cells(simulate_summary(spec), list(observed.columns))
 
 
 def cmd_calibrate_transport(args) -> int:
+    import time
     from datetime import date
 
-    from epdbench.analysis import holdout
+    from epdbench.analysis import fit, holdout
     from epdbench.cli.planning import print_errors, write_profile
     from epdbench.specs.models import spec_fingerprint
     from epdbench.specs.profile import CalibrationProfile, cell_fingerprints
@@ -240,14 +235,25 @@ def cmd_calibrate_transport(args) -> int:
     values = dict(acc["constant"] for acc in links.values())
     baseline = "profile's constants" if base is not None else "spec's constants"
     held = {"tcp": "tcp_latency_ms", "rdma": "rdma_latency_ms"}
-    summary, source = records_summary(folder)
+    summary = records_summary(folder)
     checked, spec_error, fitted_error, observed, errors = {}, {}, {}, None, {}
     if summary is None:
         print("no records.parquet beside the logs: no check on the run's client figures")
     else:
-        observed, checked, spec_error, fitted_error = check_on_client_figures(spec, summary, list(folders), values)
-        if base is not None and observed is not None:
-            errors["spec's constants"] = check_on_client_figures(plain, summary, list(folders), {}, quiet=True)[2]
+        observed, narrowed = client_cells(spec, summary, list(folders))
+    if observed is not None:
+        t0 = time.perf_counter()
+        before, after = simulated(narrowed, observed), simulated(fit.spec_with(narrowed, values), observed)
+        observed = fit.matched(observed, before)
+        if base is not None:
+            errors["spec's constants"] = fit.relative_errors(observed, simulated(fit.spec_for_cells(plain, observed),
+                                                                                 observed))
+        print(f"\nthe run's {len(observed)} cells of {', '.join(folders)} in virtual time, without and with the "
+              f"fitted link ({time.perf_counter() - t0:.1f} s): their client figures, none of which the fit read",
+              flush=True)
+        print_cells(observed, before, after)
+        checked = holdout.compare_on_held_out(observed, before, after)
+        spec_error, fitted_error = fit.relative_errors(observed, before), fit.relative_errors(observed, after)
     if spec_error:
         print_errors({**errors, baseline: spec_error,
                       "profile + fitted link" if base is not None else "fitted link": fitted_error})

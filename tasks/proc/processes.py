@@ -60,6 +60,16 @@ def _bindable(host: str, port: int) -> bool:
     return True
 
 
+def _pick(host: str, candidates, issued: deque[int]) -> int | None:
+    """A random port of `candidates` that is free now and not in `issued` (then added), in 64 tries; else None."""
+    for _ in range(64):
+        port = random.choice(candidates)
+        if port not in issued and _bindable(host, port):
+            issued.append(port)
+            return port
+    return None
+
+
 def free_port(host: str, low: int | None = None) -> int:
     """A port free now, below the kernel's ephemeral range, that this process has not handed out among its last
     4096. A deployment picks its ports before its processes bind them, and a port bind(0) gave is one the kernel
@@ -69,11 +79,8 @@ def free_port(host: str, low: int | None = None) -> int:
     Where the range starts too low to leave room, bind(0) as before (kernel_port)."""
     if (low if low is not None else ephemeral_low()) < BLOCKS_FROM:
         return kernel_port(host)
-    for _ in range(64):
-        port = random.choice(SINGLE_PORTS)
-        if port not in ISSUED_PORTS and _bindable(host, port):
-            ISSUED_PORTS.append(port)
-            return port
+    if (port := _pick(host, SINGLE_PORTS, ISSUED_PORTS)) is not None:
+        return port
     raise ProvisionError(f"no free port on {host} below the ephemeral range that this process has not handed out "
                          "already (64 tries)")
 
@@ -97,14 +104,11 @@ def private_port_block(host: str, low: int | None = None) -> int | None:
     later, as free_port says. Blocks apart keep the engines of a deployment apart. None where the ephemeral range
     leaves no room (the engine then picks its own)."""
     top = (low if low is not None else ephemeral_low()) - PORT_BLOCK
-    blocks = range(BLOCKS_FROM // PORT_BLOCK + 1, top // PORT_BLOCK)
+    blocks = range((BLOCKS_FROM // PORT_BLOCK + 1) * PORT_BLOCK, top // PORT_BLOCK * PORT_BLOCK, PORT_BLOCK)
     if not blocks:
         return None
-    for _ in range(64):
-        port = random.choice(blocks) * PORT_BLOCK
-        if port not in ISSUED_BLOCKS and _bindable(host, port):
-            ISSUED_BLOCKS.append(port)
-            return port
+    if (port := _pick(host, blocks, ISSUED_BLOCKS)) is not None:
+        return port
     raise ProvisionError(f"no free block of {PORT_BLOCK} ports below the ephemeral range on {host} (64 tries)")
 
 

@@ -104,6 +104,6 @@ def test_an_engines_own_ports_are_a_block_below_the_ephemeral_range_none_handed_
             s.listen()
         except OSError:
             pass                                    # taken by another process already: as good
-        monkeypatch.setattr(processes.random, "choice", lambda seq: taken // processes.PORT_BLOCK)
+        monkeypatch.setattr(processes.random, "choice", lambda seq: taken)
         with pytest.raises(ProvisionError, match="no free block"):
             processes.private_port_block("127.0.0.1", low=32768)
