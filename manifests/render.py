@@ -85,7 +85,7 @@ def ucx_env(spec: ExperimentSpec, transport: str) -> list[dict]:
     logged every second, as the local target's (specs.commands.local_engine_env: at INFO only while the engine is
     busy, so a short cell's transfers at the default 10 s were logged at DEBUG, once idle)."""
     env = [{"name": "UCX_TLS", "value": UCX_TLS[transport]}, {"name": "UCX_LOG_LEVEL", "value": "info"},
-           {"name": "VLLM_LOG_STATS_INTERVAL", "value": "1"}]
+           {"name": "VLLM_LOG_STATS_INTERVAL", "value": str(commands.VLLM_STATS_INTERVAL_S)}]
     devices = spec.target.kubernetes.node.ucx_net_devices.get(transport)
     if devices:
         env.append({"name": "UCX_NET_DEVICES", "value": devices})
@@ -111,7 +111,7 @@ def engine_env(spec: ExperimentSpec, config: ConfigurationSpec, role: str) -> li
         ucx = config.kv_transport
     elif moves_kv(config, role):
         env += [{"name": "MC_TE_METRIC", "value": "1"},
-                {"name": "MC_TE_METRIC_INTERVAL_SECONDS", "value": "5"},
+                {"name": "MC_TE_METRIC_INTERVAL_SECONDS", "value": str(commands.MOONCAKE_METRIC_INTERVAL_S)},
                 {"name": "VLLM_MOONCAKE_BOOTSTRAP_PORT", "value": str(MOONCAKE_BOOTSTRAP_PORT)}]
         if config.kv_transport == "tcp":
             # Mooncake installs RDMA by itself whenever it discovers HCAs, whatever vLLM's config says.

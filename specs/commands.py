@@ -27,6 +27,18 @@ def moves_kv(config: ConfigurationSpec, role: str) -> bool:
 
 
 KV_CONNECTORS = {"mooncake": "MooncakeConnector", "nixl": "NixlConnector"}
+# How often the KV pods log their transfer windows: vLLM's NixlConnector stats (VLLM_LOG_STATS_INTERVAL, set on
+# every NIXL engine we start) and Mooncake's Transfer Engine metrics (MC_TE_METRIC_INTERVAL_SECONDS on a cluster).
+VLLM_STATS_INTERVAL_S = 1
+MOONCAKE_METRIC_INTERVAL_S = 5
+
+
+def kv_log_interval_s(config: ConfigurationSpec) -> float | None:
+    """Seconds between the transfer windows the configuration's KV connector logs as we start it; none when
+    aggregated (no KV moves)."""
+    if config.topology == "aggregated":
+        return None
+    return VLLM_STATS_INTERVAL_S if config.kv_connector == "nixl" else MOONCAKE_METRIC_INTERVAL_S
 
 
 def kv_connector_name(config: ConfigurationSpec) -> str:
@@ -214,7 +226,7 @@ def local_engine_env(spec: ExperimentSpec, config: ConfigurationSpec, role: str,
         # per stats interval, at INFO only while the engine is busy (at DEBUG once idle: vllm/v1/metrics/loggers.py);
         # at the default 10 s a short cell's transfers were logged only after it, idle, and never seen
         env.update({"VLLM_NIXL_SIDE_CHANNEL_HOST": local.host, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(nixl_port),
-                    "UCX_TLS": tls, "UCX_LOG_LEVEL": "info", "VLLM_LOG_STATS_INTERVAL": "1"})
+                    "UCX_TLS": tls, "UCX_LOG_LEVEL": "info", "VLLM_LOG_STATS_INTERVAL": str(VLLM_STATS_INTERVAL_S)})
     if local.device == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(local.cpu_kvcache_gib)
         if cpus:

@@ -40,6 +40,9 @@ class Deployment:
     # GPU telemetry while it serves (tasks/local/nvml.py): .cell(records) → a cell's figures, .stop()
     telemetry: object | None = None
     telemetry_note: str | None = None   # why there is none, where a GPU target has none
+    # how often the KV pods log their transfer windows (Mooncake's MC_TE_METRIC_INTERVAL_SECONDS, vLLM's
+    # VLLM_LOG_STATS_INTERVAL for NixlConnector): the evidence of a cell's last transfers comes up to this late
+    kv_log_interval_s: float | None = None
 
     def by_role(self, role: str) -> list[Process]:
         return [p for p in self.processes if p.role == role]

@@ -2,10 +2,11 @@
 then verdicts (computed by analysis.transport and analysis.stages) into evidence/<config>/. Logs are streamed."""
 from __future__ import annotations
 
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from epdbench.analysis.prom import counter_deltas, hit_rate
 from epdbench.analysis.stages import merge_counts, stage_counts, verify_stages
@@ -149,6 +150,33 @@ def kv_transport(dep: Deployment, spec: ExperimentSpec, config: ConfigurationSpe
     return verify_transport(config.kv_transport, pods, roles=roles, kv=kv, tcp_mb_s=tcp_mb_s)
 
 
+SETTLE_MARGIN_S = 0.5    # past one logging interval: a late timer on a loaded host still logs its window in time
+SETTLE_POLL_S = 0.25
+
+
+def _pending(transport: dict) -> bool:
+    return transport["verdict"] == "no-evidence" or transport.get("ec", {}).get("verdict") == "no-evidence"
+
+
+def settled_transport(dep: Deployment, spec: ExperimentSpec, config: ConfigurationSpec,
+                      deltas: dict[str, dict[str, float]], records: list[dict],
+                      clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> dict:
+    """The transport verdict (EPD: the encoder outputs' under `ec`), read again while it lacks evidence for up to
+    one of the KV pods' logging intervals (dep.kv_log_interval_s) and a margin: their transfer windows are logged
+    once per interval, so a short last cell's transfers may not be in the logs yet when it ends. A verdict with
+    evidence (or a mismatch) is taken at once; one still without it after the interval stands."""
+    deadline = clock() + dep.kv_log_interval_s + SETTLE_MARGIN_S if dep.kv_log_interval_s else None
+    while True:
+        transport = kv_transport(dep, spec, config, deltas, records)
+        if config.topology == "epd":
+            transport["ec"] = ec_transport(dep, spec, config, records)
+        if deadline is None or not _pending(transport) or clock() >= deadline:
+            return transport
+        sleep(min(SETTLE_POLL_S, max(0.0, deadline - clock())))
+        if dep.sync_logs:
+            dep.sync_logs()
+
+
 def ec_transport(dep: Deployment, spec: ExperimentSpec, config: ConfigurationSpec,
                  records: list[dict] | None = None) -> dict:
     """EPD: which transport carried the encoder outputs from Encode to Prefill. On a cluster (ECCPUConnector over
@@ -222,9 +250,8 @@ def collect(dep: Deployment, spec: ExperimentSpec, config: ConfigurationSpec, fi
     for name, text in last["metrics"].items():
         (out_dir / f"metrics-after-{name}.prom").write_text(text)
     deltas = _metric_deltas(dep, first, last)
-    transport = kv_transport(dep, spec, config, deltas, records)
+    transport = settled_transport(dep, spec, config, deltas, records)
     if config.topology == "epd":
-        transport["ec"] = ec_transport(dep, spec, config, records)
         write_json(out_dir / "ec_transport.json", transport["ec"])
     stages = verify_stages(expected_roles(config, records), _role_counts(dep, first, last), emulated, deltas)
     stages["metrics_delta"] = deltas

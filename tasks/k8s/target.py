@@ -16,6 +16,7 @@ from epdbench.manifests import podsecurity
 from epdbench.manifests.render import (ENGINE_PORT, LABEL_ROLE, OTLP_PORT, ROUTER_PORT, ManifestError, label_value,
                                       manifest_files, object_name, render_loadgen, render_manifests, router_command,
                                       run_selector, schema_version_for, uses_rdma, validate_manifests)
+from epdbench.specs.commands import kv_log_interval_s
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, KubernetesTargetSpec
 from epdbench.tasks.k8s import status
 from epdbench.tasks.deployment import Deployment, Process, ProvisionError, probe_until_served
@@ -86,7 +87,8 @@ def _start(spec: ExperimentSpec, config: ConfigurationSpec, run_dir: Path, log_d
     objects = prepare_manifests(api, spec, config, run, run_dir / "manifests" / config.name)
     preflight(api, spec, config, run, objects)
     dep = KubeDeployment(config=config.name, endpoint="", router=router_command(spec, config)[0], api=api,
-                         target=target, run=run, selector=run_selector(run, config.name), log_dir=log_dir)
+                         target=target, run=run, selector=run_selector(run, config.name), log_dir=log_dir,
+                         kv_log_interval_s=kv_log_interval_s(config))
     _ACTIVE.append(dep)
     try:
         apply_objects(api, objects)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from epdbench.analysis.gpu_telemetry import TELEMETRY_FILE
 from epdbench.specs.commands import (BUILTIN_ROUTER_MODULE, VLLM_SERVER_MODULE,
-                                     builtin_router_args, local_cpu_binds, local_engine_args, local_engine_env,
-                                     local_gpus, moves_kv, otlp_engine_args, otlp_engine_env, vllm_logging_config,
-                                     vllm_router_args)
+                                     builtin_router_args, kv_log_interval_s, local_cpu_binds, local_engine_args,
+                                     local_engine_env, local_gpus, moves_kv, otlp_engine_args, otlp_engine_env,
+                                     vllm_logging_config, vllm_router_args)
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
 from epdbench.tasks.deployment import Deployment, Process, ProvisionError
 from epdbench.tasks.local.engine_env import EngineEnvError, default_env_dir, env_python, vllm_version
@@ -103,7 +103,7 @@ def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_
     cpus = local_cpu_binds(config, sorted(os.sched_getaffinity(0))) if local.device == "cpu" else {}
     logging_config = spec_path.parent / "vllm-logging.json"
     logging_config.write_text(json.dumps(vllm_logging_config(version), indent=2))
-    dep = Deployment(config=config.name, endpoint="", router="")
+    dep = Deployment(config=config.name, endpoint="", router="", kv_log_interval_s=kv_log_interval_s(config))
     try:
         if config.topology == "epd":
             dep.ec_dir = ec_shared_dir(spec, config, spec_path.parent)

@@ -36,6 +36,8 @@ def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_
     bootstrap: dict[str, int] = {}
     deadline = time.monotonic() + sim.startup_timeout_s
     dep = Deployment(config=config.name, endpoint="", router="")
+    if config.topology != "aggregated":   # sim.server logs both connectors' windows at Mooncake's interval
+        dep.kv_log_interval_s = float(env["MC_TE_METRIC_INTERVAL_SECONDS"])
     dep.processes = procs    # filled as they start: a failure half-way stops the ones started
     try:
         for role in config.roles:
