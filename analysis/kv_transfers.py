@@ -81,8 +81,10 @@ class LinkRate:
     mean_bytes: float | None
 
 
-def link_rate(windows: Iterable[Window], setup_s: Callable[[Window], float]) -> LinkRate:
-    """The rate the lone windows show; `setup_s(window)` is the cost model's setup of one such transfer."""
+def link_rate(windows: Iterable[Window], setup_s: Callable[[Window], float],
+              share: Callable[[Window], float] = lambda w: 1.0) -> LinkRate:
+    """The rate the lone windows show; `setup_s(window)` is the cost model's setup of one such transfer, and
+    `share(window)` what its rate is divided by before pooling (an RDMA sender's NIC count: the rate per NIC)."""
     rates, sizes, overlapped, too_short = [], [], 0, 0
     for w in windows:
         if w.transfers != 1:
@@ -92,7 +94,7 @@ def link_rate(windows: Iterable[Window], setup_s: Callable[[Window], float]) -> 
         if moving <= 0 or w.avg_bytes <= 0:
             too_short += 1
             continue
-        rates.append(w.avg_bytes / moving)
+        rates.append(w.avg_bytes / moving / share(w))
         sizes.append(w.avg_bytes)
     mid = percentile_value(rates, 50) if len(rates) >= MIN_LONE else None
     ci = percentile_ci(rates, 50) if mid is not None else None

@@ -113,3 +113,33 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     assert "neither a results folder" in one_line_error(
         capsys, ["calibrate", "--transport", str(tmp_path), "--spec", "smoke", *out])
     assert not (tmp_path / "p.yaml").exists()
+
+
+def test_rdma_configurations_with_different_nic_counts_are_pooled_per_nic(tmp_path, capsys):
+    """pd-nixl-rdma on one NIC and a copy of it on two, each sender at 60 % of its line rate: one rdma_efficiency
+    of 0.6 (pooling their rates and dividing by the last configuration's NICs gave a figure for neither)."""
+    import yaml
+    from epdbench.analysis.ucx import MIB
+    spec = load_spec("pd-nixl").model_dump(mode="json")
+    one = next(c for c in spec["configurations"] if c["name"] == "pd-nixl-rdma")
+    two = {**one, "name": "pd-nixl-rdma-2nic", "roles": [{**r, "rdma_interfaces": 2} for r in one["roles"]]}
+    spec["configurations"] = [one, two]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "spec.yaml").write_text(yaml.safe_dump(spec))
+    hw = load_spec("pd-nixl").hardware
+    size = 40 * MIB
+    for config, nics in (("pd-nixl-rdma", 1), ("pd-nixl-rdma-2nic", 2)):
+        rate = 0.6 * hw.rdma_nic_gbit_s / 8 * 1e9 * nics
+        ms = (size / rate + hw.rdma_latency_ms / 1e3) * 1e3
+        lines = [("(APIServer pid=9) INFO 12-06 08:55:%02d [metrics.py:103] KV Transfer metrics: Num successful "
+                  "transfers=1, Avg xfer time (ms)=%.4f, P90 xfer time (ms)=%.4f, Avg post time (ms)=0.0, P90 post "
+                  "time (ms)=0.0, Avg MB per transfer=40.0, Throughput (MB/s)=1.0, Avg number of descriptors=28.0\n")
+                 % (s, ms, ms) for s in range(6)]
+        (run / "evidence" / config).mkdir(parents=True)
+        (run / "evidence" / config / "decode-0.log").write_text("".join(lines))
+    out = tmp_path / "rdma.yaml"
+    assert main(["calibrate", "--transport", str(run), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "12 lone transfers" in printed and "MB/s per NIC" in printed
+    assert load_profile(out)["hardware"]["rdma_efficiency"] == pytest.approx(0.6, rel=1e-3)

@@ -104,34 +104,38 @@ def fit_links(spec, folders: dict[str, Path]) -> dict[str, dict]:
         print(f"  {name} ({c.kv_connector} over {c.kv_transport}): {len(timed)} windows of transfers"
               + (f" ({', '.join(pods)})" if pods else "") + f", {lone} of one transfer"
               + (f"; {untimed} without a transfer time" if untimed else ""), flush=True)
-        acc = by_transport.setdefault(c.kv_transport, {"windows": [], "configs": [], "interfaces": 1,
+        acc = by_transport.setdefault(c.kv_transport, {"windows": [], "configs": [], "interfaces": {},
                                                         "connector": {}})
         acc["windows"] += timed
         acc["configs"].append(name)
         sender = next((r for r in c.roles if r.role == "prefill"), None)
-        acc["interfaces"] = max(1, sender.rdma_interfaces if sender else 1)
+        acc["interfaces"].update({w.pod: max(1, sender.rdma_interfaces if sender else 1) for w in timed})
         acc["connector"].update({w.pod: c.kv_connector for w in timed})
     hw = spec.hardware
     for transport, acc in by_transport.items():
-        connector = acc["connector"]
+        connector, nics = acc["connector"], acc["interfaces"]
+        # over RDMA a sender's rate is its NICs' together: each configuration's windows count per NIC before
+        # they are pooled, so configurations with different rdma_interfaces share one rdma_efficiency
+        per_nic = transport == "rdma" and any(n > 1 for n in nics.values())
         rate = link_rate(acc["windows"], lambda w: setup_seconds(hw, transport, round(w.descriptors),
-                                                                  connector.get(w.pod, "mooncake")))
+                                                                  connector.get(w.pod, "mooncake")),
+                         (lambda w: nics.get(w.pod, 1)) if transport == "rdma" else (lambda w: 1.0))
         if rate.bytes_per_s is None:
             raise CliError(f"--transport: {len(rate.rates)} lone {transport} transfer window(s) in the logs of "
                            f"{', '.join(acc['configs'])}, at least {MIN_LONE} needed (windows of one transfer with "
                            "its time: vLLM's NixlConnector logs `KV Transfer metrics ... Avg xfer time (ms)` once a "
                            "stats interval; Mooncake's lines carry no time) — fit the link to the run's client "
                            "figures with calibrate --from")
-        name, value = link_constant(transport, rate.bytes_per_s, hw.rdma_nic_gbit_s, acc["interfaces"])
+        name, value = link_constant(transport, rate.bytes_per_s, hw.rdma_nic_gbit_s)
         if name == "rdma_efficiency" and value > 1:
-            raise CliError(f"--transport: the lone RDMA transfers ran at {rate.bytes_per_s / 1e9:.3g} GB/s, above "
-                           f"{acc['interfaces']} × {hw.rdma_nic_gbit_s:g} Gbit/s (the spec's hardware.rdma_nic_gbit_s "
-                           "and the prefill role's rdma_interfaces): fix those first")
+            raise CliError(f"--transport: the lone RDMA transfers ran at {rate.bytes_per_s / 1e9:.3g} GB/s per NIC, "
+                           f"above {hw.rdma_nic_gbit_s:g} Gbit/s (the spec's hardware.rdma_nic_gbit_s, with the "
+                           "prefill role's rdma_interfaces NICs per sender): fix those first")
         acc["constant"] = (name, float(f"{value:.4g}"))
-        low, high = (link_constant(transport, x, hw.rdma_nic_gbit_s, acc["interfaces"])[1]
-                     for x in (rate.low, rate.high))
+        low, high = (link_constant(transport, x, hw.rdma_nic_gbit_s)[1] for x in (rate.low, rate.high))
         print(f"{transport}: {len(rate.rates)} lone transfers of {rate.mean_bytes / 1e6:.1f} MB on average ran at "
-              f"{rate.bytes_per_s / 1e6:.0f} MB/s (median; 95 % interval {rate.low / 1e6:.0f}–{rate.high / 1e6:.0f}"
+              f"{rate.bytes_per_s / 1e6:.0f} MB/s{' per NIC' if per_nic else ''} (median; 95 % interval "
+              f"{rate.low / 1e6:.0f}–{rate.high / 1e6:.0f}"
               f"; {rate.overlapped} windows of several transfers left out"
               + (f", {rate.too_short} no longer than the setup" if rate.too_short else "")
               + f"): {name} {value:.4g} (interval {low:.3g}–{high:.3g}; spec: {getattr(hw, name):g})", flush=True)

@@ -87,3 +87,12 @@ def test_the_h100_lanes_decode_log():
     r = link_rate(w.timed, lambda _: 22e-6)
     assert len(r.rates) == 20 and r.overlapped == 7
     assert 0.42e9 < r.low < r.bytes_per_s < r.high < 0.52e9
+
+
+def test_a_share_per_window_pools_rates_per_nic():
+    """Two senders, one with two NICs moving twice as fast: per NIC their windows agree."""
+    one = [Window("a/decode-0", 1, 100, 50e6, 28, False)] * 3     # 500 MB/s on one NIC
+    two = [Window("b/decode-0", 1, 50, 50e6, 28, False)] * 3      # 1 GB/s on two
+    nics = {"a/decode-0": 1, "b/decode-0": 2}
+    r = link_rate(one + two, lambda w: 0.0, lambda w: nics[w.pod])
+    assert r.rates == pytest.approx([500e6] * 6) and r.bytes_per_s == pytest.approx(500e6)
