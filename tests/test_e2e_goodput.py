@@ -34,8 +34,9 @@ def test_compare_prints_goodput_per_configuration_and_gpu_with_its_plot(tmp_path
     records = pd.read_parquet(out / "records.parquet")
     measured = records[records["phase"] == "measured"]
     assert len(measured) == 2 * 3 * 24 and measured["request_id"].is_unique
-    for _, cell in measured.groupby(["config", "workload"]):     # one schedule across both processes
-        assert (cell["send_ns"] - cell["scheduled_ns"]).max() < 50e6
+    for _, cell in measured.groupby(["config", "workload"]):     # one schedule across both processes: sent on
+        late = cell["send_ns"] - cell["scheduled_ns"]             # time but for a loaded host's hiccups (CI once
+        assert late.median() < 10e6 and late.max() < 250e6        # saw one send 57 ms late at 128 req/s)
     table = pd.read_csv(out / "goodput.csv").set_index("config")
     assert set(table.index) == {"aggregated", "pd-tcp"}
     for config, row in table.iterrows():
