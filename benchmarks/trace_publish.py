@@ -63,13 +63,13 @@ def one_repeat(path: str, cells: int, traces: int) -> float:
     exp = client.create_experiment("bench", artifact_location=str(work / "artifacts"))
     data = [pd_cell(c, traces) for c in range(cells)]
     runs = [client.create_run(exp).info.run_id for _ in data]
-    saved = (TracingClient.log_spans, publishing._infos_first, publishing._in_one_batch)
+    saved = (TracingClient.log_spans, publishing._in_one_batch)
     if path == "spans":
         publishing._in_one_batch = lambda *args: False
     elif path == "artifacts":     # as a store without log_spans: MLflow's exporter then keeps spans as artifacts
         def refuses(self, location, spans):
             raise NotImplementedError("log_spans is not supported")
-        TracingClient.log_spans, publishing._infos_first = refuses, (lambda store: False)
+        TracingClient.log_spans = refuses
     try:
         start = time.perf_counter()
         for run, spans in zip(runs, data):
@@ -77,7 +77,7 @@ def one_repeat(path: str, cells: int, traces: int) -> float:
         publishing.flush_traces()
         took = time.perf_counter() - start
     finally:
-        TracingClient.log_spans, publishing._infos_first, publishing._in_one_batch = saved
+        TracingClient.log_spans, publishing._in_one_batch = saved
         mlflow.tracing.reset()
     assert sum(len(publishing.existing_traces(client, exp, r)) for r in runs) == cells * traces
     return took / (cells * traces)

@@ -4,10 +4,10 @@ and the engines' (`llm_request`, `kv_transfer`) under what they named as parent,
 end times and attributes. Idempotent: a trace is keyed by its W3C trace id (tag epdbench.trace_id); one already
 in MLflow is left alone, one no longer in the folder is deleted.
 
-A cell's spans go to the store in one batch (MLflow's `log_spans`, which also derives the traces' token usage)
-and each trace's info in one call: built span by span through MLflow's client API, each span's end was a write
-of its own, about 75 ms a trace on a SQLite store (benchmarks/trace_publish.py). A store that cannot take spans
-(MLflow's file store, a server before 3.4) gets them span by span as before."""
+A cell's spans go to the store in one batch (MLflow's `log_spans`, which also derives the traces' token usage),
+then each trace's info in one call: built span by span through MLflow's client API, each span's end was a write
+of its own (77 against 29 ms a trace of four spans on a SQLite store: benchmarks/trace_publish.py). A store that
+cannot take spans (MLflow's file store, a server before 3.4) gets them span by span as before."""
 from __future__ import annotations
 
 import base64
@@ -112,38 +112,35 @@ def _trace(experiment_id: str, run_id: str, tid: str, rows: list[dict]):
     return out, info
 
 
-def _infos_first(store) -> bool:
-    """A SQL store takes spans whatever its version, and a trace's info faster before its spans than after."""
-    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-    return isinstance(store, SqlAlchemyStore)
-
-
 def _in_one_batch(client, experiment_id: str, run_id: str, new: list[tuple[str, list[dict]]]) -> bool:
-    """Every span of `new` in one log_spans call and each trace's info after it (before it on a SQL store);
-    False, having written nothing, where the store does not take spans."""
+    """Every span of `new` in one log_spans call, then each trace's info (its tags and cell run); False, having
+    written nothing, where the store does not take spans. Spans first: until its info is written a trace belongs
+    to no run, so a failure half-way leaves nothing a run shows or a `sync` would take as published (the traces
+    already written are deleted where MLflow still answers)."""
     from mlflow.exceptions import RestException
 
     from epdbench.tasks.publishing.mlflow_quiet import quiet_mlflow
 
     tracing = client._tracing_client
     built = [_trace(experiment_id, run_id, tid, rows) for tid, rows in new]
-    spans = [s for trace_spans, _ in built for s in trace_spans]
     with quiet_mlflow():
-        if _infos_first(tracing.store):
-            for _, info in built:
-                tracing.start_trace(info)
-            tracing.log_spans(experiment_id, spans)
-            return True
         try:
-            tracing.log_spans(experiment_id, spans)
+            tracing.log_spans(experiment_id, [s for trace_spans, _ in built for s in trace_spans])
         except NotImplementedError:
             return False
         except RestException as e:
             if "not supported" in str(e.message):       # a server whose store keeps no spans (501)
                 return False
             raise
-        for _, info in built:
-            tracing.start_trace(info)
+        try:
+            for _, info in built:
+                tracing.start_trace(info)
+        except BaseException:
+            try:
+                tracing.delete_traces(experiment_id, trace_ids=[info.trace_id for _, info in built])
+            except Exception:  # noqa: BLE001 - MLflow gone: the spans stay, in no run
+                pass
+            raise
     return True
 
 

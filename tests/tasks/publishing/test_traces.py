@@ -1,7 +1,8 @@
 """tasks/publishing/traces.py against a real MLflow SQLite store: a cell's traces published in one batch hold the
 folder's tree (names, parents, times, attributes), are tagged and linked to the cell run, carry the token usage
 MLflow derives from the engines' attributes, and match what the span-by-span path (a store that takes no spans)
-writes; publishing again creates nothing and a trace gone from the folder is deleted."""
+writes; publishing again creates nothing, a trace gone from the folder is deleted, and a failure half-way leaves
+nothing a run shows."""
 from __future__ import annotations
 
 import json
@@ -98,6 +99,26 @@ def test_publishing_again_creates_nothing_and_a_trace_gone_from_the_folder_is_de
     assert existing_traces(client, exp, run) == {"b" * 32: before["b" * 32]}
 
 
+def test_a_failure_half_way_leaves_no_trace_and_publishing_again_makes_them_all(store, monkeypatch):
+    from mlflow.tracing.client import TracingClient
+    client, exp, run = store
+    real, calls = TracingClient.start_trace, []
+
+    def fails_second(self, info):
+        calls.append(info.trace_id)
+        if len(calls) == 2:
+            raise ConnectionError("MLflow went away")
+        return real(self, info)
+    monkeypatch.setattr(TracingClient, "start_trace", fails_second)
+    with pytest.raises(ConnectionError):
+        publish_cell_traces(client, exp, run, cell())
+    assert existing_traces(client, exp, run) == {}
+    assert client.search_traces(locations=[exp]) == []       # the spans written first went with their traces
+    monkeypatch.setattr(TracingClient, "start_trace", real)
+    assert publish_cell_traces(client, exp, run, cell()) == 2
+    assert set(tree(client, exp, run)) == {"a" * 32, "b" * 32}
+
+
 def test_a_store_that_takes_no_spans_gets_the_same_traces_span_by_span(store, monkeypatch):
     from mlflow.tracing.client import TracingClient
     client, exp, run = store
@@ -107,7 +128,6 @@ def test_a_store_that_takes_no_spans_gets_the_same_traces_span_by_span(store, mo
     def refuses(self, location, spans):
         raise NotImplementedError("log_spans is not supported")
     monkeypatch.setattr(TracingClient, "log_spans", refuses)      # as MLflow's file store, or a server before 3.4
-    monkeypatch.setattr(traces, "_infos_first", lambda store: False)
     try:
         assert publish_cell_traces(client, exp, other, cell()) == 2
         flush_traces()
