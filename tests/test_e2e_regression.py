@@ -18,7 +18,7 @@ from epdbench.tasks.publishing.tracking import Tracker
 from tests.reports.report_checks import (SECTIONS, check_bold_winners, check_headline_matches_summary,
                                          parse_html)
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]    # two nightly runs of a spec and their reports: about 45 s on 2 cores
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = "regress"
 # One suite of one concurrency: its ITL CDF, throughput per GPU, throughput per GPU against interactivity and where

@@ -71,6 +71,7 @@ def tiny_run(tmp_path_factory, tiny_spec_path):
     return (*compare_virtually(str(tiny_spec_path), work), work)
 
 
+@pytest.mark.slow     # the tiny spec's comparison in virtual time, published: about 40 s
 def test_a_spec_runs_in_virtual_time_through_the_whole_pipeline(tiny_run, tiny_spec_path):
     proc, out, _, work = tiny_run
     assert_published_virtual_run(proc, out, work / "mlflow.db", str(tiny_spec_path))
@@ -82,6 +83,7 @@ def test_a_spec_runs_in_virtual_time_through_the_whole_pipeline(tiny_run, tiny_s
     assert not list((out / "evidence").glob("*/*.log")), "no process ran, so no process log"
 
 
+@pytest.mark.slow     # the tiny spec's comparison in virtual time, published: about 40 s
 def test_the_virtual_comparison_records_what_the_virtual_core_serves(tiny_run, tiny_spec_path):
     """The flow adds nothing of its own to the figures: its records are tasks.sim.vrun's for the same spec."""
     from epdbench.tasks.sim.vrun import simulate_records
@@ -94,6 +96,7 @@ def test_the_virtual_comparison_records_what_the_virtual_core_serves(tiny_run, t
         pd.testing.assert_series_equal(ran[column], core[column], check_dtype=False, obj=column)
 
 
+@pytest.mark.slow     # the tiny spec's comparison in virtual time, published: about 40 s
 def test_a_virtual_run_traces_its_requests_and_breaks_their_ttft_down(tiny_run, tiny_spec_path):
     """Tracing on (the spec's default): one span tree per traced request in traces/<config>.parquet, as a
     real-clock run makes them (client → the EPD proxy's router.request → each engine's llm_request and the

@@ -21,7 +21,7 @@ from epdbench.tasks.k8s.api import connect
 from tests.k8s.fake_apiserver import READY, RUN, SPEC_PATH, UNSCHEDULABLE, FakeApiServer, k8s_spec
 from tests.spanrows import tree_problems
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]    # a comparison through the fake API server: about 40 s on 2 cores
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = "pd-rdma,epd,pd-tcp"   # fails, then runs, then is interrupted
 FAST_METRICS = {"MC_TE_METRIC_INTERVAL_SECONDS": "0.5"}   # tiny runs still log Mooncake throughput windows
