@@ -151,7 +151,7 @@ def kv_transport(dep: Deployment, spec: ExperimentSpec, config: ConfigurationSpe
 
 
 SETTLE_MARGIN_S = 0.5    # past one logging interval: a late timer on a loaded host still logs its window in time
-SETTLE_POLL_S = 0.25
+SETTLE_POLLS = 4         # reads per interval while waiting (each re-reads every KV pod's whole log)
 
 
 def _pending(transport: dict) -> bool:
@@ -172,7 +172,7 @@ def settled_transport(dep: Deployment, spec: ExperimentSpec, config: Configurati
             transport["ec"] = ec_transport(dep, spec, config, records)
         if deadline is None or not _pending(transport) or clock() >= deadline:
             return transport
-        sleep(min(SETTLE_POLL_S, max(0.0, deadline - clock())))
+        sleep(min(dep.kv_log_interval_s / SETTLE_POLLS, max(0.0, deadline - clock())))
         if dep.sync_logs:
             dep.sync_logs()
 

@@ -76,12 +76,8 @@ def publish_cell_traces(client, experiment_id: str, run_id: str, spans: pd.DataF
     return len(new)
 
 
-def _hex_id(n_bytes: int) -> str:
-    return os.urandom(n_bytes).hex()
-
-
-def _b64(hex_id: str) -> str:
-    return base64.b64encode(bytes.fromhex(hex_id)).decode()
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()
 
 
 def _trace(experiment_id: str, run_id: str, tid: str, rows: list[dict]):
@@ -90,15 +86,15 @@ def _trace(experiment_id: str, run_id: str, tid: str, rows: list[dict]):
     from mlflow.entities import Span, TraceInfo, TraceLocation, TraceState
     from mlflow.tracing.utils.environment import resolve_env_metadata
 
-    otel_trace = uuid.uuid4().hex
-    mid = "tr-" + otel_trace
-    ids = {r["span_id"]: _hex_id(8) for r in rows}
+    otel_trace = uuid.uuid4()
+    mid = "tr-" + otel_trace.hex
+    ids = {r["span_id"]: os.urandom(8) for r in rows}
     out = []
     for r in rows:
         attrs = {k: json.dumps(v) for k, v in _attrs(r).items()}
         attrs.update({"mlflow.traceRequestId": json.dumps(mid), "mlflow.spanType": json.dumps("UNKNOWN")})
         out.append(Span.from_dict({
-            "trace_id": _b64(otel_trace), "span_id": _b64(ids[r["span_id"]]),
+            "trace_id": _b64(otel_trace.bytes), "span_id": _b64(ids[r["span_id"]]),
             "parent_span_id": _b64(ids[r["parent"]]) if r["parent"] else None, "name": r["name"],
             "start_time_unix_nano": int(r["start_ns"]), "end_time_unix_nano": int(r["end_ns"]), "events": [],
             "status": {"code": "STATUS_CODE_OK", "message": ""}, "attributes": attrs}))
