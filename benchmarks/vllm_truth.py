@@ -159,7 +159,8 @@ def cells_to_do(spec, tool: str, done: set, deadline: float) -> list:
 
 
 async def measure_cells(spec, url: str, cal: Calibration, keys_of, records_out: list, rows: list,
-                        done: set = frozenset(), deadline: float = float("inf"), windows: dict | None = None) -> None:
+                        done: set = frozenset(), deadline: float = float("inf"), windows: dict | None = None,
+                        save=None) -> None:
     """Every cell with the product's load generator; each row appended to `rows` as its cell ends, its measured
     phase's (start, end, output tokens) to `windows` under the row's id."""
     windows = {} if windows is None else windows
@@ -186,6 +187,8 @@ async def measure_cells(spec, url: str, cal: Calibration, keys_of, records_out: 
             windows[id(row)] = (t0, t1, sum(r.output_tokens or 0 for r in recs))
             rows.append(row)
             say(line(row))
+            if save:
+                save(rows)
 
 
 async def warm_up(spec, url: str, cal: Calibration, cell) -> None:
@@ -198,7 +201,7 @@ async def warm_up(spec, url: str, cal: Calibration, cell) -> None:
 
 
 def bench_cells(args, spec, url: str, cal: Calibration, tokenizer: str, keys_of, raw: Path, rows: list,
-                done: set = frozenset(), deadline: float = float("inf")) -> None:
+                done: set = frozenset(), deadline: float = float("inf"), save=None) -> None:
     """Every cell with `vllm bench serve`, after warm_up, its prompts drawn from a seed of its own (bench_seed);
     each row appended to `rows` as its cell ends (no GPU telemetry: the command's own start cannot be told apart
     from its measured requests here)."""
@@ -224,6 +227,26 @@ def bench_cells(args, spec, url: str, cal: Calibration, tokenizer: str, keys_of,
         row = truth_row(keys, client_figures_from_bench(result), engine_means(before, after))
         rows.append(row)
         say(line(row))
+        if save:
+            save(rows)
+
+
+def write_rows(path: Path, rows: list[dict]) -> None:
+    """The table as it stands, replaced whole (a killed run keeps every row of a cell that ended)."""
+    tmp = path.with_suffix(".csv.tmp")
+    with open(tmp, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=TRUTH_COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+    os.replace(tmp, path)
+
+
+def server_version(url: str) -> str:
+    """vLLM's version as the server says it (`/version`); `external` for a server that does not say."""
+    try:
+        return str(json.loads(get(url + "/version")).get("version") or "external")
+    except Exception:  # noqa: BLE001 - another OpenAI-compatible server: no /version
+        return "external"
 
 
 def line(row: dict) -> str:
@@ -288,34 +311,32 @@ def main(argv=None) -> int:
             log = next(out / n for n in ["engine.log", *(f"engine.{i}.log" for i in range(2, 1000))]
                        if not (out / n).exists())
             proc, url = start_engine(args, spec, model_dir, log)
-        version = json.loads(get(url + "/version")).get("version", "?") if not args.url else "external"
+        version = server_version(url)
         gpu = gpu_name()
         keys_of = lambda cell, req, tool: cell_keys(spec, cell, req, gpu, version, tool)  # noqa: E731
         cal = calibrate(url, spec.model.name, calibration_keys(spec))
         say("prompt calibration: " + ", ".join(f"{k}: {a:.3f} tok/word + {b:.0f}" for k, (a, b) in cal.fits.items()))
         records: list[dict] = []
         sampler = start_telemetry(raw / "gpu_telemetry.csv")
+        save = lambda rows: write_rows(out / "truth.csv", rows)  # noqa: E731 - each row as its cell ends
         if "epdbench" in tools:
             try:
-                asyncio.run(measure_cells(spec, url, cal, keys_of, records, rows, done, deadline, windows))
+                asyncio.run(measure_cells(spec, url, cal, keys_of, records, rows, done, deadline, windows, save))
             finally:
                 if records:
                     from epdbench.tasks.rundir.results import append_records
                     append_records(out / "records.parquet", records)
         if "vllm-bench" in tools:
-            bench_cells(args, spec, url, cal, model_dir or spec.model.name, keys_of, raw, rows, done, deadline)
-        if proc is not None:
-            (out / "metrics-final.txt").write_text(get(url + "/metrics"))
+            bench_cells(args, spec, url, cal, model_dir or spec.model.name, keys_of, raw, rows, done, deadline,
+                        save)
+        (out / "metrics-final.txt").write_text(get(url + "/metrics"))
     finally:
         if sampler is not None:
             time.sleep(0.5)          # a sample after the last cell's end, so that its window is covered
         stop(sampler)
         stop(proc)
         add_telemetry(raw / "gpu_telemetry.csv", rows, windows)
-        with open(out / "truth.csv", "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=TRUTH_COLUMNS)
-            w.writeheader()
-            w.writerows(rows)
+        write_rows(out / "truth.csv", rows)
         say(f"{len(rows)} rows -> {out / 'truth.csv'}")
     return 0 if rows else 1
 

@@ -114,3 +114,42 @@ def test_the_gpus_power_over_each_measured_phase_gives_its_energy_per_token(serv
         assert 0 < float(r["gpu_energy_j"]) < 200 * 60
     assert not [line for line in (tmp_path / "out" / "raw" / "gpu_telemetry.csv").read_text().splitlines()
                 if line.count(",") != 5][:-1]
+
+
+def script_module():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("vllm_truth_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_table_is_written_as_each_cell_ends_so_a_killed_run_keeps_its_finished_cells(served, tmp_path):
+    import asyncio
+
+    from epdbench.specs.models import load_spec
+    from epdbench.specs.workload import calibration_keys
+    from epdbench.tasks.load.calibrate import calibrate
+
+    vt = script_module()
+    path, url = served
+    spec = load_spec(str(path))
+    cal = calibrate(url, spec.model.name, calibration_keys(spec))
+    keys_of = lambda cell, req, tool: vt.cell_keys(spec, cell, req, "Fake GPU", "0", tool)  # noqa: E731
+    table = tmp_path / "truth.csv"
+    on_disk = []
+
+    def save(rows):
+        vt.write_rows(table, rows)
+        on_disk.append(len(rows_of(table)))
+
+    rows_of = lambda p: list(csv.DictReader(open(p, newline="")))  # noqa: E731
+    made: list[dict] = []
+    asyncio.run(vt.measure_cells(spec, url, cal, keys_of, [], made, save=save))
+    # after each cell, the file on disk held every row so far: a run killed between cells loses none of them
+    assert on_disk == [1, 2, 3, 4]
+    assert [(r["workload"], r["concurrency"]) for r in rows_of(table)] == [
+        (w, c) for w in ("256/8", "512/8") for c in ("1", "2")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["truth.csv"]      # replaced whole, no temporary left
+    # the simulator answers no /version: its rows say `external`, not a version it never gave
+    assert vt.server_version(url) == "external"

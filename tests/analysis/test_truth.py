@@ -105,3 +105,19 @@ def test_the_simulators_summary_written_as_a_truth_table_reads_back_as_the_same_
     assert cells.index.tolist() == [("aggregated", "image", "560px+400/128", 4, "main")]
     assert cells.iloc[0]["engine_decode_ms_per_token"] == pytest.approx(2.0 / 127)
     assert math.isnan(cells.iloc[0]["itl_p99_ms"])
+
+
+@pytest.mark.parametrize("name", ["vllm_truth_h100.csv", "h100-2026-12-06/vllm_truth.csv"])
+def test_the_kept_h100_tables_are_whole_cold_and_cover_every_cell_of_the_spec(name):
+    from pathlib import Path
+    frame = pd.read_csv(Path(__file__).parents[2] / "benchmarks" / "data" / name)
+    truth.check(frame)                                         # raises on anything it cannot use
+    want = {(c.suite, c.workload, c.concurrency) for c in plan_cells(load_spec("vllm-truth"))}
+    for tool in sorted(set(frame["tool"])):
+        rows = truth.for_tool(frame, tool)
+        notes: list[str] = []
+        kept = truth.usable(rows, notes)
+        # every measured request served, nothing served from the prefix or encoder cache: no row left out
+        assert len(kept) == len(rows) == len(want) and notes == []
+        assert set(zip(kept["suite"], kept["workload"], kept["concurrency"])) == want
+    assert set(frame["gpu"]) == {"NVIDIA H100 80GB HBM3"}

@@ -1,4 +1,4 @@
-"""tasks/evidence.py on real engines on a GPU (benchmarks/data/h100-2026-12-06/lane-*: vLLM 0.26.0, NIXL 1.5.1 for
+"""tasks/evidence.py on real engines on a GPU (benchmarks/data/h100-2026-12-0{6,7}/lane-*: vLLM 0.26.0, NIXL 1.5.1 for
 CUDA 13, Qwen2.5-VL-7B's real shapes on one H100, kept from `benchmarks/gpu_local_lane.py`): the KV verdict from the
 engines' UCX lanes and the decode's /metrics, the stages from their request lines, and EPD's encoder outputs through
 ECExampleConnector's folder, read again from the kept logs as the lane read them live."""
@@ -17,13 +17,15 @@ from epdbench.tasks.deployment import Deployment, Process
 from epdbench.tasks.evidence import (_metric_deltas, _role_counts, ec_expected, expected_roles, iter_lines,
                                      kv_transport)
 
-KEPT = Path(__file__).parents[2] / "benchmarks" / "data" / "h100-2026-12-06"
-ROLES = {"pd-nixl-tcp": ("prefill", "decode"), "epd": ("encode", "prefill", "decode")}
+DATA = Path(__file__).parents[2] / "benchmarks" / "data"
+KEPT = DATA / "h100-2026-12-06"
+LANES = {"pd-nixl-tcp": KEPT, "epd": KEPT, "aggregated": DATA / "h100-2026-12-07"}
+ROLES = {"pd-nixl-tcp": ("prefill", "decode"), "epd": ("encode", "prefill", "decode"), "aggregated": ("server",)}
 
 
 def lane(config: str, tmp: Path) -> tuple[Deployment, dict, dict, list[dict]]:
     """The configuration's deployment over its kept logs (unpacked), its /metrics before and after, its records."""
-    kept = KEPT / f"lane-{config}"
+    kept = LANES[config] / f"lane-{config}"
     procs = []
     for name in [f"{r}-0" for r in ROLES[config]] + ["router"]:
         with gzip.open(kept / f"{name}.log.gz", "rb") as src, open(tmp / f"{name}.log", "wb") as dst:
@@ -55,7 +57,7 @@ def test_kv_over_nixl_between_two_engines_on_one_gpu_is_verified_with_its_volume
     assert json.loads((KEPT / f"lane-{config}" / "transport.json").read_text())["verdict"] == "verified"
 
 
-@pytest.mark.parametrize("config", ["pd-nixl-tcp", "epd"])
+@pytest.mark.parametrize("config", ["pd-nixl-tcp", "epd", "aggregated"])
 def test_every_measured_request_is_seen_at_every_stage_of_the_real_engines(config, tmp_path):
     spec = load_spec("gpu-qwen25vl")
     dep, before, after, records = lane(config, tmp_path)
@@ -81,3 +83,21 @@ def test_encoder_outputs_through_the_shared_memory_folder_are_verified_from_the_
     # a prefill that encoded the images itself logs no loads: the same lines without them are not verified
     alone = {**pods, "prefill-0": ec_files_of_pod([])}
     assert verify_ec_files(alone, roles, expected, folder)["verdict"] != "verified"
+
+
+def test_the_aggregated_engine_moves_no_kv_and_its_records_are_the_lanes():
+    spec = load_spec("gpu-qwen25vl")
+    kept = LANES["aggregated"] / "lane-aggregated"
+    assert json.loads((kept / "transport.json").read_text())["verdict"] == "not-applicable"
+    records = pd.read_parquet(kept / "records.parquet")
+    measured = records[records["phase"] == "measured"]
+    # 4 cells of 8 measured requests (text 1024 and one 560-px image, at concurrency 1 and 4), every one served
+    assert len(measured) == 32 and measured["ok"].all()
+    cells = json.loads((kept / "lane.json").read_text())[0]["cells"]
+    assert [c["requests_ok"] for c in cells] == [8, 8, 8, 8]
+    # the lane's own summary is its records' (the p50 TTFT of each cell, as the product's metrics compute it)
+    from epdbench.analysis.metrics import summarize_cell
+    for c in cells:
+        s = summarize_cell(measured[measured["cell"] == c["cell"]])
+        assert s["ttft_p50_ms"] == pytest.approx(c["ttft_p50_ms"])
+    assert spec.configuration("aggregated").topology == "aggregated"
