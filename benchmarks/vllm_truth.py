@@ -159,12 +159,11 @@ def cells_to_do(spec, tool: str, done: set, deadline: float) -> list:
         yield cell
 
 
-async def measure_cells(spec, url: str, cal: Calibration, keys_of, records_out: list, rows: list,
+async def measure_cells(spec, url: str, cal: Calibration, keys_of, rows: list,
                         done: set = frozenset(), deadline: float = float("inf"), windows: dict | None = None,
                         save=None) -> None:
     """Every cell with the product's load generator; each row appended to `rows` as its cell ends, its measured
-    phase's (start, end, output tokens) to `windows` under the row's id, its records to `records_out`; then
-    `save(rows, the cell's records)`."""
+    phase's (start, end, output tokens) to `windows` under the row's id; then `save(rows, the cell's records)`."""
     windows = {} if windows is None else windows
     async with LoadGenerator(url, spec.model.name, spec.request_timeout_s, run_tag="truth") as lg:
         for cell in cells_to_do(spec, "epdbench", done, deadline):
@@ -182,7 +181,6 @@ async def measure_cells(spec, url: str, cal: Calibration, keys_of, records_out: 
             dicts = [{**d, "run": "truth", "trial": 0, "config": spec.configurations[0].name, "suite": cell.suite,
                       "cell": cell.cell_id, "workload": cell.workload, "stream": cell.stream,
                       "concurrency": cell.concurrency} for d in records_as_dicts(recs)]
-            records_out.extend(dicts)
             stats = summarize_cell(pd.DataFrame(dicts))
             row = truth_row(keys_of(cell, measured[0], "epdbench"), client_figures_from_summary(stats),
                             engine_means(before, after))
@@ -330,7 +328,7 @@ def main(argv=None) -> int:
                 append_records(out / "records.parquet", cell_records)
             write_rows(out / "truth.csv", rows_now)
         if "epdbench" in tools:
-            asyncio.run(measure_cells(spec, url, cal, keys_of, [], rows, done, deadline, windows, save))
+            asyncio.run(measure_cells(spec, url, cal, keys_of, rows, done, deadline, windows, save))
         if "vllm-bench" in tools:
             bench_cells(args, spec, url, cal, model_dir or spec.model.name, keys_of, raw, rows, done, deadline,
                         save)

@@ -152,7 +152,7 @@ def test_the_table_is_written_as_each_cell_ends_so_a_killed_run_keeps_its_finish
 
     rows_of = lambda p: list(csv.DictReader(open(p, newline="")))  # noqa: E731
     made: list[dict] = []
-    asyncio.run(vt.measure_cells(spec, url, cal, keys_of, [], made, save=save))
+    asyncio.run(vt.measure_cells(spec, url, cal, keys_of, made, save=save))
     # after each cell, the file on disk held every row so far (a run killed between cells loses none of them), and
     # each cell's save had its own 2 measured records
     assert on_disk == [(1, 2), (2, 2), (3, 2), (4, 2)]
