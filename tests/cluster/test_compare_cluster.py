@@ -1,0 +1,164 @@
+"""`epdbench compare --target kubernetes` on the smoke spec against a real control plane, as the flows' own
+ServiceAccount: the Role and ClusterRole the work pool's manifests render are all it holds, so every call the
+run makes passes the real RBAC or the run fails. StatefulSets and Deployments → ReplicaSets → Pods scheduled by
+kube-scheduler onto the kwok GPU node, readiness from the pods' status, the engines' logs read through the real
+`pods/log` (kwok serving the player's CRI logs), every request through `pods/portforward`, the load generator as
+a real Job whose completion the Job controller writes, results in MLflow, then teardown by label with the
+garbage collector removing the pods: nothing labelled is left in etcd, no process the pods stood for runs.
+Every connection stays on loopback: the tier runs in a network namespace with only `lo` (tests/cluster/netns.py),
+and no component logged a dial to any other address."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from epdbench.manifests.workpool import FLOW_ACCOUNT, PoolSettings, render_pool_objects
+from epdbench.specs.models import load_spec, spec_to_yaml
+from tests.cluster import netns
+from tests.cluster.kubelet import PodPlayer
+
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
+ROOT = Path(__file__).resolve().parents[2]
+NAMESPACE = "epdbench"
+FAST_METRICS = {"MC_TE_METRIC_INTERVAL_SECONDS": "0.5"}   # short cells still log Mooncake throughput windows
+# Every kind a run creates or makes, namespaced: what must be gone after teardown.
+NAMESPACED = [("/api/v1", "pods"), ("/api/v1", "services"), ("/api/v1", "configmaps"), ("/api/v1", "serviceaccounts"),
+              ("/apis/apps/v1", "statefulsets"), ("/apis/apps/v1", "deployments"), ("/apis/apps/v1", "replicasets"),
+              ("/apis/apps/v1", "controllerrevisions"), ("/apis/batch/v1", "jobs"),
+              ("/apis/rbac.authorization.k8s.io/v1", "roles"), ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
+              ("/apis/discovery.k8s.io/v1", "endpointslices")]
+DIAL = re.compile(r"dial tcp (?P<addr>\[?[0-9a-f.:]+\]?):\d+")
+
+
+def cluster_spec(path: Path) -> Path:
+    data = load_spec("smoke").model_dump(mode="json")
+    data["target"]["kind"] = "kubernetes"
+    data["target"]["kubernetes"].update(namespace=NAMESPACE, access="port-forward", ready_timeout_s=120,
+                                        teardown_timeout_s=60, poll_interval_s=0.5,
+                                        model_cache={"kind": "empty-dir"})
+    from epdbench.specs.models import parse_spec
+    path.write_text(spec_to_yaml(parse_spec(data, "smoke-cluster")))
+    return path
+
+
+def flow_account_kubeconfig(cp, path: Path) -> Path:
+    """The work pool's objects applied as the admin; a token of the flows' ServiceAccount (TokenRequest)."""
+    status, body = cp.request("POST", "/api/v1/namespaces",
+                              {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    assert status in (201, 409), body
+    settings = PoolSettings(image="epdbench:test", namespace=NAMESPACE, prefect_api="http://127.0.0.1:4200/api",
+                            mlflow_uri="http://127.0.0.1:5000", port_forward=True)
+    from epdbench.tasks.k8s.api import KINDS
+    for obj in render_pool_objects(settings):
+        meta = obj["metadata"]
+        base = KINDS[obj["kind"]].collection_path(meta.get("namespace", NAMESPACE))
+        status, body = cp.request("PATCH", f"{base}/{meta['name']}?fieldManager=epdbench-test&force=true",
+                                  obj, content_type="application/apply-patch+yaml")
+        assert status in (200, 201), body
+    status, body = cp.request("POST", f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{FLOW_ACCOUNT}/token",
+                              {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                               "spec": {"expirationSeconds": 7200}})
+    assert status == 201, body
+    return cp.kubeconfig(path, token=body["status"]["token"], namespace=NAMESPACE)
+
+
+def leftovers(cp, label: str) -> list[str]:
+    out = []
+    for root, plural in NAMESPACED:
+        status, body = cp.request("GET", f"{root}/namespaces/{NAMESPACE}/{plural}?labelSelector={label}")
+        assert status == 200, body
+        out += [f"{plural}/{o['metadata']['name']}" for o in body.get("items", [])]
+    return out
+
+
+def off_loopback_dials(texts: dict[str, str]) -> list[str]:
+    """Lines of Go's `dial tcp ADDR:PORT` (a component's connection attempt, failed or logged) to any address but
+    loopback."""
+    return [f"{name}: {line.strip()[:200]}" for name, text in texts.items() for line in text.splitlines()
+            for m in DIAL.finditer(line) if not m.group("addr").strip("[]").startswith(("127.", "::1"))]
+
+
+@pytest.fixture(scope="module")
+def run(control_plane, tmp_path_factory):
+    work = tmp_path_factory.mktemp("cluster-compare")
+    spec = cluster_spec(work / "smoke-cluster.yaml")
+    kubeconfig = flow_account_kubeconfig(control_plane, work / "flow.kubeconfig")
+    player = PodPlayer(control_plane, work / "pods", spec, env_overrides=FAST_METRICS).start()
+    out = work / "results"
+    try:
+        proc = subprocess.run([sys.executable, "-m", "epdbench.cli", "compare", "--spec", str(spec),
+                               "--kubeconfig", str(kubeconfig), "--out", str(out),
+                               "--tracking-uri", f"sqlite:///{work / 'mlflow.db'}"],
+                              cwd=work, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                              timeout=900)
+        player.ship_all()
+        yield {"proc": proc, "out": out, "work": work, "player": player, "cp": control_plane}
+    finally:
+        player.stop()
+
+
+def test_the_comparison_runs_through_the_real_control_plane(run):
+    proc = run["proc"]
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
+    outcome = json.loads((run["out"] / "outcome.json").read_text())
+    assert outcome.get("pending_mlflow") in (None, [], {}), outcome
+    records = pd.read_parquet(run["out"] / "records.parquet")
+    assert set(records["config"]) == {"aggregated", "pd-tcp", "pd-rdma", "epd"}
+    assert records["ok"].all(), records.loc[~records["ok"], ["config", "error"]].head().to_string()
+    measured = records[records["phase"] == "measured"]
+    assert measured.groupby(["config", "cell"])["prompt_hash"].nunique().equals(
+        measured.groupby(["config", "cell"]).size())           # every planned request once
+
+
+def test_evidence_is_read_from_the_pods_logs_through_the_api_server(run):
+    for config in ("aggregated", "pd-tcp", "pd-rdma", "epd"):
+        ev = run["out"] / "evidence" / config
+        transport = json.loads((ev / "transport.json").read_text())
+        stages = json.loads((ev / "stages.json").read_text())
+        expected = "not-applicable" if config == "aggregated" else "emulated"
+        assert transport["verdict"] == expected, (config, transport)
+        assert all(v == 1.0 for v in stages["fraction_seen"].values()), (config, stages)
+    assert (run["out"] / "evidence" / "pd-rdma" / "prefill-0.log").stat().st_size > 0
+
+
+def test_the_load_generator_ran_as_a_job_the_job_controller_completed(run):
+    assert "measured by a load generator Job in the cluster" in run["proc"].stdout
+
+
+def test_teardown_leaves_nothing_labelled_and_no_process(run):
+    cp, player = run["cp"], run["player"]
+    assert leftovers(cp, "epdbench/run") == []
+    assert player.wait(lambda: player.running_processes() == [], 30), player.running_processes()
+    assert player.errors == [] or all("status: HTTP 404" in e or "HTTP 409" in e for e in player.errors), \
+        player.errors[:5]
+
+
+def test_mlflow_holds_the_comparison(run):
+    from mlflow.tracking import MlflowClient
+    client = MlflowClient(tracking_uri=f"sqlite:///{run['work'] / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("epdbench")
+    runs = client.search_runs([exp.experiment_id], "tags.`epdbench.kind` = 'configuration'")
+    assert {r.data.tags["epdbench.config"] for r in runs} == {"aggregated", "pd-tcp", "pd-rdma", "epd"}
+
+
+def test_no_connection_left_loopback(run):
+    """The namespace has no way off the machine, and no component, pod process or the run logged a dial to any
+    address but loopback (the pods' private addresses included)."""
+    if netns.interfaces() != ["lo"]:
+        pytest.skip("no network namespace of its own here (needs root): loopback is kept by addresses alone")
+    logs = [c.log for c in run["cp"].components] + sorted((run["work"] / "pods").glob("*.log"))
+    texts = {p.name: p.read_text(errors="replace") for p in logs}
+    texts["compare"] = run["proc"].stdout + run["proc"].stderr
+    assert off_loopback_dials(texts) == []
+
+
+def test_a_dial_off_loopback_is_caught():
+    assert off_loopback_dials({"x": 'proxy error: dial tcp 10.244.0.7:8000: connect: network is unreachable'})
+    assert not off_loopback_dials({"x": "dial tcp 127.0.0.1:6443: connect: connection refused"})
