@@ -66,7 +66,7 @@ def flow_account_kubeconfig(cp, path: Path) -> Path:
                               {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
                                "spec": {"expirationSeconds": 7200}})
     assert status == 201, body
-    return cp.kubeconfig(path, token=body["status"]["token"], namespace=NAMESPACE)
+    return cp.kubeconfig(path, token=body["status"]["token"], namespace=NAMESPACE), body["status"]["token"]
 
 
 def leftovers(cp, label: str) -> list[str]:
@@ -89,7 +89,7 @@ def off_loopback_dials(texts: dict[str, str]) -> list[str]:
 def run(control_plane, tmp_path_factory):
     work = tmp_path_factory.mktemp("cluster-compare")
     spec = cluster_spec(work / "smoke-cluster.yaml")
-    kubeconfig = flow_account_kubeconfig(control_plane, work / "flow.kubeconfig")
+    kubeconfig, token = flow_account_kubeconfig(control_plane, work / "flow.kubeconfig")
     player = PodPlayer(control_plane, work / "pods", spec, env_overrides=FAST_METRICS).start()
     out = work / "results"
     try:
@@ -99,16 +99,22 @@ def run(control_plane, tmp_path_factory):
                               cwd=work, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
                               timeout=900)
         player.ship_all()
-        yield {"proc": proc, "out": out, "work": work, "player": player, "cp": control_plane}
+        (work / "compare.out").write_text(proc.stdout + proc.stderr)
+        yield {"proc": proc, "out": out, "work": work, "player": player, "cp": control_plane, "token": token}
     finally:
         player.stop()
 
 
 def test_the_comparison_runs_through_the_real_control_plane(run):
+    """Every configuration ran and its stages are verified; the exit code is 3 (unverified evidence) because the
+    pods are the simulator, whose transport evidence says `emulated`, which a cluster run never counts as verified."""
     proc = run["proc"]
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
     outcome = json.loads((run["out"] / "outcome.json").read_text())
-    assert outcome.get("pending_mlflow") in (None, [], {}), outcome
+    assert proc.returncode == 3, (proc.stdout + proc.stderr)[-5000:]
+    assert {c: (o["status"], o["stages"], o["transport"]) for c, o in outcome["configs"].items()} == {
+        "aggregated": ("ok", "verified", "not-applicable"), "pd-tcp": ("ok", "verified", "emulated"),
+        "pd-rdma": ("ok", "verified", "emulated"), "epd": ("ok", "verified", "emulated")}
+    assert outcome["mlflow_pending"] == [], outcome["mlflow_pending"]
     records = pd.read_parquet(run["out"] / "records.parquet")
     assert set(records["config"]) == {"aggregated", "pd-tcp", "pd-rdma", "epd"}
     assert records["ok"].all(), records.loc[~records["ok"], ["config", "error"]].head().to_string()
@@ -130,6 +136,26 @@ def test_evidence_is_read_from_the_pods_logs_through_the_api_server(run):
 
 def test_the_load_generator_ran_as_a_job_the_job_controller_completed(run):
     assert "measured by a load generator Job in the cluster" in run["proc"].stdout
+
+
+def test_the_flow_account_is_refused_outside_its_rights(run):
+    """The same token that ran the comparison: Secrets, another namespace and writing nodes answer 403."""
+    cp, token = run["cp"], run["token"]
+    other = "kube-system"
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-node-1", "labels": {"x": "y"}}}
+    calls = [("GET", f"/api/v1/namespaces/{NAMESPACE}/secrets", None, "application/json"),
+             ("POST", f"/api/v1/namespaces/{NAMESPACE}/secrets",
+              {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "x"}}, "application/json"),
+             ("GET", f"/api/v1/namespaces/{other}/pods", None, "application/json"),
+             ("POST", f"/api/v1/namespaces/{other}/configmaps",
+              {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}, "application/json"),
+             ("PATCH", "/api/v1/nodes/gpu-node-1?fieldManager=x", node, "application/apply-patch+yaml"),
+             ("DELETE", "/api/v1/nodes/gpu-node-1", None, "application/json")]
+    answers = {f"{m} {p}": cp.request(m, p, body, token=token, content_type=ct)[0] for m, p, body, ct in calls}
+    assert set(answers.values()) == {403}, answers
+    # and what the run did is within them: its own namespace's pods, the GPU node read
+    assert cp.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods", token=token)[0] == 200
+    assert cp.request("GET", "/api/v1/nodes/gpu-node-1", token=token)[0] == 200
 
 
 def test_teardown_leaves_nothing_labelled_and_no_process(run):
