@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import urllib3
 from kubernetes import client as k8s_client
@@ -17,7 +19,11 @@ from kubernetes.config.config_exception import ConfigException
 
 from epdbench.specs.models import KubernetesTargetSpec
 
+T = TypeVar("T")
 FIELD_MANAGER = "epdbench"
+# How long one call waits out an API server that does not answer: a restart or an upgrade of the control plane
+# takes seconds to tens of seconds (the cluster tier's restart of kube-apiserver: about 5 s).
+PATIENCE_S = 60
 REQUEST_TIMEOUT_S = 30
 
 
@@ -27,6 +33,27 @@ class KubeApiError(RuntimeError):
     def __init__(self, status: int, message: str):
         super().__init__(message)
         self.status = status
+
+    @property
+    def transient(self) -> bool:
+        """An API server that was unreachable, overloaded or failing: worth asking again (a restart, an upgrade, a
+        leader change of a managed control plane all answer so for seconds)."""
+        return self.status == 0 or self.status == 429 or self.status >= 500
+
+
+def patiently(call: Callable[[], T], deadline: float, clock: Callable[[], float] = time.monotonic,
+              sleep: Callable[[float], None] = time.sleep, first_s: float = 0.5, most_s: float = 5.0) -> T:
+    """`call()`, asked again after a transient KubeApiError (backing off from `first_s` to `most_s`) until the
+    clock passes `deadline`; then, or on any other error, the error is raised."""
+    delay = first_s
+    while True:
+        try:
+            return call()
+        except KubeApiError as e:
+            if not e.transient or clock() >= deadline:
+                raise
+        sleep(min(delay, max(0.0, deadline - clock())))
+        delay = min(2 * delay, most_s)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from typing import Callable
 
 from epdbench.manifests.render import render_loadgen, validate_manifests
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
-from epdbench.tasks.k8s.api import KubeApi
+from epdbench.tasks.k8s.api import PATIENCE_S, KubeApi, KubeApiError, patiently
 from epdbench.tasks.load.loadgen_wire import LoadgenResult, parse_output
 
 
@@ -39,25 +39,37 @@ def run_loadgen_job(api: KubeApi, spec: ExperimentSpec, config: ConfigurationSpe
         job["spec"]["template"]["spec"]["containers"][0]["args"] += ["--only", ",".join(only)]
     validate_manifests([config_map, job], version)
     name = job["metadata"]["name"]
-    api.apply(config_map)
-    api.apply(job)
+
+    def patient(call):
+        """The call, asked again while the API server does not answer (it restarts; the Job runs on)."""
+        return patiently(call, clock() + PATIENCE_S, clock, sleep)
+
+    patient(lambda: api.apply(config_map))
+    patient(lambda: api.apply(job))
     deadline = clock() + timeout_s
     state = None
     try:
         while state is None:
-            state = job_state(api.get("Job", name))
+            try:
+                state = job_state(api.get("Job", name))
+            except KubeApiError as e:
+                if not e.transient or clock() >= deadline:
+                    raise
             if state is None:
                 if clock() >= deadline:
                     break
                 sleep(poll_s)
-        pods = api.list("Pod", f"job-name={name}")
+        pods = patient(lambda: api.list("Pod", f"job-name={name}"))
         if not pods:
             return LoadgenResult(problem=f"Job {name} has no pod ({state or 'still running'} after {timeout_s:.0f} s)")
-        text = api.pod_log(pods[0]["metadata"]["name"], "loadgen")
+        text = patient(lambda: api.pod_log(pods[0]["metadata"]["name"], "loadgen"))
         result = parse_output(text.splitlines())
         if not result.complete:
             result.problem += (f" (Job {name} still running after {timeout_s:.0f} s)" if state is None
                                else f" (Job {name} {state})")
         return result
     finally:
-        api.delete("Job", name)
+        try:
+            patient(lambda: api.delete("Job", name))
+        except KubeApiError:
+            pass        # the teardown deletes it with everything labelled, and says so if it cannot

@@ -21,7 +21,7 @@ from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, KubernetesT
 from epdbench.tasks.k8s import status
 from epdbench.tasks.deployment import Deployment, Process, ProvisionError, probe_until_served
 from epdbench.tasks.k8s.access import open_access
-from epdbench.tasks.k8s.api import LABELLED_KINDS, KubeApi, KubeApiError, connect
+from epdbench.tasks.k8s.api import LABELLED_KINDS, KubeApi, KubeApiError, connect, patiently
 from epdbench.tasks.k8s.telemetry import start_telemetry
 from epdbench.tasks.k8s.traces import SpanPuller
 from epdbench.tasks.rundir.results import write_json
@@ -197,11 +197,6 @@ def check_node(api: KubeApi, target: KubernetesTargetSpec, config: Configuration
         raise ProvisionError(f"GPU node: configuration {config.name} {problem}")
 
 
-def transient(error: KubeApiError) -> bool:
-    """An API server that was unreachable, overloaded or failing: worth asking again."""
-    return error.status == 0 or error.status == 429 or error.status >= 500
-
-
 def apply_objects(api: KubeApi, objects: list[dict], sleep: Sleep = time.sleep) -> None:
     """Server-side apply in order; retried on transient API errors (apply is idempotent)."""
     for obj in objects:
@@ -210,7 +205,7 @@ def apply_objects(api: KubeApi, objects: list[dict], sleep: Sleep = time.sleep) 
                 api.apply(obj)
                 break
             except KubeApiError as e:
-                if attempt == APPLY_ATTEMPTS or not transient(e):
+                if attempt == APPLY_ATTEMPTS or not e.transient:
                     raise
                 sleep(RETRY_DELAY_S * attempt)
 
@@ -230,7 +225,7 @@ def wait_ready(api: KubeApi, selector: str, expected: int, target: KubernetesTar
         try:
             pods = status.live_pods(api.list("Pod", selector))
         except KubeApiError as e:
-            if not transient(e):
+            if not e.transient:
                 raise
             say(f"[{config}] API server hiccup while waiting, polling on: {e}")
         if len(pods) == expected and all(map(status.is_ready, pods)):
@@ -345,15 +340,16 @@ def labelled_objects(api: KubeApi, selector: str) -> list[tuple[str, str]]:
 def delete_labelled(api: KubeApi, selector: str, target: KubernetesTargetSpec, clock: Clock = time.monotonic,
                     sleep: Sleep = time.sleep) -> list[str]:
     """Delete every object matching the selector and wait until all are gone (bounded by the teardown
-    timeout); returns what is still there."""
+    timeout, an unreachable API server included); returns what is still there."""
     deadline = clock() + target.teardown_timeout_s
     delay_s = FIRST_POLL_S
     while True:
-        remaining = labelled_objects(api, selector)
+        # An API server that does not answer is asked again until the deadline (it restarts; the objects stay).
+        remaining = patiently(lambda: labelled_objects(api, selector), deadline, clock, sleep)
         if not remaining or clock() >= deadline:
             return [f"{kind}/{name}" for kind, name in remaining]
         for kind, name in remaining:
-            api.delete(kind, name)
+            patiently(lambda k=kind, n=name: api.delete(k, n), deadline, clock, sleep)
         sleep(min(delay_s, max(0.0, deadline - clock())))
         delay_s = min(2 * delay_s, target.poll_interval_s)
 
