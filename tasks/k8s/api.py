@@ -199,9 +199,13 @@ class KubeApi:
         return self.call("GET", f"{self.path_of('Pod', pod)}/log", query=query).decode("utf-8", "replace")
 
     def port_forward(self, pod: str, port: int):
-        """A kubernetes.stream PortForward whose .socket(port) reaches the pod's port."""
+        """A kubernetes.stream PortForward whose .socket(port) reaches the pod's port, opened on an ApiClient of its
+        own: the client library's portforward() swaps the `call_api` of the ApiClient it is given for the call's
+        length, so any call made meanwhile on a shared client from another thread goes over the websocket, and two
+        port-forwards opened at once leave the swap in place for good (every later call then fails with "Missing
+        required parameter `ports`": the real control plane's interrupt test saw the teardown fail so)."""
         from kubernetes.stream import portforward
-        core = k8s_client.CoreV1Api(self.client)
+        core = k8s_client.CoreV1Api(k8s_client.ApiClient(self.client.configuration))
         return portforward(core.connect_get_namespaced_pod_portforward, pod, self.namespace, ports=str(port))
 
 
