@@ -71,6 +71,11 @@ class PodPlayer(Kubelet):
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="pod-player", daemon=True)
         self._shippers: dict[str, tuple[Path, Path, int]] = {}     # pod/container -> (raw log, CRI log, offset)
+        # A StatefulSet pod's name is its address in a cluster (its DNS name): one made again after a delete is
+        # reached where the old one was. Here: its engine binds the loopback port of the pod's first life, once
+        # the old process is gone.
+        self.stable_ports: dict[str, int] = {}
+        self.dying: dict[str, PodLife] = {}
 
     def start(self) -> "PodPlayer":
         self._thread.start()
@@ -80,6 +85,12 @@ class PodPlayer(Kubelet):
         self._stop.set()
         self._thread.join(timeout=10)
         self.kill_all()
+        for life in self.dying.values():
+            self.kill(life)
+
+    def running_processes(self) -> list:
+        lives = [x for life in (*self.lives.values(), *self.dying.values()) for x in (life, *life.sidecars.values())]
+        return [life.process for life in lives if life.process and life.process.poll() is None]
 
     # --- the loop ---------------------------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -116,6 +127,14 @@ class PodPlayer(Kubelet):
         for key in [k for k in self.lives if k not in seen]:
             self._end(key, None)
 
+    def _epdbench_command(self, pod: dict, life: PodLife, labels: dict) -> list[str] | None:
+        cmd = super()._epdbench_command(pod, life, labels)
+        if cmd and labels.get("epdbench/role") not in ("router", "loadgen") and "--port" in cmd:
+            port = self.stable_ports.setdefault(self._key(pod), life.port)
+            cmd[cmd.index("--port") + 1] = str(port)
+            life.port = port
+        return cmd
+
     @staticmethod
     def _key(pod: dict) -> str:
         return pod["metadata"]["name"]
@@ -134,6 +153,11 @@ class PodPlayer(Kubelet):
             self._set_status(pod, "Running", ready=True)
 
     def _begin(self, pod: dict, life: PodLife) -> None:
+        old = self.dying.get(self._key(pod))
+        if old is not None:
+            if any(p.poll() is None for p in (old.process, *[s.process for s in old.sidecars.values()]) if p):
+                return        # its port is the old process's until it has ended
+            del self.dying[self._key(pod)]
         if life.script == CRASH_LOOP:
             life.log_path = self.work_dir / f"{pod['metadata']['name']}.log"
             life.log_path.write_text(CRASH_LOG)
@@ -154,6 +178,7 @@ class PodPlayer(Kubelet):
         life = self.lives.pop(key, None)
         self.uids.pop(key, None)
         if life:
+            self.dying[key] = life
             threading.Thread(target=self.kill, args=(life,), daemon=True).start()
         if pod is not None:
             ns = pod["metadata"]["namespace"]

@@ -23,8 +23,9 @@ from epdbench.manifests.workpool import FLOW_ACCOUNT, PoolSettings, render_pool_
 from epdbench.specs.models import load_spec, spec_to_yaml
 from tests.cluster import netns
 from tests.cluster.kubelet import PodPlayer
+from tests.spanrows import tree_problems
 
-pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
+pytestmark = pytest.mark.cluster      # the tier runs apart (-m cluster), in its network namespace
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "epdbench"
 FAST_METRICS = {"MC_TE_METRIC_INTERVAL_SECONDS": "0.5"}   # short cells still log Mooncake throughput windows
@@ -132,6 +133,26 @@ def test_evidence_is_read_from_the_pods_logs_through_the_api_server(run):
         assert transport["verdict"] == expected, (config, transport)
         assert all(v == 1.0 for v in stages["fraction_seen"].values()), (config, stages)
     assert (run["out"] / "evidence" / "pd-rdma" / "prefill-0.log").stat().st_size > 0
+
+
+def test_every_traced_request_has_its_tree_from_the_collector_beside_the_router(run):
+    """Engines and the router's proxy exported to the collector container in the router's pod; the runner took the
+    spans back through a port-forward to that container and joined them with the load generator Job's records."""
+    records = pd.read_parquet(run["out"] / "records.parquet")
+    measured = records[(records["config"] == "epd") & (records["phase"] == "measured")]
+    spans = pd.read_parquet(run["out"] / "traces" / "epd.parquet")
+    assert set(spans["request_id"]) <= set(measured["request_id"]) and spans["trace_id"].nunique() >= 20
+    for tid, trace in spans.groupby("trace_id"):
+        assert tree_problems(trace) == [], tid
+        engines = trace[trace["name"] == "llm_request"]
+        roles = {"prefill-0", "decode-0"} | ({"encode-0"} if trace["suite"].iloc[0] == "mm-context" else set())
+        assert set(engines["pod"]) == roles and (trace["name"] == "kv_transfer").sum() == 1, tid
+    assert "traces:" not in run["proc"].stdout                            # no collector problem was said
+    from mlflow.tracking import MlflowClient
+    client = MlflowClient(tracking_uri=f"sqlite:///{run['work'] / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("epdbench")
+    traces = client.search_traces(locations=[exp.experiment_id], max_results=1000)
+    assert set(spans["trace_id"]) <= {t.info.tags["epdbench.trace_id"] for t in traces}
 
 
 def test_the_load_generator_ran_as_a_job_the_job_controller_completed(run):

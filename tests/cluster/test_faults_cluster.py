@@ -25,7 +25,7 @@ import yaml
 from tests.cluster.kubelet import PodPlayer
 from tests.k8s.fake_kubelet import NOT_READY, RUN
 
-pytestmark = [pytest.mark.cluster, pytest.mark.faults]
+pytestmark = pytest.mark.cluster      # the tier runs apart (-m cluster), in its network namespace
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "faults"
 TINY = ROOT / "tests" / "k8s" / "data" / "k8s-tiny.yaml"

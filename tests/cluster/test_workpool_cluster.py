@@ -14,7 +14,7 @@ from tests.cluster.kubelet import PodPlayer
 from tests.processes import marked_processes
 from tests.test_up import free_port, start_up, stop_up, wait_final
 
-pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
+pytestmark = pytest.mark.cluster      # the tier runs apart (-m cluster), in its network namespace
 ROOT = Path(__file__).parents[2]
 ADVERTISED = "epdbench-control.example"     # as pods would reach it; the player maps it to loopback
 NAMESPACE = "epdbench"

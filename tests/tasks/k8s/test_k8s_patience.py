@@ -116,3 +116,11 @@ def test_teardown_by_label_waits_for_the_api_server_within_its_timeout():
     assert k8s_target.delete_labelled(api, "epdbench/run=r", target, clock, clock.sleep) == []
     with pytest.raises(KubeApiError):      # still down at the teardown's deadline: raised, and stop() says so
         k8s_target.delete_labelled(LabelledApi(clock, until=1e9), "epdbench/run=r", target, clock, clock.sleep)
+
+
+def test_a_schema_refusal_answered_with_500_is_not_transient():
+    """kube-apiserver 1.37 answers a server-side apply of an undeclared field with HTTP 500 (the cluster tier's
+    strict check shows it): a fault of the object, never asked again."""
+    refused = KubeApiError(500, "PATCH /x: HTTP 500 failed to create typed patch object (ns/x; /v1, Kind=Service): "
+                                ".spec.portz: field not declared in schema")
+    assert not refused.transient and KubeApiError(500, "etcdserver: request timed out").transient

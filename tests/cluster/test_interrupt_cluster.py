@@ -1,0 +1,111 @@
+"""A run interrupted (SIGINT) while a configuration serves deletes everything it applied, and `epdbench cleanup`
+removes what a crashed run left, against the real control plane: the deletes go through the real API server and
+the garbage collector removes the pods of the StatefulSets, Deployments and Jobs deleted."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from epdbench.manifests.render import render_manifests
+from epdbench.specs.models import load_spec
+from epdbench.tasks.k8s.api import KINDS as API_KINDS
+from tests.cluster.kubelet import PodPlayer
+from tests.k8s.fake_kubelet import NOT_READY
+
+pytestmark = pytest.mark.cluster      # the tier runs apart (-m cluster), in its network namespace
+ROOT = Path(__file__).resolve().parents[2]
+NAMESPACE = "interrupt"
+TINY = ROOT / "tests" / "k8s" / "data" / "k8s-tiny.yaml"
+KINDS = (("/api/v1", "pods"), ("/apis/apps/v1", "statefulsets"), ("/apis/apps/v1", "deployments"),
+         ("/apis/apps/v1", "replicasets"), ("/apis/batch/v1", "jobs"), ("/api/v1", "services"),
+         ("/api/v1", "configmaps"), ("/api/v1", "serviceaccounts"), ("/apis/rbac.authorization.k8s.io/v1", "roles"))
+
+
+def labelled(cp, selector: str) -> list[str]:
+    out = []
+    for root, plural in KINDS:
+        status, body = cp.request("GET", f"{root}/namespaces/{NAMESPACE}/{plural}?labelSelector={selector}")
+        assert status == 200, body
+        out += [f"{plural}/{o['metadata']['name']}" for o in body["items"]]
+    return out
+
+
+@pytest.fixture(scope="module")
+def setup(control_plane, tmp_path_factory):
+    cp = control_plane
+    work = tmp_path_factory.mktemp("cluster-interrupt")
+    status, body = cp.request("POST", "/api/v1/namespaces",
+                              {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    assert status in (201, 409), body
+    data = yaml.safe_load(TINY.read_text())
+    data["target"]["kubernetes"].update(namespace=NAMESPACE, access="port-forward", model_cache={"kind": "empty-dir"})
+    spec = work / "tiny.yaml"
+    spec.write_text(yaml.safe_dump(data, sort_keys=False))
+    return cp, work, spec, cp.kubeconfig(work / "kubeconfig", namespace=NAMESPACE)
+
+
+def test_an_interrupted_run_deletes_everything_it_applied(setup):
+    cp, work, spec, kubeconfig = setup
+    player = PodPlayer(cp, work / "pods", spec).start()
+    proc = subprocess.Popen([sys.executable, "-m", "epdbench.cli", "compare", "--spec", str(spec), "--configs", "pd-tcp",
+                             "--kubeconfig", str(kubeconfig), "--out", str(work / "results"),
+                             "--tracking-uri", f"sqlite:///{work / 'mlflow.db'}"],
+                            cwd=work, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        seen = []
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            seen.append(line)
+            if "[pd-tcp] serving at" in line or not line:
+                break
+        assert any("[pd-tcp] serving at" in s for s in seen), "".join(seen)[-3000:]
+        while_serving = labelled(cp, "epdbench/run")
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    output = "".join(seen) + rest
+    assert "statefulsets/pd-tcp-prefill" in while_serving and any(p.startswith("pods/") for p in while_serving)
+    assert proc.returncode == 130, output[-3000:]
+    assert "[pd-tcp] deleted every object labelled" in output
+    assert labelled(cp, "epdbench/run") == []
+    assert player.wait(lambda: player.running_processes() == [], 30), player.running_processes()
+    player.stop()
+
+
+def test_cleanup_removes_a_crashed_runs_leftovers(setup):
+    """What a run killed by SIGKILL leaves (its objects applied, its pods made by the controllers) goes with
+    `epdbench cleanup --run`; pods that never got ready are deleted all the same."""
+    cp, work, spec_path, kubeconfig = setup
+    player = PodPlayer(cp, work / "pods-crashed", spec_path, behaviour=lambda pod: NOT_READY).start()
+    try:
+        spec = load_spec(str(spec_path))
+        for config in ("aggregated", "epd"):
+            for obj in render_manifests(spec, spec.configuration(config), "crashed-run"):
+                meta = obj["metadata"]
+                base = API_KINDS[obj["kind"]].collection_path(meta.get("namespace", NAMESPACE))
+                status, body = cp.request("PATCH", f"{base}/{meta['name']}?fieldManager=epdbench&force=true", obj,
+                                          content_type="application/apply-patch+yaml")
+                assert status in (200, 201), body
+        assert player.wait(lambda: sum(x.startswith("pods/") for x in labelled(cp, "epdbench/run=crashed-run")) >= 6,
+                           60), labelled(cp, "epdbench/run=crashed-run")
+        proc = subprocess.run([sys.executable, "-m", "epdbench.cli", "cleanup", "--run", "crashed-run",
+                               "--namespace", NAMESPACE, "--kubeconfig", str(kubeconfig)], cwd=work,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)},
+                              capture_output=True, text=True, timeout=180)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert f"run crashed-run in namespace {NAMESPACE}" in proc.stdout and "gone" in proc.stdout, proc.stdout
+        assert labelled(cp, "epdbench/run") == []
+    finally:
+        player.stop()
+
