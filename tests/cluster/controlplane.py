@@ -134,6 +134,13 @@ class ControlPlane:
             except ValueError:
                 return e.code, {"message": raw.decode(errors="replace")}
 
+    def ensure_namespace(self, name: str) -> str:
+        status, body = self.request("POST", "/api/v1/namespaces",
+                                    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        if status not in (201, 409):
+            raise RuntimeError(f"namespace {name}: HTTP {status} {body.get('message')}")
+        return name
+
     # --- start and stop ---------------------------------------------------------------------------------------
     def start(self) -> "ControlPlane":
         self.work_dir.mkdir(parents=True, exist_ok=True)

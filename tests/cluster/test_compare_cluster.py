@@ -20,9 +20,9 @@ import pandas as pd
 import pytest
 
 from epdbench.manifests.workpool import FLOW_ACCOUNT, PoolSettings, render_pool_objects
-from epdbench.specs.models import load_spec, spec_to_yaml
 from tests.cluster import netns
 from tests.cluster.kubelet import PodPlayer
+from tests.cluster.specs import cluster_spec
 from tests.spanrows import tree_problems
 
 pytestmark = pytest.mark.cluster      # the tier runs apart (-m cluster), in its network namespace
@@ -38,22 +38,9 @@ NAMESPACED = [("/api/v1", "pods"), ("/api/v1", "services"), ("/api/v1", "configm
 DIAL = re.compile(r"dial tcp (?P<addr>\[?[0-9a-f.:]+\]?):\d+")
 
 
-def cluster_spec(path: Path) -> Path:
-    data = load_spec("smoke").model_dump(mode="json")
-    data["target"]["kind"] = "kubernetes"
-    data["target"]["kubernetes"].update(namespace=NAMESPACE, access="port-forward", ready_timeout_s=120,
-                                        teardown_timeout_s=60, poll_interval_s=0.5,
-                                        model_cache={"kind": "empty-dir"})
-    from epdbench.specs.models import parse_spec
-    path.write_text(spec_to_yaml(parse_spec(data, "smoke-cluster")))
-    return path
-
-
 def flow_account_kubeconfig(cp, path: Path) -> Path:
     """The work pool's objects applied as the admin; a token of the flows' ServiceAccount (TokenRequest)."""
-    status, body = cp.request("POST", "/api/v1/namespaces",
-                              {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
-    assert status in (201, 409), body
+    cp.ensure_namespace(NAMESPACE)
     settings = PoolSettings(image="epdbench:test", namespace=NAMESPACE, prefect_api="http://127.0.0.1:4200/api",
                             mlflow_uri="http://127.0.0.1:5000", port_forward=True)
     from epdbench.tasks.k8s.api import KINDS
@@ -89,7 +76,8 @@ def off_loopback_dials(texts: dict[str, str]) -> list[str]:
 @pytest.fixture(scope="module")
 def run(control_plane, tmp_path_factory):
     work = tmp_path_factory.mktemp("cluster-compare")
-    spec = cluster_spec(work / "smoke-cluster.yaml")
+    spec = cluster_spec(work / "smoke-cluster.yaml", "smoke", NAMESPACE, ready_timeout_s=120, teardown_timeout_s=60,
+                        poll_interval_s=0.5)
     kubeconfig, token = flow_account_kubeconfig(control_plane, work / "flow.kubeconfig")
     player = PodPlayer(control_plane, work / "pods", spec, env_overrides=FAST_METRICS).start()
     out = work / "results"

@@ -20,26 +20,19 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
 
 from tests.cluster.kubelet import PodPlayer
+from tests.cluster.specs import TINY, cluster_spec
 from tests.k8s.fake_kubelet import NOT_READY, RUN
 
 pytestmark = pytest.mark.cluster      # the tier runs apart (-m cluster), in its network namespace
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "faults"
-TINY = ROOT / "tests" / "k8s" / "data" / "k8s-tiny.yaml"
 CONFIGS = "pd-rdma,epd,pd-tcp"
 
 
-def faults_spec(path: Path) -> Path:
-    data = yaml.safe_load(TINY.read_text())
-    data["target"]["kubernetes"].update(namespace=NAMESPACE, access="port-forward", ready_timeout_s=8,
-                                        model_cache={"kind": "empty-dir"})
-    fixed = data["suites"][0]
-    fixed.update(shapes=[{"input_tokens": 256, "output_tokens": 48}], n_measured=24)   # ~6 s a cell: room to hit it
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
+def longer_cells(data: dict) -> None:
+    data["suites"][0].update(shapes=[{"input_tokens": 256, "output_tokens": 48}], n_measured=24)  # ~6 s: room to hit
 
 
 def never_ready_rdma(pod: dict) -> str:
@@ -73,10 +66,8 @@ def inject(cp, player, done: threading.Event, log: list[str]) -> None:
 def run(control_plane, tmp_path_factory):
     cp = control_plane
     work = tmp_path_factory.mktemp("cluster-faults")
-    status, body = cp.request("POST", "/api/v1/namespaces",
-                              {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
-    assert status in (201, 409), body
-    spec = faults_spec(work / "faults.yaml")
+    cp.ensure_namespace(NAMESPACE)
+    spec = cluster_spec(work / "faults.yaml", TINY, NAMESPACE, edit=longer_cells, ready_timeout_s=8)
     player = PodPlayer(cp, work / "pods", spec, behaviour=never_ready_rdma,
                        env_overrides={"MC_TE_METRIC_INTERVAL_SECONDS": "0.5"}).start()
     done, log = threading.Event(), []

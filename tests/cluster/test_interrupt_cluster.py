@@ -11,18 +11,17 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from epdbench.manifests.render import render_manifests
 from epdbench.specs.models import load_spec
 from epdbench.tasks.k8s.api import KINDS as API_KINDS
 from tests.cluster.kubelet import PodPlayer
+from tests.cluster.specs import TINY, cluster_spec
 from tests.k8s.fake_kubelet import NOT_READY
 
 pytestmark = pytest.mark.cluster      # the tier runs apart (-m cluster), in its network namespace
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "interrupt"
-TINY = ROOT / "tests" / "k8s" / "data" / "k8s-tiny.yaml"
 KINDS = (("/api/v1", "pods"), ("/apis/apps/v1", "statefulsets"), ("/apis/apps/v1", "deployments"),
          ("/apis/apps/v1", "replicasets"), ("/apis/batch/v1", "jobs"), ("/api/v1", "services"),
          ("/api/v1", "configmaps"), ("/api/v1", "serviceaccounts"), ("/apis/rbac.authorization.k8s.io/v1", "roles"))
@@ -41,13 +40,8 @@ def labelled(cp, selector: str) -> list[str]:
 def setup(control_plane, tmp_path_factory):
     cp = control_plane
     work = tmp_path_factory.mktemp("cluster-interrupt")
-    status, body = cp.request("POST", "/api/v1/namespaces",
-                              {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
-    assert status in (201, 409), body
-    data = yaml.safe_load(TINY.read_text())
-    data["target"]["kubernetes"].update(namespace=NAMESPACE, access="port-forward", model_cache={"kind": "empty-dir"})
-    spec = work / "tiny.yaml"
-    spec.write_text(yaml.safe_dump(data, sort_keys=False))
+    cp.ensure_namespace(NAMESPACE)
+    spec = cluster_spec(work / "tiny.yaml", TINY, NAMESPACE)
     return cp, work, spec, cp.kubeconfig(work / "kubeconfig", namespace=NAMESPACE)
 
 

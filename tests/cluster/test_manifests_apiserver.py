@@ -30,11 +30,8 @@ def cases() -> list[tuple[str, str]]:
 
 @pytest.fixture(scope="module")
 def namespace(control_plane):
-    for name in (NAMESPACE, "gpu-operator"):    # gpu-operator: where the pool's DCGM exporter Role goes
-        status, body = control_plane.request("POST", "/api/v1/namespaces",
-                                             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-        assert status in (201, 409), body
-    return NAMESPACE
+    control_plane.ensure_namespace("gpu-operator")     # where the pool's DCGM exporter Role goes
+    return control_plane.ensure_namespace(NAMESPACE)
 
 
 def dry_run_apply(cp, obj: dict) -> tuple[int, dict]:

@@ -27,9 +27,7 @@ def test_up_with_a_kubernetes_work_pool_runs_an_adhoc_flow_as_a_job(control_plan
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     cp = control_plane
-    status, body = cp.request("POST", "/api/v1/namespaces",
-                              {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
-    assert status in (201, 409), body
+    cp.ensure_namespace(NAMESPACE)
     pp, mp, mark = free_port(), free_port(), os.urandom(6).hex()
     player = PodPlayer(cp, tmp_path / "pods", None, env_overrides={
         "PREFECT_API_URL": f"http://127.0.0.1:{pp}/api", "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{mp}",
