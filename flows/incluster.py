@@ -49,7 +49,7 @@ def run_suite_in_cluster(dep, version: str, spec: ExperimentSpec, suite: str, co
         f"{len(todo)} cell(s)")
     only = None if len(todo) == len(cells) * spec.trials else todo
     result = run_loadgen_job(dep.api, spec, config, dep.run, suite, spec_to_yaml(spec), calibration, version,
-                             timeout_s, only=only)
+                             timeout_s, only=only, say=lambda line: say(f"  [{config.name}] {line}"))
     rdir = Path(records_path).parent
     by_id = {c.cell_id: c for c in cells}
     done: list[dict] = []

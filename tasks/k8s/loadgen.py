@@ -30,8 +30,10 @@ def job_state(job: dict) -> str | None:
 def run_loadgen_job(api: KubeApi, spec: ExperimentSpec, config: ConfigurationSpec, run: str, suite: str,
                     spec_yaml: str, calibration: dict | None, version: str, timeout_s: float,
                     poll_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
-                    sleep: Callable[[float], None] = time.sleep, only: list[str] | None = None) -> LoadgenResult:
-    """`only`: the `cell#tN` the Job measures (a resumed suite); None: all of them."""
+                    sleep: Callable[[float], None] = time.sleep, only: list[str] | None = None,
+                    say: Callable[[str], None] = lambda line: None) -> LoadgenResult:
+    """`only`: the `cell#tN` the Job measures (a resumed suite); None: all of them. `say` gets a line when the API
+    server stops answering during the wait (the Job runs on in the cluster) and one when it answers again."""
     objects = render_loadgen(spec, config, run, spec_yaml, calibration)
     config_map = objects[0]
     job = next(o for o in objects[1:] if o["metadata"]["annotations"]["epdbench/suite"] == suite)
@@ -49,12 +51,20 @@ def run_loadgen_job(api: KubeApi, spec: ExperimentSpec, config: ConfigurationSpe
     deadline = clock() + timeout_s
     state = None
     try:
+        silent_since = None
         while state is None:
             try:
                 state = job_state(api.get("Job", name))
+                if silent_since is not None:
+                    say(f"Job {name}: the API server answers again after {clock() - silent_since:.0f} s")
+                    silent_since = None
             except KubeApiError as e:
                 if not e.transient or clock() >= deadline:
                     raise
+                if silent_since is None:
+                    silent_since = clock()
+                    say(f"Job {name}: the API server does not answer ({str(e)[:120]}); the Job runs on in the "
+                        "cluster, asking again")
             if state is None:
                 if clock() >= deadline:
                     break

@@ -284,7 +284,7 @@ class ControlPlane:
     def add_node(self, name: str) -> None:
         """A Node as the GPU node of a cluster offers it: its labels, GPUs and RDMA resources in capacity and
         allocatable (kwok's node-initialize keeps them and writes the rest of the status)."""
-        resources = {"cpu": "128", "memory": "2Ti", "pods": "110", "ephemeral-storage": "4Ti",
+        resources = {"cpu": "192", "memory": "2Ti", "pods": "110", "ephemeral-storage": "4Ti",
                      "nvidia.com/gpu": str(self.node_gpus), **{k: str(v) for k, v in self.node_rdma.items()}}
         node = {"apiVersion": "v1", "kind": "Node", "metadata": {
             "name": name, "annotations": {"kwok.x-k8s.io/node": "fake"},
@@ -294,11 +294,18 @@ class ControlPlane:
         status, body = self.request("POST", "/api/v1/nodes", node)
         if status not in (201, 409):
             raise RuntimeError(f"node {name}: HTTP {status} {body.get('message')}")
-        deadline = time.monotonic() + 30
+        # Ready (kwok's node-initialize), and without the not-ready taint the node lifecycle controller puts on a node
+        # it first sees unready: until it lifts it the scheduler places nothing there, and retries with back-off.
+        deadline, clear_since = time.monotonic() + 60, None
         while time.monotonic() < deadline:
             status, body = self.request("GET", f"/api/v1/nodes/{name}")
             ready = [c for c in body.get("status", {}).get("conditions", []) if c["type"] == "Ready"]
-            if ready and ready[0]["status"] == "True":
-                return
+            if ready and ready[0]["status"] == "True" and not body.get("spec", {}).get("taints"):
+                clear_since = clear_since or time.monotonic()
+                if time.monotonic() - clear_since >= 1.0:
+                    return
+            else:
+                clear_since = None
             time.sleep(0.2)
-        raise RuntimeError(f"node {name} not Ready after 30 s (kwok):\n{self.components[-1].tail()}")
+        raise RuntimeError(f"node {name} not Ready and untainted after 60 s (kwok, node lifecycle controller): "
+                           f"{body.get('spec', {}).get('taints')}\n{self.components[-1].tail()}")

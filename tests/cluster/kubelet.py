@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from tests.cluster.controlplane import NODE, ControlPlane
-from tests.k8s.fake_kubelet import CRASH_LOG, CRASH_LOOP, NOT_READY, RUN, Kubelet, PodLife
+from tests.k8s.fake_kubelet import CRASH_LOG, CRASH_LOOP, IMAGE_PULL, NOT_READY, READY, RUN, Kubelet, PodLife
 from tests.k8s.fake_objects import matches
 
 TICK_S = 0.1
@@ -158,20 +158,32 @@ class PodPlayer(Kubelet):
             if any(p.poll() is None for p in (old.process, *[s.process for s in old.sidecars.values()]) if p):
                 return        # its port is the old process's until it has ended
             del self.dying[self._key(pod)]
-        if life.script == CRASH_LOOP:
-            life.log_path = self.work_dir / f"{pod['metadata']['name']}.log"
-            life.log_path.write_text(CRASH_LOG)
-            self._publish(pod, life)
+        name = pod["metadata"]["name"]
+        if life.script == CRASH_LOOP:       # three exits behind it, the fourth start backing off
+            life.log_path = self.work_dir / f"{name}.log"
+            life.log_path.write_text("")
+            (self.work_dir / f"{name}.previous.log").write_text(CRASH_LOG)
+            self._publish(pod, life, previous=self.work_dir / f"{name}.previous.log")
             self._set_status(pod, "Running", waiting=("CrashLoopBackOff", "back-off 40s restarting failed container"),
                              restarts=3)
-        elif life.script == NOT_READY:
+            self._event(pod, "BackOff", "Back-off restarting failed container")
+        elif life.script == NOT_READY:      # running, its readiness probe failing
             self._set_status(pod, "Running")
+            self._event(pod, "Unhealthy", "Readiness probe failed: connect: connection refused")
+        elif life.script == IMAGE_PULL:
+            image = pod["spec"]["containers"][0]["image"]
+            self._set_status(pod, "Pending", waiting=("ImagePullBackOff", f'Back-off pulling image "{image}"'))
+            self._event(pod, "Failed", f'Failed to pull image "{image}": manifest unknown')
+        elif life.script == READY:          # ready, with no process behind it
+            life.ready = True
+            self._set_status(pod, "Running", ready=True)
         elif life.script == RUN:
             if not self._start_process(pod, life):
                 return        # a router waits for its engines; a load generator for its Service
             self._publish(pod, life)
         else:
-            raise ValueError(f"the pod player plays {RUN}, {NOT_READY} and {CRASH_LOOP}, not {life.script}")
+            raise ValueError(f"the pod player plays {RUN}, {READY}, {NOT_READY}, {IMAGE_PULL} and {CRASH_LOOP}, "
+                             f"not {life.script}")
         life.started = True
 
     def _end(self, key: str, pod: dict | None) -> None:
@@ -234,7 +246,21 @@ class PodPlayer(Kubelet):
         else:
             pod["status"] = body.get("status", status)
 
-    def _publish(self, pod: dict, life: PodLife) -> None:
+    def _event(self, pod: dict, reason: str, message: str) -> None:
+        """A Warning event about the pod, as the kubelet records one."""
+        meta = pod["metadata"]
+        now = stamp()[:19] + "Z"
+        event = {"apiVersion": "v1", "kind": "Event", "type": "Warning", "reason": reason, "message": message,
+                 "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+                 "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": meta["name"],
+                                    "namespace": meta["namespace"], "uid": meta["uid"]},
+                 "source": {"component": "kubelet", "host": NODE}, "firstTimestamp": now, "lastTimestamp": now,
+                 "count": 1}
+        code, body = self.cp.request("POST", f"/api/v1/namespaces/{meta['namespace']}/events", event)
+        if code != 201:
+            self.errors.append(f"event {reason} of {meta['name']}: HTTP {code} {body.get('message')}")
+
+    def _publish(self, pod: dict, life: PodLife, previous: Path | None = None) -> None:
         """The kwok Logs and PortForward objects of a started pod: each container's CRI log, each port's target."""
         meta = pod["metadata"]
         ns, name = meta["namespace"], meta["name"]
@@ -250,7 +276,12 @@ class PodPlayer(Kubelet):
             cri.parent.mkdir(exist_ok=True)
             cri.touch()
             self._shippers[f"{name}/{c['name']}"] = (source, cri, 0)
-            logs.append({"containers": [c["name"]], "logsFile": str(cri), "follow": False})
+            entry = {"containers": [c["name"]], "logsFile": str(cri), "follow": False}
+            if previous is not None and i == 0:
+                prev = self.work_dir / "cri" / f"{name}_{c['name']}.previous.log"
+                prev.write_text("".join(f"{stamp()} stdout F {line}\n" for line in previous.read_text().splitlines()))
+                entry["previousLogsFile"] = str(prev)
+            logs.append(entry)
         forwards = []
         for c in containers:
             for p in c.get("ports", []):

@@ -119,6 +119,8 @@ def test_the_api_server_restart_is_ridden_through(run):
     records = pd.read_parquet(run["out"] / "records.parquet")
     pd_tcp = records[(records["config"] == "pd-tcp") & (records["phase"] == "measured")]
     assert len(pd_tcp) > 0 and pd_tcp["ok"].all()
+    said = [line for line in run["proc"].stdout.splitlines() if "[pd-tcp] Job pd-tcp-loadgen-fixed: the API" in line]
+    assert len(said) == 2 and "does not answer" in said[0] and "answers again after" in said[1], said
 
 
 def test_each_request_once_mlflow_equal_nothing_left(run):

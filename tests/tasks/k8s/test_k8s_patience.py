@@ -86,9 +86,11 @@ def test_the_load_generator_job_wait_rides_through_an_api_server_restart():
     spec = k8s_spec(Path("unused"))
     clock = Clock()
     api = JobApi(clock)
+    lines: list[str] = []
     result = run_loadgen_job(api, spec, spec.configuration("pd-tcp"), "r", "fixed", "x: 1\n", None, "1.31",
-                             timeout_s=60, poll_s=1.0, clock=clock, sleep=clock.sleep)
+                             timeout_s=60, poll_s=1.0, clock=clock, sleep=clock.sleep, say=lines.append)
     assert "complete" in result.problem         # the Job's state was read after the API server came back
+    assert len(lines) == 2 and "does not answer" in lines[0] and "answers again after 7 s" in lines[1], lines
     assert api.deleted == ["pd-tcp-loadgen-fixed"] and clock() >= 9.0
 
 
