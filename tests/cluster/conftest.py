@@ -33,3 +33,6 @@ def control_plane(tmp_path_factory):
         yield cp
     finally:
         cp.stop()
+
+
+from tests.cluster.space import space  # noqa: E402,F401  (a test's own namespace: the fixture of the tier's tests)

@@ -5,88 +5,23 @@ teardown (a finalizer holds a pod), preflight, Pod Security, credentials. Moved 
 what stays there says why (tests/tasks/k8s/test_k8s_target.py)."""
 from __future__ import annotations
 
-import itertools
 import json
-import re
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 from prefect.exceptions import TerminationSignal
 
 from epdbench.manifests.render import render_manifests, run_selector
 from epdbench.otlp import format_traceparent, new_span_id, new_trace_id
-from epdbench.specs.models import load_spec, parse_spec
 from epdbench.tasks.deployment import ProvisionError
 from epdbench.tasks.k8s import target as k8s_target
-from epdbench.tasks.k8s.api import KINDS, KubeApiError, connect
+from epdbench.tasks.k8s.api import KubeApiError, connect
 from tests.cluster.controlplane import NODE
-from tests.cluster.kubelet import PodPlayer
-from tests.cluster.specs import TINY
+from tests.cluster.space import RUN_ID, SELECTOR
 from tests.k8s.fake_kubelet import CRASH_LOG, CRASH_LOOP, IMAGE_PULL, NOT_READY, READY, RUN
 
 pytestmark = pytest.mark.cluster      # the tier runs apart (-m cluster), in its network namespace
-RUN_ID = "run-1"
-SELECTOR = f"epdbench/run={RUN_ID}"
-NAMESPACED = [("/api/v1", "pods"), ("/api/v1", "services"), ("/api/v1", "configmaps"), ("/api/v1", "serviceaccounts"),
-              ("/apis/apps/v1", "statefulsets"), ("/apis/apps/v1", "deployments"), ("/apis/apps/v1", "replicasets"),
-              ("/apis/batch/v1", "jobs"), ("/apis/rbac.authorization.k8s.io/v1", "roles"),
-              ("/apis/rbac.authorization.k8s.io/v1", "rolebindings")]
-_numbers = itertools.count()
-
-
-class Space:
-    """One test's namespace on the session's control plane, its kubeconfig and its pod player."""
-
-    def __init__(self, cp, work: Path):
-        self.cp, self.work = cp, work
-        self.name = cp.ensure_namespace(f"t{next(_numbers)}-" + re.sub(r"[^a-z0-9]+", "-", work.name.lower())[:40]
-                                        .strip("-"))
-        self.kubeconfig = cp.kubeconfig(work / "kubeconfig", namespace=self.name)
-        self.player = PodPlayer(cp, work / "pods", TINY).start()
-
-    def spec(self, **kube):
-        data = load_spec(str(TINY)).model_dump(mode="json")
-        data["target"]["kubernetes"].update({"kubeconfig": str(self.kubeconfig), "namespace": self.name,
-                                             "access": "port-forward", "model_cache": {"kind": "empty-dir"}, **kube})
-        return parse_spec(data, "k8s-tiny")
-
-    def start(self, config: str, **kube):
-        spec = self.spec(**kube)
-        run_dir = self.work / "results" / RUN_ID
-        run_dir.mkdir(parents=True, exist_ok=True)
-        dep = k8s_target.start(spec, spec.configuration(config), run_dir / "spec.yaml", run_dir / "evidence" / config)
-        return spec, dep
-
-    def put(self, obj: dict, manager: str = "kubectl") -> dict:
-        meta = obj["metadata"]
-        path = KINDS[obj["kind"]].collection_path(meta.get("namespace", self.name))
-        status, body = self.cp.request("PATCH", f"{path}/{meta['name']}?fieldManager={manager}", obj,
-                                       content_type="application/apply-patch+yaml")
-        assert status in (200, 201), body
-        return body
-
-    def labelled(self, selector: str = "epdbench/run") -> list[str]:
-        out = []
-        for root, plural in NAMESPACED:
-            status, body = self.cp.request("GET", f"{root}/namespaces/{self.name}/{plural}?labelSelector={selector}")
-            assert status == 200, body
-            out += [f"{plural}/{o['metadata']['name']}" for o in body["items"]]
-        return sorted(out)
-
-    def assert_nothing_left(self) -> None:
-        assert self.labelled(SELECTOR) == []
-        assert self.player.wait(lambda: self.player.running_processes() == [], 30), self.player.running_processes()
-
-
-@pytest.fixture
-def space(control_plane, tmp_path):
-    s = Space(control_plane, tmp_path)
-    yield s
-    s.player.stop()
-
-
 def chat(url: str, model: str, headers: dict | None = None) -> dict:
     body = json.dumps({"model": model, "max_tokens": 3, "messages": [{"role": "user", "content": "hello"}]})
     req = urllib.request.Request(url + "/v1/chat/completions", data=body.encode(),
