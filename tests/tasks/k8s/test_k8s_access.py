@@ -1,6 +1,8 @@
 """The service-proxy relay holds the runner's credentials, so it lets no one else in: per-run token,
 GET and POST only, and only this namespace's service and pod proxies, checked on the decoded path.
-Against the fake API server fronting the simulator; allowed paths still stream SSE."""
+Against the fake API server fronting the simulator; allowed paths still stream SSE. On the fake, not the real
+control plane (tests/cluster/): a real API server's service proxy dials the pod's own address, which there lies
+where nothing listens, off loopback."""
 from __future__ import annotations
 
 import json

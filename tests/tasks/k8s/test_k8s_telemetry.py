@@ -2,7 +2,8 @@
 Service and EndpointSlices, its pod on the configuration's node read through the pod proxy as its page changes,
 readings kept per pod in the neutral CSV (a repeated reading once), the energy counters beside it; an absent
 exporter said in one line; failing reads said once and never failing the configuration; wired into the
-Kubernetes target's start and stop."""
+Kubernetes target's start and stop. On the fake, not the real control plane (tests/cluster/): a real API
+server's pod proxy dials the exporter pod's own address, which there lies where nothing listens, off loopback."""
 from __future__ import annotations
 
 import itertools
