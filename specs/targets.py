@@ -223,7 +223,8 @@ class KubernetesTargetSpec(Strict):
     teardown_timeout_s: float = Field(300, gt=0, le=3600, title="Teardown timeout (s)",
                                       description="Time allowed for every labelled object to be gone.")
     poll_interval_s: float = Field(5, gt=0, le=60, title="Poll interval (s)",
-                                   description="Interval between readiness and teardown checks.")
+                                   description="Longest wait between readiness checks (each waits on a watch of the pods, "
+                                               "so a change is seen at once) and between teardown checks.")
     engine: KubeEngineSpec = Field(default_factory=KubeEngineSpec, title="Engine",
                                    description="vLLM image and pod settings.")
     router: KubeRouterSpec = Field(default_factory=KubeRouterSpec, title="Router",

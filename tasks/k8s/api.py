@@ -4,6 +4,7 @@ proxy subresources (`call`). Nothing else."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import time
@@ -176,6 +177,52 @@ class KubeApi:
         return self.call_json("PATCH", self.path_of(obj["kind"], meta["name"], meta.get("namespace")), body=obj,
                               query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
                               content_type="application/apply-patch+yaml")
+
+    def list_versioned(self, kind: str, label_selector: str | None = None) -> tuple[list[dict], str | None]:
+        """The objects and the list's resourceVersion (where a watch of what changes next starts)."""
+        query = [("labelSelector", label_selector)] if label_selector else []
+        body = self.call_json("GET", self.path_of(kind), query=query)
+        return body.get("items") or [], (body.get("metadata") or {}).get("resourceVersion") or None
+
+    def wait_for_change(self, kind: str, label_selector: str | None, resource_version: str, timeout_s: float) -> bool:
+        """Watch the objects of `kind` matching the selector from `resource_version`, for at most `timeout_s`: True as
+        soon as one is added, changed or deleted, False when the watch ends without a change. KubeApiError where the
+        server refuses the watch (410 when the version is too old) or answers with anything but watch events."""
+        seconds = max(1, math.ceil(timeout_s))      # the server's end of the watch, in whole seconds
+        query = [("watch", "true"), ("resourceVersion", resource_version), ("timeoutSeconds", str(seconds)),
+                 ("allowWatchBookmarks", "false")] + ([("labelSelector", label_selector)] if label_selector else [])
+        method, url, headers, body, _ = self.client.param_serialize(
+            "GET", self.path_of(kind), query_params=query, header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"])
+        try:
+            resp = self.client.call_api(method, url, headers, body,
+                                        _request_timeout=(REQUEST_TIMEOUT_S, max(0.05, timeout_s)))
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+            raise KubeApiError(0, f"cannot reach the API server at {self.host}: {str(e).splitlines()[0]}") from None
+        try:
+            if not 200 <= resp.status < 300:
+                raise KubeApiError(resp.status, f"watch {kind}: HTTP {resp.status} {status_message(resp.read())}")
+            try:
+                line = resp.response.readline()
+            except (urllib3.exceptions.ReadTimeoutError, TimeoutError):
+                return False          # `timeout_s` passed without a change
+            except (urllib3.exceptions.HTTPError, OSError) as e:
+                raise KubeApiError(0, f"watch {kind}: {str(e).splitlines()[0]}") from None
+            if not line:
+                return False
+            try:
+                event = json.loads(line)
+            except ValueError:
+                raise KubeApiError(0, f"watch {kind}: the answer is not a watch event") from None
+            kind_of = event.get("type") if isinstance(event, dict) else None
+            if kind_of == "ERROR":
+                obj = event.get("object") or {}
+                raise KubeApiError(int(obj.get("code") or 0), f"watch {kind}: {obj.get('message', 'error')}")
+            if kind_of not in ("ADDED", "MODIFIED", "DELETED"):
+                raise KubeApiError(0, f"watch {kind}: the answer is not a watch event")
+            return True
+        finally:
+            resp.response.close()
 
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict:
         return self.call_json("GET", self.path_of(kind, name, namespace))

@@ -214,16 +214,33 @@ def expected_pods(config: ConfigurationSpec) -> int:
     return sum(r.replicas for r in config.roles) + 1   # + the router
 
 
+def pause_until_change(api: KubeApi, selector: str, version: str | None, seconds: float, sleep: Sleep) -> None:
+    """Until a pod matching the selector changes (a watch from the list's version) or `seconds` pass; a server that
+    will not watch (or a list without a version) is waited on by sleeping the time out."""
+    if version is None or seconds <= 0:
+        sleep(seconds)
+        return
+    began = time.monotonic()
+    try:
+        api.wait_for_change("Pod", selector, version, seconds)
+    except KubeApiError:
+        sleep(max(0.0, seconds - (time.monotonic() - began)))
+
+
 def wait_ready(api: KubeApi, selector: str, expected: int, target: KubernetesTargetSpec, config: str,
                clock: Clock = time.monotonic, sleep: Sleep = time.sleep) -> list[dict]:
-    """Poll the pods until all are ready; on timeout, raise with the cluster's reason for each pod."""
+    """Wait until all the pods are ready: list them, then watch from that list's version until one changes (at
+    most the poll delay, backing off to target.poll_interval_s), and list again; on timeout, raise with the
+    cluster's reason for each pod."""
     started = clock()
     deadline = started + target.ready_timeout_s
     pods: list[dict] = []
     last_line, delay_s = "", FIRST_POLL_S
     while True:
+        version = None
         try:
-            pods = status.live_pods(api.list("Pod", selector))
+            listed, version = api.list_versioned("Pod", selector)
+            pods = status.live_pods(listed)
         except KubeApiError as e:
             if not e.transient:
                 raise
@@ -238,7 +255,7 @@ def wait_ready(api: KubeApi, selector: str, expected: int, target: KubernetesTar
             workloads = [w for kind in WORKLOAD_KINDS for w in api.list(kind, selector)]
             events = status.related_events(api.list("Event"), pods + workloads)
             raise ProvisionError(status.diagnose(pods, workloads, events, expected, clock() - started))
-        sleep(min(delay_s, max(0.0, deadline - clock())))
+        pause_until_change(api, selector, version, min(delay_s, max(0.0, deadline - clock())), sleep)
         delay_s = min(2 * delay_s, target.poll_interval_s)
 
 

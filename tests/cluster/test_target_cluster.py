@@ -203,15 +203,16 @@ def test_an_engine_the_scheduler_cannot_place_fails_with_the_schedulers_reason(s
 def test_interrupt_during_the_readiness_wait_still_deletes_everything(space, monkeypatch, signal):
     """Ctrl-C raises KeyboardInterrupt; a Prefect cancellation (SIGTERM) raises TerminationSignal."""
     space.player.behaviour = prefill_script(NOT_READY)
-    polls = []
+    pauses = []
+    pause = k8s_target.pause_until_change
 
-    def interrupt(_seconds: float) -> None:
-        polls.append(_seconds)
-        if len(polls) > 3:
+    def interrupted(*args) -> None:          # the signal arrives during the fourth wait for a change
+        pauses.append(args)
+        if len(pauses) > 3:
             raise signal
+        pause(*args)
 
-    wait_ready = k8s_target.wait_ready
-    monkeypatch.setattr(k8s_target, "wait_ready", lambda *a, **kw: wait_ready(*a, **kw, sleep=interrupt))
+    monkeypatch.setattr(k8s_target, "pause_until_change", interrupted)
     with pytest.raises(type(signal)):
         space.start("pd-tcp")
     space.assert_nothing_left()
@@ -354,3 +355,20 @@ def test_bad_credentials_and_unreachable_servers_fail_in_one_line(space):
     kubeconfig.write_text(kubeconfig.read_text().replace(f":{space.cp.api_port}", ":9"))
     with pytest.raises(ProvisionError, match="cannot reach the API server"):
         k8s_target.start(spec, spec.configuration("aggregated"), space.work / "spec.yaml", space.work / "ev")
+
+
+def test_the_readiness_wait_watches_pods_from_the_lists_version(space):
+    """The real server's watch: a change after the list's version answers at once; none, by the time asked."""
+    api = connect(space.spec().target.kubernetes)
+    pods, version = api.list_versioned("Pod", "app=watched")
+    assert pods == [] and version
+    space.put({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "unrelated", "labels": {"app": "x"}}})
+    began = time.monotonic()
+    assert api.wait_for_change("Pod", "app=watched", version, 1.0) is False       # nothing of ours changed
+    assert 0.9 < time.monotonic() - began < 3
+    space.put({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "watched", "labels": {"app": "watched"}},
+               "spec": {"containers": [{"name": "c", "image": "x"}]}})
+    began = time.monotonic()
+    assert api.wait_for_change("Pod", "app=watched", version, 10.0) is True
+    assert time.monotonic() - began < 2
+    space.cp.request("DELETE", f"/api/v1/namespaces/{space.name}/pods/watched?gracePeriodSeconds=0")

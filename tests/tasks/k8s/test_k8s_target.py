@@ -129,6 +129,9 @@ class FlakyApi:
         self._maybe_fail()
         return self.pods
 
+    def list_versioned(self, kind: str, selector: str | None = None) -> tuple[list[dict], str | None]:
+        return self.list(kind, selector), None     # no version: the wait sleeps between lists
+
 
 OBJ = {"metadata": {"name": "x"}}
 
@@ -160,3 +163,27 @@ def test_readiness_wait_gives_up_at_the_deadline_with_a_diagnosis():
         k8s_target.wait_ready(FlakyApi(0, failures=0, pods=[pending]), "s", 1, target, "c",
                               lambda: float(next(ticks)), slept.append)
     assert len(slept) < 30 and max(slept) <= target.poll_interval_s
+
+
+class Watching:
+    """wait_for_change as a server that watches (returns), refuses the watch (410), or cannot be reached."""
+
+    def __init__(self, error: KubeApiError | None = None):
+        self.error, self.calls = error, []
+
+    def wait_for_change(self, kind, selector, version, seconds):
+        self.calls.append((kind, selector, version, seconds))
+        if self.error:
+            raise self.error
+        return True
+
+
+def test_the_readiness_pause_watches_from_the_lists_version_and_sleeps_where_it_cannot():
+    slept: list[float] = []
+    api = Watching()
+    k8s_target.pause_until_change(api, "epdbench/run=r", "42", 2.0, slept.append)
+    assert api.calls == [("Pod", "epdbench/run=r", "42", 2.0)] and slept == []
+    k8s_target.pause_until_change(Watching(KubeApiError(410, "too old resource version")), "s", "42", 2.0,
+                                  slept.append)
+    k8s_target.pause_until_change(api, "s", None, 1.5, slept.append)          # a list without a version
+    assert len(slept) == 2 and 1.9 < slept[0] <= 2.0 and slept[1] == 1.5 and len(api.calls) == 1
