@@ -44,8 +44,8 @@ def stamp() -> str:
 class ApiStore:
     """What the fake kubelet reads of its store (`get`, `find`), read from the real API server."""
 
-    def __init__(self, cp: ControlPlane):
-        self.cp = cp
+    def __init__(self, cp: ControlPlane, namespace: str):
+        self.cp, self.namespace = cp, namespace      # "any namespace" means the player's: it sees no other
         self.lock = threading.RLock()
 
     def get(self, plural: str, ns: str, name: str) -> dict | None:
@@ -53,18 +53,19 @@ class ApiStore:
         return body if status == 200 else None
 
     def find(self, plural: str, ns: str = "", kind: str | None = None, selector: str | None = None) -> list[dict]:
-        path = f"{PLURAL_PATH[plural]}/namespaces/{ns}/{plural}" if ns else f"{PLURAL_PATH[plural]}/{plural}"
+        path = f"{PLURAL_PATH[plural]}/namespaces/{ns or self.namespace}/{plural}"
         status, body = self.cp.request("GET", path)
         items = body.get("items", []) if status == 200 else []
         return [o for o in items if matches(o["metadata"].get("labels", {}), selector)]
 
 
 class PodPlayer(Kubelet):
-    def __init__(self, cp: ControlPlane, work_dir: Path, spec_path: Path | None,
+    def __init__(self, cp: ControlPlane, work_dir: Path, spec_path: Path | None, namespace: str,
                  behaviour: Callable[[dict], str] = lambda pod: RUN, env_overrides: dict[str, str] | None = None):
+        """Plays the node's pods of `namespace` only: a test's player leaves other tests' pods alone."""
         work_dir.mkdir(parents=True, exist_ok=True)
-        super().__init__(ApiStore(cp), work_dir, spec_path, behaviour, env_overrides or {})
-        self.cp = cp
+        super().__init__(ApiStore(cp, namespace), work_dir, spec_path, behaviour, env_overrides or {})
+        self.cp, self.namespace = cp, namespace
         self.uids: dict[str, str] = {}          # pod name -> the uid its life belongs to
         self.ips = iter(POD_CIDR.hosts())
         self.errors: list[str] = []
@@ -102,7 +103,8 @@ class PodPlayer(Kubelet):
             self._stop.wait(TICK_S)
 
     def _tick(self) -> None:
-        status, body = self.cp.request("GET", f"/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}", timeout_s=5)
+        status, body = self.cp.request("GET", f"/api/v1/namespaces/{self.namespace}/pods?fieldSelector="
+                                              f"spec.nodeName%3D{NODE}", timeout_s=5)
         if status != 200:
             return
         pods = body.get("items", [])
@@ -121,9 +123,12 @@ class PodPlayer(Kubelet):
                 self.lives[key] = PodLife(script=self.behaviour(pod))
                 self.uids[key] = pod["metadata"]["uid"]
                 life = self.lives[key]
-            self._ship_logs(key)
-            if not life.ready:
-                self._step(pod, life)
+            try:
+                self._ship_logs(key)
+                if not life.ready:
+                    self._step(pod, life)
+            except Exception as e:     # one pod's trouble (a command it cannot make) stops no other
+                self.errors.append(f"pod {key}: {type(e).__name__}: {e}")
         for key in [k for k in self.lives if k not in seen]:
             self._end(key, None)
 

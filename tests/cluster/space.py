@@ -31,7 +31,7 @@ class Space:
         self.name = cp.ensure_namespace(f"t{next(_numbers)}-" + re.sub(r"[^a-z0-9]+", "-", work.name.lower())[:40]
                                         .strip("-"))
         self.kubeconfig = cp.kubeconfig(work / "kubeconfig", namespace=self.name)
-        self.player = PodPlayer(cp, work / "pods", TINY).start()
+        self.player = PodPlayer(cp, work / "pods", TINY, self.name).start()
 
     def spec(self, **kube):
         data = load_spec(str(TINY)).model_dump(mode="json")

@@ -79,7 +79,7 @@ def run(control_plane, tmp_path_factory):
     spec = cluster_spec(work / "smoke-cluster.yaml", "smoke", NAMESPACE, ready_timeout_s=120, teardown_timeout_s=60,
                         poll_interval_s=0.5)
     kubeconfig, token = flow_account_kubeconfig(control_plane, work / "flow.kubeconfig")
-    player = PodPlayer(control_plane, work / "pods", spec, env_overrides=FAST_METRICS).start()
+    player = PodPlayer(control_plane, work / "pods", spec, NAMESPACE, env_overrides=FAST_METRICS).start()
     out = work / "results"
     try:
         proc = subprocess.run([sys.executable, "-m", "epdbench.cli", "compare", "--spec", str(spec),

@@ -29,7 +29,7 @@ def test_runner_side_load_through_port_forwards_keeps_every_trace(control_plane,
     cp = control_plane
     cp.ensure_namespace(NAMESPACE)
     spec = cluster_spec(tmp_path / "k8s-runner.yaml", TINY, NAMESPACE, edit=on_the_runner)
-    player = PodPlayer(cp, tmp_path / "pods", spec,    # Mooncake's throughput windows even in a short run
+    player = PodPlayer(cp, tmp_path / "pods", spec, NAMESPACE,    # Mooncake's throughput windows even in a short run
                        env_overrides={"MC_TE_METRIC_INTERVAL_SECONDS": "0.5"}).start()
     out, db = tmp_path / "results", tmp_path / "mlflow.db"
     try:

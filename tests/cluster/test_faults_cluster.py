@@ -68,7 +68,7 @@ def run(control_plane, tmp_path_factory):
     work = tmp_path_factory.mktemp("cluster-faults")
     cp.ensure_namespace(NAMESPACE)
     spec = cluster_spec(work / "faults.yaml", TINY, NAMESPACE, edit=longer_cells, ready_timeout_s=8)
-    player = PodPlayer(cp, work / "pods", spec, behaviour=never_ready_rdma,
+    player = PodPlayer(cp, work / "pods", spec, NAMESPACE, behaviour=never_ready_rdma,
                        env_overrides={"MC_TE_METRIC_INTERVAL_SECONDS": "0.5"}).start()
     done, log = threading.Event(), []
     injector = threading.Thread(target=inject, args=(cp, player, done, log), daemon=True)

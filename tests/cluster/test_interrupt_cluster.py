@@ -47,7 +47,7 @@ def setup(control_plane, tmp_path_factory):
 
 def test_an_interrupted_run_deletes_everything_it_applied(setup):
     cp, work, spec, kubeconfig = setup
-    player = PodPlayer(cp, work / "pods", spec).start()
+    player = PodPlayer(cp, work / "pods", spec, NAMESPACE).start()
     proc = subprocess.Popen([sys.executable, "-m", "epdbench.cli", "compare", "--spec", str(spec), "--configs", "pd-tcp",
                              "--kubeconfig", str(kubeconfig), "--out", str(work / "results"),
                              "--tracking-uri", f"sqlite:///{work / 'mlflow.db'}"],
@@ -81,7 +81,7 @@ def test_cleanup_removes_a_crashed_runs_leftovers(setup):
     """What a run killed by SIGKILL leaves (its objects applied, its pods made by the controllers) goes with
     `epdbench cleanup --run`; pods that never got ready are deleted all the same."""
     cp, work, spec_path, kubeconfig = setup
-    player = PodPlayer(cp, work / "pods-crashed", spec_path, behaviour=lambda pod: NOT_READY).start()
+    player = PodPlayer(cp, work / "pods-crashed", spec_path, NAMESPACE, behaviour=lambda pod: NOT_READY).start()
     try:
         spec = load_spec(str(spec_path))
         for config in ("aggregated", "epd"):

@@ -29,7 +29,7 @@ def test_up_with_a_kubernetes_work_pool_runs_an_adhoc_flow_as_a_job(control_plan
     cp = control_plane
     cp.ensure_namespace(NAMESPACE)
     pp, mp, mark = free_port(), free_port(), os.urandom(6).hex()
-    player = PodPlayer(cp, tmp_path / "pods", None, env_overrides={
+    player = PodPlayer(cp, tmp_path / "pods", None, NAMESPACE, env_overrides={
         "PREFECT_API_URL": f"http://127.0.0.1:{pp}/api", "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{mp}",
         "EPDBENCH_TEST_MARK": mark}).start()
     kubeconfig = cp.kubeconfig(tmp_path / "kubeconfig", namespace=NAMESPACE)
