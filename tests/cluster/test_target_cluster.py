@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.request
 
 import pytest
 from prefect.exceptions import TerminationSignal
@@ -19,22 +18,10 @@ from epdbench.tasks.k8s import target as k8s_target
 from epdbench.tasks.k8s.api import KubeApiError, connect
 from tests.cluster.controlplane import NODE
 from tests.cluster.space import RUN_ID, SELECTOR
+from tests.tasks.k8s.test_k8s_target import chat, fetch
 from tests.k8s.fake_kubelet import CRASH_LOG, CRASH_LOOP, IMAGE_PULL, NOT_READY, READY, RUN
 
 pytestmark = pytest.mark.cluster      # the tier runs apart (-m cluster), in its network namespace
-def chat(url: str, model: str, headers: dict | None = None) -> dict:
-    body = json.dumps({"model": model, "max_tokens": 3, "messages": [{"role": "user", "content": "hello"}]})
-    req = urllib.request.Request(url + "/v1/chat/completions", data=body.encode(),
-                                 headers={"Content-Type": "application/json", **(headers or {})})
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return json.loads(r.read())
-
-
-def fetch(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return r.read().decode()
-
-
 def traced_spans(dep, model: str, expected: int, player) -> list[tuple[str, str]]:
     trace_id, client = new_trace_id(), new_span_id()
     chat(dep.endpoint, model, {"traceparent": format_traceparent(trace_id, client)})
