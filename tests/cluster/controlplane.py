@@ -161,9 +161,6 @@ class ControlPlane:
             stop_process(c.process, grace_s=5)
         self.components.clear()
 
-    def running(self) -> list[str]:
-        return [c.name for c in self.components if c.process.poll() is None]
-
     def _spawn(self, name: str, cmd: list[str], ready_url: str, token: str | None = None,
                verify: Path | None | bool = False) -> Component:
         log = self.work_dir / f"{name}.log"
