@@ -35,6 +35,13 @@ SERVICE_CIDR = "10.96.0.0/16"     # Services' cluster IPs: allocated, never dial
 # The stages kwok runs: nodes ready and heart-beating, deleted pods finalised. Not kwok's pod-ready or
 # pod-complete: they would mark every pod Ready (or a Job's pod done) the moment it is scheduled, before the
 # process it stands for serves; the pod player writes those states from the process, as a kubelet does.
+# Every namespaced kind a run creates or makes (the controllers' ReplicaSets, ControllerRevisions, EndpointSlices
+# included): what `labelled` lists.
+NAMESPACED = [("/api/v1", "pods"), ("/api/v1", "services"), ("/api/v1", "configmaps"), ("/api/v1", "serviceaccounts"),
+              ("/apis/apps/v1", "statefulsets"), ("/apis/apps/v1", "deployments"), ("/apis/apps/v1", "replicasets"),
+              ("/apis/apps/v1", "controllerrevisions"), ("/apis/batch/v1", "jobs"),
+              ("/apis/rbac.authorization.k8s.io/v1", "roles"), ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
+              ("/apis/discovery.k8s.io/v1", "endpointslices")]
 KWOK_STAGES = ("node-initialize.yaml", "node-heartbeat-with-lease.yaml", "pod-delete.yaml")
 
 
@@ -133,6 +140,17 @@ class ControlPlane:
                 return e.code, json.loads(raw or b"{}")
             except ValueError:
                 return e.code, {"message": raw.decode(errors="replace")}
+
+    def labelled(self, namespace: str, selector: str) -> list[str]:
+        """`plural/name` of every object of the kinds a run creates or makes (NAMESPACED) that the selector matches
+        in the namespace: what must be gone after a teardown."""
+        out = []
+        for root, plural in NAMESPACED:
+            status, body = self.request("GET", f"{root}/namespaces/{namespace}/{plural}?labelSelector={selector}")
+            if status != 200:
+                raise RuntimeError(f"list {plural} in {namespace}: HTTP {status} {body.get('message')}")
+            out += [f"{plural}/{o['metadata']['name']}" for o in body.get("items", [])]
+        return sorted(out)
 
     def ensure_namespace(self, name: str) -> str:
         status, body = self.request("POST", "/api/v1/namespaces",

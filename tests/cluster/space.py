@@ -16,10 +16,6 @@ from tests.cluster.specs import TINY
 
 RUN_ID = "run-1"
 SELECTOR = f"epdbench/run={RUN_ID}"
-NAMESPACED = [("/api/v1", "pods"), ("/api/v1", "services"), ("/api/v1", "configmaps"), ("/api/v1", "serviceaccounts"),
-              ("/apis/apps/v1", "statefulsets"), ("/apis/apps/v1", "deployments"), ("/apis/apps/v1", "replicasets"),
-              ("/apis/batch/v1", "jobs"), ("/apis/rbac.authorization.k8s.io/v1", "roles"),
-              ("/apis/rbac.authorization.k8s.io/v1", "rolebindings")]
 _numbers = itertools.count()
 
 
@@ -55,15 +51,11 @@ class Space:
         return body
 
     def labelled(self, selector: str = "epdbench/run") -> list[str]:
-        out = []
-        for root, plural in NAMESPACED:
-            status, body = self.cp.request("GET", f"{root}/namespaces/{self.name}/{plural}?labelSelector={selector}")
-            assert status == 200, body
-            out += [f"{plural}/{o['metadata']['name']}" for o in body["items"]]
-        return sorted(out)
+        return self.cp.labelled(self.name, selector)
 
     def assert_nothing_left(self) -> None:
-        assert self.labelled(SELECTOR) == []
+        # The controllers' EndpointSlices go with their Service by garbage collection, moments after the teardown.
+        assert self.player.wait(lambda: self.labelled(SELECTOR) == [], 30), self.labelled(SELECTOR)
         assert self.player.wait(lambda: self.player.running_processes() == [], 30), self.player.running_processes()
 
 

@@ -29,12 +29,6 @@ pytestmark = pytest.mark.cluster      # the tier runs apart (-m cluster), in its
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "epdbench"
 FAST_METRICS = {"MC_TE_METRIC_INTERVAL_SECONDS": "0.5"}   # short cells still log Mooncake throughput windows
-# Every kind a run creates or makes, namespaced: what must be gone after teardown.
-NAMESPACED = [("/api/v1", "pods"), ("/api/v1", "services"), ("/api/v1", "configmaps"), ("/api/v1", "serviceaccounts"),
-              ("/apis/apps/v1", "statefulsets"), ("/apis/apps/v1", "deployments"), ("/apis/apps/v1", "replicasets"),
-              ("/apis/apps/v1", "controllerrevisions"), ("/apis/batch/v1", "jobs"),
-              ("/apis/rbac.authorization.k8s.io/v1", "roles"), ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
-              ("/apis/discovery.k8s.io/v1", "endpointslices")]
 DIAL = re.compile(r"dial tcp (?P<addr>\[?[0-9a-f.:]+\]?):\d+")
 
 
@@ -55,15 +49,6 @@ def flow_account_kubeconfig(cp, path: Path) -> Path:
                                "spec": {"expirationSeconds": 7200}})
     assert status == 201, body
     return cp.kubeconfig(path, token=body["status"]["token"], namespace=NAMESPACE), body["status"]["token"]
-
-
-def leftovers(cp, label: str) -> list[str]:
-    out = []
-    for root, plural in NAMESPACED:
-        status, body = cp.request("GET", f"{root}/namespaces/{NAMESPACE}/{plural}?labelSelector={label}")
-        assert status == 200, body
-        out += [f"{plural}/{o['metadata']['name']}" for o in body.get("items", [])]
-    return out
 
 
 def off_loopback_dials(texts: dict[str, str]) -> list[str]:
@@ -169,7 +154,7 @@ def test_the_flow_account_is_refused_outside_its_rights(run):
 
 def test_teardown_leaves_nothing_labelled_and_no_process(run):
     cp, player = run["cp"], run["player"]
-    assert leftovers(cp, "epdbench/run") == []
+    assert cp.labelled(NAMESPACE, "epdbench/run") == []
     assert player.wait(lambda: player.running_processes() == [], 30), player.running_processes()
     assert player.errors == [] or all("status: HTTP 404" in e or "HTTP 409" in e for e in player.errors), \
         player.errors[:5]

@@ -62,5 +62,4 @@ def test_runner_side_load_through_port_forwards_keeps_every_trace(control_plane,
     traces = client.search_traces(locations=[client.get_experiment_by_name("epdbench").experiment_id],
                                   max_results=100)
     assert {t.info.tags["epdbench.trace_id"] for t in traces} == set(spans["trace_id"])
-    for root, plural in (("/api/v1", "pods"), ("/apis/apps/v1", "statefulsets"), ("/api/v1", "services")):
-        assert cp.request("GET", f"{root}/namespaces/{NAMESPACE}/{plural}?labelSelector=epdbench/run")[1]["items"] == []
+    assert cp.labelled(NAMESPACE, "epdbench/run") == []

@@ -22,20 +22,6 @@ from tests.k8s.fake_kubelet import NOT_READY
 pytestmark = pytest.mark.cluster      # the tier runs apart (-m cluster), in its network namespace
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "interrupt"
-KINDS = (("/api/v1", "pods"), ("/apis/apps/v1", "statefulsets"), ("/apis/apps/v1", "deployments"),
-         ("/apis/apps/v1", "replicasets"), ("/apis/batch/v1", "jobs"), ("/api/v1", "services"),
-         ("/api/v1", "configmaps"), ("/api/v1", "serviceaccounts"), ("/apis/rbac.authorization.k8s.io/v1", "roles"))
-
-
-def labelled(cp, selector: str) -> list[str]:
-    out = []
-    for root, plural in KINDS:
-        status, body = cp.request("GET", f"{root}/namespaces/{NAMESPACE}/{plural}?labelSelector={selector}")
-        assert status == 200, body
-        out += [f"{plural}/{o['metadata']['name']}" for o in body["items"]]
-    return out
-
-
 @pytest.fixture(scope="module")
 def setup(control_plane, tmp_path_factory):
     cp = control_plane
@@ -62,7 +48,7 @@ def test_an_interrupted_run_deletes_everything_it_applied(setup):
             if "[pd-tcp] serving at" in line or not line:
                 break
         assert any("[pd-tcp] serving at" in s for s in seen), "".join(seen)[-3000:]
-        while_serving = labelled(cp, "epdbench/run")
+        while_serving = cp.labelled(NAMESPACE, "epdbench/run")
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=90)
     finally:
@@ -72,7 +58,7 @@ def test_an_interrupted_run_deletes_everything_it_applied(setup):
     assert "statefulsets/pd-tcp-prefill" in while_serving and any(p.startswith("pods/") for p in while_serving)
     assert proc.returncode == 130, output[-3000:]
     assert "[pd-tcp] deleted every object labelled" in output
-    assert labelled(cp, "epdbench/run") == []
+    assert cp.labelled(NAMESPACE, "epdbench/run") == []
     assert player.wait(lambda: player.running_processes() == [], 30), player.running_processes()
     player.stop()
 
@@ -91,15 +77,15 @@ def test_cleanup_removes_a_crashed_runs_leftovers(setup):
                 status, body = cp.request("PATCH", f"{base}/{meta['name']}?fieldManager=epdbench&force=true", obj,
                                           content_type="application/apply-patch+yaml")
                 assert status in (200, 201), body
-        assert player.wait(lambda: sum(x.startswith("pods/") for x in labelled(cp, "epdbench/run=crashed-run")) >= 6,
-                           60), labelled(cp, "epdbench/run=crashed-run")
+        assert player.wait(lambda: sum(x.startswith("pods/") for x in cp.labelled(NAMESPACE, "epdbench/run=crashed-run")) >= 6,
+                           60), cp.labelled(NAMESPACE, "epdbench/run=crashed-run")
         proc = subprocess.run([sys.executable, "-m", "epdbench.cli", "cleanup", "--run", "crashed-run",
                                "--namespace", NAMESPACE, "--kubeconfig", str(kubeconfig)], cwd=work,
                               env={**os.environ, "PYTHONPATH": str(ROOT)},
                               capture_output=True, text=True, timeout=180)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert f"run crashed-run in namespace {NAMESPACE}" in proc.stdout and "gone" in proc.stdout, proc.stdout
-        assert labelled(cp, "epdbench/run") == []
+        assert cp.labelled(NAMESPACE, "epdbench/run") == []
     finally:
         player.stop()
 
