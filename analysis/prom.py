@@ -29,6 +29,12 @@ DELTA_COUNTERS = {
     "nixl_bytes_transferred": ("vllm:nixl_bytes_transferred_sum", None),
     "nixl_transfers": ("vllm:nixl_xfer_time_seconds_count", None),
     "nixl_failed_transfers": ("vllm:nixl_num_failed_transfers_total", None),
+    # The engine core's own request histograms (vllm/v1/metrics/loggers.py), as sums and counts: a window's mean
+    # time per request (analysis.truth_rows.engine_means_of_deltas), per role.
+    **{f"{key}_{part}": (f"{name}_{part}", None) for key, name in (
+        ("engine_queue_s", "vllm:request_queue_time_seconds"), ("engine_prefill_s", "vllm:request_prefill_time_seconds"),
+        ("engine_decode_s", "vllm:request_decode_time_seconds"), ("engine_ttft_s", "vllm:time_to_first_token_seconds"),
+        ("engine_tpot_s", "vllm:request_time_per_output_token_seconds")) for part in ("sum", "count")},
     "router_prefill_requests": ("vllm_router_pd_prefill_requests_total", None),
     "router_decode_requests": ("vllm_router_pd_decode_requests_total", None),
     "router_processed_requests": ("vllm_router_processed_requests_total", None),

@@ -34,13 +34,16 @@ CACHES = ["engine_prefix_hit_pct", "engine_mm_hit_pct"]
 # A row whose prefix cache served more than this share of its prompt tokens is left out (usable): one 16-token
 # block of a chat template shared by every request is 1.9 % of the table's shortest chat prompt (821 tokens).
 WARM_PREFIX_PCT = 2.0
-COLUMNS = ["gpu", "vllm_version", "model", "tool", "config", "suite", "workload", *SHAPE, "concurrency", *COUNTS,
-           *CLIENT_METRICS, *ENGINE_MEANS, *CACHES, *TELEMETRY]
+# `stream` (optional, `main` when absent): the stream of a mixed window's row (specs.suites.MixedSuite), whose
+# engine figures are the whole window's, every stream's requests together.
+COLUMNS = ["gpu", "vllm_version", "model", "tool", "config", "suite", "workload", "stream", *SHAPE, "concurrency",
+           *COUNTS, *CLIENT_METRICS, *ENGINE_MEANS, *CACHES, *TELEMETRY]
 REQUIRED = [*KEYS, "input_tokens", "output_tokens"]
 # What sim_vs_real sets side by side: the client's figures and the engine's.
 COMPARED = ["ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "itl_p99_ms", "output_tok_s", "engine_prefill_ms",
             "engine_decode_ms_per_token"]
-_WORKLOAD = re.compile(r"(?:(\d+)px\+)?(\d+)/(\d+)")
+# A fixed shape's label, or a multimodal suite cell's, which its name leads (`reuse:1792px+400/64`)
+_WORKLOAD = re.compile(r"(?:[a-z0-9][a-z0-9-]*:)?(?:(\d+)px\+)?(\d+)/(\d+)")
 
 
 class TruthError(ValueError):
@@ -49,7 +52,8 @@ class TruthError(ValueError):
 
 def parse_workload(label: str) -> tuple[int, int, int] | None:
     """(image edge px or 0, input tokens, output tokens) of a fixed workload label (specs.suites.Shape.workload:
-    `1024/128`, `1260px+400/128`); None for any other label."""
+    `1024/128`, `1260px+400/128`), a stream's (StreamSpec.workload) or a multimodal cell's (ImageCell.workload:
+    `reuse:1792px+400/64`); None for any other label."""
     m = _WORKLOAD.fullmatch(str(label).strip())
     return (int(m.group(1) or 0), int(m.group(2)), int(m.group(3))) if m else None
 
@@ -122,14 +126,15 @@ def usable(frame: pd.DataFrame, notes: list[str]) -> pd.DataFrame:
 
 
 def cells(frame: pd.DataFrame, notes: list[str] | None = None) -> pd.DataFrame:
-    """One row per cell (index MATCH_KEYS, stream `main`: a truth table has closed-loop cells) of a checked
+    """One row per cell (index MATCH_KEYS; stream `main` where the table has none) of a checked
     table: the client figures, the compared engine figures (analysis.engine_steps.engine_figures), the shape and
     prompt_tokens_mean, rows of a cell averaged. A figure that is not positive is left out (NaN) and `notes` says
     so."""
     frame = frame.reset_index(drop=True)
     out = pd.DataFrame({k: frame[k].astype(str).str.strip() for k in ("config", "suite", "workload")})
     out["concurrency"] = pd.to_numeric(frame["concurrency"]).astype(int)
-    out["stream"] = "main"
+    out["stream"] = (frame["stream"].fillna("main").astype(str).str.strip().replace("", "main")
+                     if "stream" in frame.columns else "main")
     values = pd.DataFrame({c: pd.to_numeric(frame[c], errors="coerce") if c in frame.columns else np.nan
                            for c in (*SHAPE, "prompt_tokens_mean", *CLIENT_METRICS)}, index=frame.index)
     engine = engine_figures(frame)
@@ -152,7 +157,8 @@ def as_truth_table(summary: pd.DataFrame, gpu: str, model: str, tool: str = "epd
             continue
         px, text, out = shape
         rows.append({"gpu": gpu, "vllm_version": vllm_version, "model": model, "tool": tool, "config": r["config"],
-                     "suite": r["suite"], "workload": r["workload"], "input_tokens": text, "image_px": px,
+                     "suite": r["suite"], "workload": r["workload"], "stream": r.get("stream") or "main",
+                     "input_tokens": text, "image_px": px,
                      "output_tokens": out, "concurrency": int(r["concurrency"]), "n_measured": r["requests_total"],
                      "requests_ok": r["requests_ok"], "prompt_tokens_mean": r["prompt_tokens_mean"],
                      **{c: _figure(r.get(c)) for c in (*CLIENT_METRICS, *ENGINE_MEANS)}})

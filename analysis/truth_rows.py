@@ -13,7 +13,7 @@ import math
 
 from epdbench.analysis.engine_steps import ENGINE_MEANS
 from epdbench.analysis.prom import counter_deltas, hit_rate, parse_prometheus
-from epdbench.analysis.truth import COLUMNS
+from epdbench.analysis.truth import COLUMNS, parse_workload
 
 # vLLM's own request histograms (vllm/v1/metrics/loggers.py, 0.26) behind the table's engine means
 # (analysis.engine_steps.ENGINE_MEANS): the engine core's view of each request, free of the client, the HTTP server
@@ -132,3 +132,58 @@ def truth_row(keys: dict, client: dict, engine: dict) -> dict:
     merged = {**keys, **client, **engine}
     return {c: round(v, 3) if isinstance(v, float) else v for c in TRUTH_COLUMNS for v in [merged.get(c)]}
 
+
+
+# The roles whose engine a request is queued and prefilled on, and whose engine decodes and streams it (the engine
+# core's histograms of each), as a run's evidence names them (specs.topology roles: server is aggregated's).
+PREFILL_SIDE = ("server", "prefill")
+DECODE_SIDE = ("server", "decode")
+_MEAN_FROM = {"engine_queue_ms_mean": ("engine_queue_s", PREFILL_SIDE),
+              "engine_prefill_ms_mean": ("engine_prefill_s", PREFILL_SIDE),
+              "engine_decode_ms_mean": ("engine_decode_s", DECODE_SIDE),
+              "engine_ttft_ms_mean": ("engine_ttft_s", DECODE_SIDE),
+              "engine_tpot_ms_mean": ("engine_tpot_s", DECODE_SIDE)}
+
+
+def engine_means_of_deltas(deltas: dict[str, dict[str, float]]) -> dict[str, float | None]:
+    """A window's engine means (ms per request, ENGINE_HISTOGRAMS' figures) and cache hits (%) from a run's per-role
+    counter deltas (tasks.evidence: role -> analysis.prom.DELTA_COUNTERS' keys over one suite). Queue and prefill
+    from the engine that prefilled (aggregated's server or PD's prefill), the rest from the one that decoded; the
+    prefix cache of the prefilling engine; the multi-modal cache of the engine that took the images in (EPD's
+    encode, else the prefilling one). None where a figure is missing or nothing ended or was looked up."""
+    out: dict[str, float | None] = {}
+    for column, (key, roles) in _MEAN_FROM.items():
+        got = next((deltas[r] for r in roles if r in deltas), {})
+        total, count = got.get(f"{key}_sum"), got.get(f"{key}_count")
+        out[column] = round(total / count * 1e3, 4) if total is not None and count else None
+    prefill = next((deltas[r] for r in PREFILL_SIDE if r in deltas), {})
+    images = deltas.get("encode") or prefill
+    for column, source in (("engine_prefix_hit_pct", prefill), ("engine_mm_hit_pct", images)):
+        hits, queries = ENGINE_CACHES[column]
+        looked_up = source.get(queries)
+        out[column] = (round(source.get(hits, 0.0) / looked_up * 100, 3)
+                       if looked_up and looked_up > 0 else None)
+    return out
+
+
+def run_rows(summary: list[dict], suites: dict[str, dict[str, dict]], *, gpu: str, vllm_version: str,
+             model: str) -> list[dict]:
+    """Truth rows (tool `epdbench`) of a compare run on real engines: one per configuration × cell × stream of its
+    summary (trial 0 only: a truth row is one measurement), the engine figures of the cell's suite window from its
+    evidence (`suites`: config -> suite -> that suite's stages evidence, with `metrics_delta`). A cell whose
+    workload is no fixed shape (a rate sweep's, a stream of ranged lengths) is left out."""
+    rows = []
+    for r in summary:
+        if int(r.get("trial", 0) or 0) != 0:
+            continue
+        stream = str(r.get("stream") or "main")
+        shape = parse_workload(r["workload"])
+        if shape is None:
+            continue
+        px, tokens, out = shape
+        deltas = (suites.get(r["config"], {}).get(r["suite"]) or {}).get("metrics_delta") or {}
+        keys = {"gpu": gpu, "vllm_version": vllm_version, "model": model, "tool": "epdbench", "config": r["config"],
+                "suite": r["suite"], "workload": r["workload"], "stream": stream, "input_tokens": tokens,
+                "image_px": px, "output_tokens": out, "concurrency": int(r["concurrency"])}
+        rows.append(truth_row(keys, client_figures_from_summary(r), engine_means_of_deltas(deltas)))
+    return rows

@@ -28,7 +28,8 @@ def test_the_workload_labels_are_the_specs():
     assert labels == {"1024/128", "4096/128", "8192/128", "560px+400/128", "1260px+400/128", "1792px+400/128"}
     assert {truth.parse_workload(w) for w in labels} == {(0, 1024, 128), (0, 4096, 128), (0, 8192, 128),
                                                           (560, 400, 128), (1260, 400, 128), (1792, 400, 128)}
-    assert truth.parse_workload("4k:1260px+2071/128") is None and truth.parse_workload("1024/128@4/s") is None
+    assert truth.parse_workload("4k:1260px+2071/128") == (1260, 2071, 128)     # a multimodal cell: its name leads
+    assert truth.parse_workload("1024/128@4/s") is None and truth.parse_workload("100-200/64") is None
 
 
 def test_a_table_of_the_contract_passes_and_a_blank_image_edge_is_no_image():

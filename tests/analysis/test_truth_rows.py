@@ -97,3 +97,55 @@ def test_truth_row_orders_columns_rounds_and_keeps_nulls():
     assert list(row) == TRUTH_COLUMNS
     assert row["ttft_p50_ms"] == 12.346 and row["engine_prefill_ms_mean"] is None and row["gpu"] is None
 
+
+
+def test_window_means_and_caches_from_a_runs_per_role_deltas():
+    """A PD window: queue and prefill from the prefill engine, decode figures from the decode engine, the prefix
+    cache of the prefill engine; EPD's images counted where encode took them in."""
+    from epdbench.analysis.prom import counter_deltas
+    from epdbench.analysis.truth_rows import engine_means_of_deltas
+    prefill = counter_deltas(metrics(1.0, 10) + cache_metrics(0, 0),
+                             metrics(1.8, 14) + cache_metrics(300, 1000, 0, 4))
+    decode = counter_deltas("", 'vllm:request_decode_time_seconds_sum{engine="0"} 2.0\n'
+                                'vllm:request_decode_time_seconds_count{engine="0"} 4\n')
+    out = engine_means_of_deltas({"prefill": prefill, "decode": decode})
+    assert out["engine_prefill_ms_mean"] == pytest.approx(200.0) and out["engine_decode_ms_mean"] == pytest.approx(500.0)
+    assert out["engine_queue_ms_mean"] is None and out["engine_tpot_ms_mean"] is None
+    assert out["engine_prefix_hit_pct"] == pytest.approx(30.0) and out["engine_mm_hit_pct"] == 0.0
+    encode = counter_deltas(cache_metrics(0, 0), cache_metrics(0, 0, 3, 4))
+    assert engine_means_of_deltas({"encode": encode, "prefill": prefill})["engine_mm_hit_pct"] == pytest.approx(75.0)
+    assert all(v is None for v in engine_means_of_deltas({}).values())
+
+
+def test_run_rows_one_per_config_cell_and_stream_of_trial_zero():
+    from epdbench.analysis import truth
+    from epdbench.analysis.prom import counter_deltas
+    from epdbench.analysis.truth_rows import run_rows
+    base = {"requests_ok": 12, "requests_total": 12, "ttft_p50_ms": 90.0, "tpot_p50_ms": 7.0, "itl_p99_ms": 40.0,
+            "prompt_tokens_mean": 4521.0, "trial": 0}
+    summary = [{**base, "config": "aggregated", "suite": "text-with-images", "workload": "1024/256",
+                "concurrency": 4, "stream": "text"},
+               {**base, "config": "aggregated", "suite": "text-with-images", "workload": "1792px+400/64",
+                "concurrency": 2, "stream": "images"},
+               {**base, "config": "aggregated", "suite": "mm-reuse", "workload": "reuse:1792px+400/64",
+                "concurrency": 4, "stream": "main"},
+               {**base, "config": "aggregated", "suite": "mm-reuse", "workload": "reuse:1792px+400/64",
+                "concurrency": 4, "stream": "main", "trial": 1},
+               {**base, "config": "aggregated", "suite": "capacity", "workload": "1024/128@4/s", "concurrency": 64}]
+    window = {"server": counter_deltas(metrics(0.0, 0), metrics(1.2, 6))}
+    reuse = {"server": counter_deltas(cache_metrics(0, 0, 0, 0), cache_metrics(3000, 4000, 10, 14))}
+    rows = run_rows(summary, {"aggregated": {"text-with-images": {"metrics_delta": window},
+                                             "mm-reuse": {"metrics_delta": reuse}}},
+                    gpu="NVIDIA H100 80GB HBM3", vllm_version="0.26.0", model="Qwen/Qwen2.5-VL-7B-Instruct")
+    assert [(r["suite"], r["stream"]) for r in rows] == [("text-with-images", "text"),
+                                                       ("text-with-images", "images"), ("mm-reuse", "main")]
+    text, images, reused = rows
+    assert (text["input_tokens"], text["image_px"], text["output_tokens"]) == (1024, 0, 256)
+    assert (reused["input_tokens"], reused["image_px"], reused["output_tokens"]) == (400, 1792, 64)
+    assert text["engine_prefill_ms_mean"] == images["engine_prefill_ms_mean"] == pytest.approx(200.0)
+    assert reused["engine_prefix_hit_pct"] == pytest.approx(75.0) and reused["engine_mm_hit_pct"] == pytest.approx(71.429)
+    frame = __import__("pandas").DataFrame(rows, columns=TRUTH_COLUMNS)
+    truth.check(frame)                                     # a valid table: the cell-named workload parses
+    notes = []
+    assert truth.usable(frame, notes).index.tolist() == [0, 1]          # the reuse row is warm
+    assert ("aggregated", "text-with-images", "1024/256", 4, "text") in truth.cells(frame).index
