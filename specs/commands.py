@@ -7,7 +7,7 @@ import json
 import re
 from collections.abc import Sequence
 
-from epdbench.specs.gpu_share import gpu_shares
+from epdbench.specs.gpu_share import gpu_shares, kv_cache_bytes
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, RoleSpec
 
 ENGINE_PORT = 8000
@@ -143,6 +143,13 @@ def ec_path(spec: ExperimentSpec, config: ConfigurationSpec) -> str:
     return config.ec_expected
 
 
+def starts_together(spec: ExperimentSpec, config: ConfigurationSpec) -> bool:
+    """Whether the configuration's engines that hold a KV cache start at the same time on the shared GPU
+    (target.local.start_together, and more than one of them)."""
+    return (spec.shares_one_gpu and spec.target.local.start_together
+            and sum(r.replicas for r in config.roles if r.role != "encode") > 1)
+
+
 def local_engine_args(spec: ExperimentSpec, config: ConfigurationSpec, role: RoleSpec, *, model: str,
                       port: int, ec_shared_dir: str | None = None) -> list[str]:
     """Arguments after `PYTHON -m vllm.entrypoints.openai.api_server` of a role on the local target: the same
@@ -161,6 +168,9 @@ def local_engine_args(spec: ExperimentSpec, config: ConfigurationSpec, role: Rol
                        gpu_memory_utilization=share, ec=ec)
     if local.made_model:
         args += ["--load-format", "dummy"]
+    if starts_together(spec, config) and role.role != "encode":
+        # sized, not profiled: vLLM's profiling miscounts what the engines starting beside it allocate
+        args += ["--kv-cache-memory-bytes", str(kv_cache_bytes(spec, config)[role.role])]
     if role.role == "encode" and local.encode_vision_only:
         args.append("--mm-encoder-only")       # vLLM skips the language model's weights (multimodal config)
     # The module takes the model as --model (only `vllm serve` reads it as the first positional argument).

@@ -108,3 +108,15 @@ def gpu_shares(spec: "ExperimentSpec", config: "ConfigurationSpec") -> dict[str,
         raise ValueError(f"{where}: the shares add up to {total:.2f} of the GPU ({total * hbm:.1f} GB), more than "
                          f"the {room:.1f} GB the engines may share: lower target.local.gpu_shares")
     return shares
+
+
+def kv_cache_bytes(spec: "ExperimentSpec", config: "ConfigurationSpec") -> dict[str, int]:
+    """Role -> --kv-cache-memory-bytes of each engine that holds a KV cache, when the engines start together
+    (target.local.start_together): its share of the GPU less its weights and LM_RESERVE_GB, in whole MiB, so the engine
+    stays inside its share without vLLM's memory profiling. vLLM's share is of the GPU's whole memory as CUDA reports
+    it, at least hardware.hbm_gb, so an engine so sized stays within it. Each share already holds one
+    max_model_len sequence's KV beside the weights and the reserve (gpu_shares refuses one that cannot)."""
+    shares = gpu_shares(spec, config)
+    mib = 2 ** 20
+    return {n.role: round((shares[n.role] * spec.hardware.hbm_gb - weights_gb(spec, n.role) - LM_RESERVE_GB) * GB)
+            // mib * mib for n in engine_needs(spec, config) if n.holds_kv}

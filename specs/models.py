@@ -290,7 +290,8 @@ NOT_COMPARED = {"tracking", "tracing", "description", "cost"}   # where results 
 # traced (ingest within noise: benchmarks/loadgen.py --tracing), prose, and the price a report puts on a GPU-hour
 
 
-LOCAL_GPU_FIELDS = ("model_files", "gpu_share", "gpu_shares", "encode_vision_only", "router", "ec_shared_dir")
+LOCAL_GPU_FIELDS = ("model_files", "gpu_share", "gpu_shares", "encode_vision_only", "router", "ec_shared_dir",
+                    "start_together")
 LAW_FIELDS = ("op_laws", "op_timings", "measured_compute_factor", "measured_hbm_factor", "measured_vision_factor")
 
 

@@ -290,10 +290,16 @@ class LocalTargetSpec(Strict):
                             description="device cuda: every engine of a configuration runs on GPU 0, each with its "
                                         "share of the GPU's memory as --gpu-memory-utilization (from the model's "
                                         "size, max_model_len and hardware.hbm_gb; a layout that cannot fit is "
-                                        "refused before anything starts), started one after another (vLLM's "
-                                        "memory profiling takes the other processes on its GPU to hold still). The "
+                                        "refused before anything starts), started as start_together says. The "
                                         "engines share the GPU's compute too: figures are the serving path's on "
                                         "one GPU, not a GPU per role's.")
+    start_together: bool = Field(
+        True, title="Start the language-model engines together",
+        description="With gpu_share: the engines that hold a KV cache start at the same time, each told its KV "
+                    "cache's size (--kv-cache-memory-bytes: its share less its weights and the profiling reserve, "
+                    "specs/gpu_share.py), so vLLM skips the memory profiling that needs the other processes on "
+                    "its GPU to hold still; an encode engine starts first, alone. Off: one after another, each "
+                    "sized by vLLM's own profiling.")
     gpu_shares: dict[Literal["server", "encode", "prefill", "decode"], float] = Field(
         default_factory=dict, title="GPU memory share per role",
         description="With gpu_share: a role's --gpu-memory-utilization instead of the computed one (0 < share < "

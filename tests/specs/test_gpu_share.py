@@ -84,3 +84,29 @@ def test_per_gpu_figures_divide_by_the_one_gpu_the_engines_share(spec):
     assert [spec.gpus_used(c) for c in spec.configurations] == [1, 1, 1]
     smoke = load_spec("epd-multimodal")
     assert [smoke.gpus_used(c) for c in smoke.configurations] == [1, 2, 3, 3]
+
+
+def test_engines_starting_together_are_told_a_kv_cache_inside_their_share(spec):
+    """start_together: each language-model engine of a configuration of several gets --kv-cache-memory-bytes, its
+    share less its weights and the profiling reserve, and that still holds one max_model_len sequence; a lone
+    engine, an encode engine and a layout started one after another are sized by vLLM's profiling."""
+    from epdbench.specs.commands import local_engine_args, starts_together
+    from epdbench.specs.gpu_share import LM_RESERVE_GB, kv_cache_bytes, weights_gb
+    one_seq = spec.engine.max_model_len * spec.model.kv_bytes_per_token
+    for c in spec.configurations:
+        kv = kv_cache_bytes(spec, c)
+        shares = gpu_shares(spec, c)
+        assert set(kv) == {r.role for r in c.roles if r.role != "encode"}
+        for role, size in kv.items():
+            assert one_seq <= size <= (shares[role] * 80 - weights_gb(spec, role) - LM_RESERVE_GB) * 1e9
+        args = {r.role: local_engine_args(spec, c, r, model="/m", port=1, ec_shared_dir="/dev/shm/x")
+                for r in c.roles}
+        for role, a in args.items():
+            given = a[a.index("--kv-cache-memory-bytes") + 1] if "--kv-cache-memory-bytes" in a else None
+            assert given == (str(kv[role]) if starts_together(spec, c) and role != "encode" else None), (c.name, role)
+    assert [starts_together(spec, c) for c in spec.configurations] == [c.name != "aggregated"
+                                                                        for c in spec.configurations]
+    apart = parse_spec(gpu(lambda d: d["target"]["local"].update(start_together=False)))
+    assert not any(starts_together(apart, c) for c in apart.configurations)
+    from epdbench.specs.models import spec_fingerprint
+    assert spec_fingerprint(apart) != spec_fingerprint(spec)          # another way to start: another fingerprint
