@@ -17,7 +17,7 @@ from epdbench.analysis.gpu_telemetry import TELEMETRY_FILE
 from epdbench.specs.commands import (BUILTIN_ROUTER_MODULE, VLLM_SERVER_MODULE,
                                      builtin_router_args, kv_log_interval_s, local_cpu_binds, local_engine_args,
                                      local_engine_env, local_gpus, moves_kv, otlp_engine_args, otlp_engine_env,
-                                     vllm_logging_config, vllm_router_args)
+                                     starts_together, vllm_logging_config, vllm_router_args)
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
 from epdbench.tasks.deployment import Deployment, Process, ProvisionError
 from epdbench.tasks.local.engine_env import EngineEnvError, default_env_dir, env_python, vllm_version
@@ -79,6 +79,14 @@ def ec_shared_dir(spec: ExperimentSpec, config: ConfigurationSpec, run_dir: Path
     return folder
 
 
+def vllm_cache_root(replica: str) -> Path:
+    """A replica's own vLLM cache (VLLM_CACHE_ROOT) when engines start together: ~/.cache/vllm/epdbench/<replica>
+    (or under $XDG_CACHE_HOME), the same for that replica of every configuration, so a later one reuses what an
+    earlier one compiled."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "vllm" / "epdbench" / replica
+
+
 def engine_environment(python: str, role_env: dict[str, str]) -> dict[str, str]:
     """epdbench's environment less what belongs to its own interpreter, vLLM's interpreter first on PATH."""
     env = {k: v for k, v in os.environ.items() if k not in FOREIGN_ENV}
@@ -107,7 +115,9 @@ def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_
     try:
         if config.topology == "epd":
             dep.ec_dir = ec_shared_dir(spec, config, spec_path.parent)
-        for role in config.roles:
+        together = starts_together(spec, config)
+        # starting together, an encode engine (sized by vLLM's profiling) first and alone
+        for role in sorted(config.roles, key=lambda r: r.role != "encode") if together else config.roles:
             for i in range(role.replicas):
                 name = f"{role.role}-{i}"
                 port = free_port(host)
@@ -127,13 +137,18 @@ def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_
                                          "engine started; run again")
                 if traces_endpoint:
                     env.update(otlp_engine_env(role.role, name))
+                if together:
+                    # each its own compile cache: two engines of one model compiling the same graphs at once would
+                    # write the same files of vLLM's cache (VLLM_CACHE_ROOT/torch_compile_cache/<hash>/rank_0_0)
+                    env["VLLM_CACHE_ROOT"] = str(vllm_cache_root(name))
                 url = f"http://{host}:{port}"
                 log = log_dir / f"{name}.log"
                 proc = spawn(cmd, log, env, f"{config.name}/{name}")
                 dep.processes.append(Process(name, role.role, url, log, proc, metrics_url=url + "/metrics"))
-                if spec.shares_one_gpu:
-                    # one at a time: vLLM's memory profiling fails when another process on its GPU frees memory
-                    # meanwhile ("Error in memory profiling"), and miscounts what another allocates
+                if spec.shares_one_gpu and not (together and role.role != "encode"):
+                    # one at a time, unless sized beforehand (start_together): vLLM's memory profiling fails when
+                    # another process on its GPU frees memory meanwhile ("Error in memory profiling"), and
+                    # miscounts what another allocates
                     wait_healthy([dep.processes[-1]], deadline, interval_s=1.0)
         wait_healthy(list(dep.processes), deadline, interval_s=1.0)
         dep.router = "epdbench-proxy" if builtin_router(spec, config) else "vllm-router"

@@ -1,5 +1,5 @@
-"""tasks/local/target.py on a GPU host, its processes faked (no GPU here): engines sharing GPU 0 start one after
-another, EPD gets its encoder-output folder (removed at the end) and epdbench's proxy in front, with the real-shapes
+"""tasks/local/target.py on a GPU host, its processes faked (no GPU here): engines sharing GPU 0 start together once
+sized (encode first, alone) or one after another, EPD gets its encoder-output folder (removed at the end) and epdbench's proxy in front, with the real-shapes
 model made in the results folder."""
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from epdbench.tasks.deployment import ProvisionError
 from epdbench.tasks.local import target
 
 
-def gpu_spec(ec_dir: Path):
+def gpu_spec(ec_dir: Path, **local):
     data = load_spec("gpu-qwen25vl").model_dump(mode="json")
-    data["target"]["local"].update(vllm_python=sys.executable, ec_shared_dir=str(ec_dir))
+    data["target"]["local"].update(vllm_python=sys.executable, ec_shared_dir=str(ec_dir), **local)
     return parse_spec(data, "gpu-qwen25vl")
 
 
@@ -28,8 +28,8 @@ class FakePopen:
         return None
 
 
-@pytest.fixture
-def started(monkeypatch, tmp_path):
+@pytest.fixture(params=[True, False], ids=["together", "one-after-another"])
+def started(monkeypatch, tmp_path, request):
     events: list = []
     monkeypatch.setattr(target, "vllm_version", lambda python, make=None: "0.26.0")
     monkeypatch.setattr(target, "spawn", lambda cmd, log, env, what: events.append(("spawn", what, cmd, env))
@@ -41,24 +41,36 @@ def started(monkeypatch, tmp_path):
     monkeypatch.setattr(target, "stop_deployment", lambda dep, grace_s: events.append(("stop",)))
     run = tmp_path / "run"
     run.mkdir()
-    spec = gpu_spec(tmp_path / "shm")
+    spec = gpu_spec(tmp_path / "shm", start_together=request.param)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     dep = target.start(spec, spec.configuration("epd"), run / "spec.yaml", run / "logs")
-    return dep, events, run
+    return dep, events, run, request.param
 
 
-def test_engines_sharing_a_gpu_start_one_after_another(started):
-    dep, events, _ = started
+def test_engines_sharing_a_gpu_start_together_once_sized_else_one_after_another(started):
+    """start_together: the encode engine first and alone (vLLM profiles it), then prefill and decode at once, each
+    with its KV cache's size and its own compile cache; off: one after another, each healthy before the next."""
+    dep, events, _, together = started
     kinds = [(e[0], e[1]) if e[0] == "spawn" else (e[0], tuple(e[1])) if e[0] == "healthy" else (e[0],)
              for e in events]
-    assert kinds == [("spawn", "epd/encode-0"), ("healthy", ("encode-0",)), ("spawn", "epd/prefill-0"),
-                     ("healthy", ("prefill-0",)), ("spawn", "epd/decode-0"), ("healthy", ("decode-0",)),
-                     ("healthy", ("encode-0", "prefill-0", "decode-0")), ("router",)]
-    assert all(e[3]["CUDA_VISIBLE_DEVICES"] == "0" for e in events if e[0] == "spawn")
+    if together:
+        assert kinds == [("spawn", "epd/encode-0"), ("healthy", ("encode-0",)), ("spawn", "epd/prefill-0"),
+                         ("spawn", "epd/decode-0"), ("healthy", ("encode-0", "prefill-0", "decode-0")), ("router",)]
+    else:
+        assert kinds == [("spawn", "epd/encode-0"), ("healthy", ("encode-0",)), ("spawn", "epd/prefill-0"),
+                         ("healthy", ("prefill-0",)), ("spawn", "epd/decode-0"), ("healthy", ("decode-0",)),
+                         ("healthy", ("encode-0", "prefill-0", "decode-0")), ("router",)]
+    spawned = {e[1].split("/")[1]: e for e in events if e[0] == "spawn"}
+    assert all(e[3]["CUDA_VISIBLE_DEVICES"] == "0" for e in spawned.values())
+    for name, (_, _, cmd, env) in spawned.items():
+        sized = "--kv-cache-memory-bytes" in cmd
+        assert sized == (together and name != "encode-0"), name
+        assert env.get("VLLM_CACHE_ROOT", "").endswith(f"vllm/epdbench/{name}") == together, name
     assert dep.router == "epdbench-proxy"
 
 
 def test_epd_gets_its_own_encoder_output_folder_and_the_proxy_in_front(started):
-    dep, events, run = started
+    dep, events, run, _ = started
     assert dep.ec_dir.is_dir() and dep.ec_dir.parent == run.parent / "shm" and dep.ec_dir.name.endswith("-epd")
     encode = next(e[2] for e in events if e[0] == "spawn" and e[1] == "epd/encode-0")
     assert str(dep.ec_dir) in encode[encode.index("--ec-transfer-config") + 1]
