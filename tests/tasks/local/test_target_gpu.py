@@ -1,6 +1,6 @@
 """tasks/local/target.py on a GPU host, its processes faked (no GPU here): engines sharing GPU 0 start together once
-sized (encode first, alone) or one after another, EPD gets its encoder-output folder (removed at the end) and epdbench's proxy in front, with the real-shapes
-model made in the results folder."""
+sized (encode first, alone) or one after another, EPD gets its encoder-output folder (removed at the end) and
+epdbench's proxy in front, with the real-shapes model made in the results folder."""
 from __future__ import annotations
 
 import subprocess
