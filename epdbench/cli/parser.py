@@ -201,10 +201,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--dir", default=None, help="where (default: ~/.cache/epdbench/vllm-cpu)")
     e.add_argument("--wheelhouse", default=None, metavar="DIR",
                    help="build the offline bundle for a Hopper GPU host without network into DIR: vLLM 0.26.0 "
-                        "trimmed, its missing dependencies and NIXL as parts of at most --part-mib MiB, "
+                        "trimmed, its missing dependencies, NIXL and Mooncake's transfer engine (with the system "
+                        "libraries it needs), and epdbench with its own, as parts of at most --part-mib MiB, "
                         "manifest.json and install.sh (docs/local-target.md)")
     e.add_argument("--part-mib", type=int, default=None, metavar="MIB",
-                   help="with --wheelhouse: the largest part (default: 60)")
+                   help="with --wheelhouse: the largest part (default: 56)")
     e.add_argument("--vllm-wheel", default=None, metavar="FILE",
                    help="with --wheelhouse: vLLM's wheel already here (default: downloaded into --downloads)")
     e.add_argument("--downloads", default=None, metavar="DIR",

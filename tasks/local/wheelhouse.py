@@ -1,7 +1,8 @@
-"""The offline vLLM bundle for a GPU host without network, as data: which files of vLLM's (and NIXL's) wheels to
-leave out and their RECORD without them, which wheels vLLM's requirements reach on the host (and which the host's
-image or a reason covers), how one tar splits into parts, and the manifest that install.sh reads. No file or
-network I/O here: the build (wheelhouse_build.py) feeds these functions what it read and writes what they return."""
+"""The offline GPU bundle for a host without network (vLLM's environment and epdbench's), as data: which files of a
+wheel to leave out and their RECORD without them, which wheels each environment's requirements reach on the host
+(and which the host's image or a reason covers), what the kept ELF files need from the host, how one tar splits into
+parts, and the manifest that install.sh reads. No file or network I/O here: the build (wheelhouse_build.py) feeds
+these functions what it read and writes what they return."""
 from __future__ import annotations
 
 import csv
@@ -142,13 +143,15 @@ def _satisfied(spec, version: str | None) -> bool | None:
 
 
 def closure(roots: list[str], wheels: dict[str, Wheel], image: set[str], image_versions: dict[str, str],
-            dropped: dict[str, str], markers: dict[str, str]) -> Closure:
-    """Walk Requires-Dist from `roots` (keys of `wheels`: what the bundle is for) with each requirement's extras,
-    for the host's markers: a requirement is carried (a wheel of the bundle), from the image, dropped (a reason),
-    or missing."""
+            dropped: dict[str, str], markers: dict[str, str], root_extras: dict[str, tuple[str, ...]] | None = None
+            ) -> Closure:
+    """Walk Requires-Dist from `roots` (keys of `wheels`: what the environment is for; `root_extras` the extras
+    each is installed with) with each requirement's extras, for the host's markers: a requirement is carried (a
+    wheel of the bundle), from the image, dropped (a reason), or missing."""
     out = Closure(carried={root: [] for root in roots})
-    seen: dict[str, frozenset[str]] = dict.fromkeys(roots, frozenset())
-    todo = deque((root, frozenset()) for root in roots)
+    seen: dict[str, frozenset[str]] = {root: frozenset(map(canonicalize_name, (root_extras or {}).get(root, ())))
+                                       for root in roots}
+    todo = deque(seen.items())
     walked: set[tuple[str, str]] = set()        # (wheel, requirement) already taken: a later extra adds, not repeats
     while todo:
         name, extras = todo.popleft()
@@ -224,25 +227,50 @@ def from_image_checks(found: Closure, notes: dict[str, str], image_versions: dic
             for name in sorted(found.from_image) for r in found.from_image[name]]
 
 
-def build_manifest(*, stem: str, pins: dict, target: dict, wheels: list[dict], found: Closure,
-                   trimmed: dict[str, list[dict]], dropped: dict[str, str], image_checks: list[dict], tar: dict,
-                   parts: list[dict], import_check: tuple[str, ...], engine_env: dict[str, str]) -> dict:
+def environment(found: Closure, *, roots, default_venv: str, dropped: dict[str, str], image_checks: list[dict],
+                import_check, engine_env: dict[str, str], commands=(), extras=()) -> dict:
+    """One environment of the manifest: where it goes, what it is for, what it leaves out and why, what install.sh
+    checks of the image and imports, the variables it sets and the commands it runs once made."""
+    return {"default_venv": default_venv, "roots": list(roots), "extras": list(extras),
+            "dropped": {n: {"reason": dropped[n], "required_by": sorted(set(found.dropped.get(n, [])))}
+                        for n in sorted(dropped)},
+            "from_image": image_checks,
+            "known_conflicts": [u for u in found.unsatisfied if u["where"] == "image"],
+            "import_check": list(import_check), "engine_env": dict(engine_env),
+            "commands": [list(c) for c in commands]}
+
+
+def wheel_rows(files: list[dict], env_files: dict[str, dict[str, str]], founds: dict[str, Closure]) -> list[dict]:
+    """The manifest's wheels, one row per file: which environments take it (`env_files`: env -> {name: file}; a
+    wheel both walks reach at one version is carried once) and who requires it there."""
+    rows = []
+    for w in sorted(files, key=lambda w: (w["name"], w["version"])):
+        envs = [env for env, found in founds.items()
+                if env_files[env].get(w["name"]) == w["file"] and w["name"] in found.carried]
+        rows.append({**w, "envs": envs,
+                     "required_by": sorted({by for env in envs for by in founds[env].carried.get(w["name"], [])})})
+    return rows
+
+
+def build_manifest(*, stem: str, pins: dict, target: dict, wheels: list[dict], trimmed: dict[str, list[dict]],
+                   environments: dict[str, dict], system_libs: dict, tar: dict, parts: list[dict]) -> dict:
     """The manifest.json beside the parts: everything install.sh verifies and installs, and every version and
     reason the bundle stands on."""
-    by_name = {w["name"]: w for w in wheels}
-    return {
-        "format": 1,
-        "bundle": stem,
-        "pins": pins,
-        "target": target,
-        "tar": tar,
-        "parts": parts,
-        "wheels": [{**by_name[n], "required_by": sorted(set(found.carried.get(n, [])))} for n in sorted(by_name)],
-        "trimmed": trimmed,
-        "dropped": {n: {"reason": dropped[n], "required_by": sorted(set(found.dropped.get(n, [])))}
-                    for n in sorted(dropped)},
-        "from_image": image_checks,
-        "known_conflicts": [u for u in found.unsatisfied if u["where"] == "image"],
-        "import_check": list(import_check),
-        "engine_env": dict(engine_env),
-    }
+    return {"format": 2, "bundle": stem, "pins": pins, "target": target, "tar": tar, "parts": parts,
+            "wheels": wheels, "trimmed": trimmed, "environments": environments, "system_libs": system_libs}
+
+
+# ---- ELF files of the wheels ---------------------------------------------------------------------------------------
+
+def trim_needed_problems(kept_needed: dict[str, list[str]], removed) -> list[str]:
+    """A trim that removes a library that a kept ELF file of the same wheel NEEDS (by its file name)."""
+    gone = {path.rsplit("/", 1)[-1]: path for path in removed}
+    return [f"{path} NEEDS {lib}, which a trim removes ({gone[lib]})"
+            for path, needed in sorted(kept_needed.items()) for lib in needed if lib in gone]
+
+
+def outside_needed(kept_needed: dict[str, list[str]], base) -> list[str]:
+    """The sonames the kept ELF files NEED that neither the wheel itself (a file of that name) nor `base` (glibc's
+    and the host's) provides: what the host must have or the bundle carry."""
+    inside = {path.rsplit("/", 1)[-1] for path in kept_needed}
+    return sorted({lib for needed in kept_needed.values() for lib in needed} - inside - set(base))

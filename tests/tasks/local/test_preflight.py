@@ -60,3 +60,12 @@ def test_no_vllm_interpreter_names_the_flag_and_on_a_gpu_host_the_offline_bundle
     assert "vllm-gpu/bin/python: no such file" in str(e.value)
     assert str(e.value).endswith("(make one with: epdbench engine-env --wheelhouse DIR on a machine with network, "
                                  "then DIR/install.sh on this host (docs/local-target.md))")
+
+
+def test_no_router_binary_is_fine_when_every_configuration_takes_the_builtin_proxy():
+    """The GPU bundle leaves vllm-router out: with target.local.router builtin (and for EPD) nothing runs it."""
+    spec = local_spec(router="builtin")
+    assert preflight_local(spec, has_module=lambda name: True, router=lambda: None, engine=engine_ok) == "0.26.0"
+    with pytest.raises(PreflightError, match=r"in front of aggregated, pd-nixl-tcp\): .* or set target.local.router: "
+                                             r"builtin$"):
+        preflight_local(local_spec(), has_module=lambda name: True, router=lambda: None, engine=engine_ok)

@@ -1,13 +1,17 @@
-"""tasks/local/wheelhouse.py: what the offline vLLM bundle leaves out, carries and checks, as pure functions."""
+"""tasks/local/wheelhouse.py: what the offline GPU bundle leaves out, carries and checks, as pure functions; and
+the pins of epdbench's environment against the environment this repository's tests run in."""
 import csv
+import importlib.metadata as md
 import io
 
 import pytest
+from packaging.utils import canonicalize_name
 
 from epdbench.tasks.local import wheelhouse_pins as pins
-from epdbench.tasks.local.wheelhouse import (Wheel, WheelhouseError, build_manifest, closure, from_image_checks,
-                                             needed_glibc, part_name, part_ranges, pick_wheels, requires_dist,
-                                             rewrite_record, trim_plan, trimmed_summary, wheel_identity)
+from epdbench.tasks.local.wheelhouse import (Wheel, WheelhouseError, build_manifest, closure, environment,
+                                             from_image_checks, needed_glibc, outside_needed, part_name, part_ranges,
+                                             pick_wheels, requires_dist, rewrite_record, trim_needed_problems,
+                                             trim_plan, trimmed_summary, wheel_identity, wheel_rows)
 
 ENTRIES = ["vllm/__init__.py", "vllm/_C.abi3.so", "vllm/big.so", "vllm/third_party/kern/a.py",
            "vllm/third_party/kern/include/b.hpp", "vllm/third_party/kept.py", "vllm-1.0.dist-info/METADATA",
@@ -136,20 +140,58 @@ def test_parts_cover_the_tar_exactly_with_a_short_last_one():
     assert [part_name("b", i) for i in (0, 11)] == ["b.tar.001", "b.tar.012"]
 
 
-def test_the_manifest_says_who_requires_each_wheel_and_why_each_drop():
+def test_an_environment_says_why_each_drop_and_what_the_image_must_meet():
     found = walk()
-    wheels = [{"file": w.file, "name": n, "version": w.version, "bytes": 1, "sha256": "x"} for n, w in WHEELS.items()]
     checks = from_image_checks(found, {"numpy": "see the docs"}, {"numpy": "2.5.2"})
-    m = build_manifest(stem="s", pins={"vllm": "1.0"}, target={"python": "3.12"}, wheels=wheels, found=found,
-                       trimmed=[], dropped=DROPPED, image_checks=checks, tar={"sha256": "t"},
-                       parts=[{"file": "s.tar.001"}], import_check=("vllm",), engine_env={"X_SWITCH": "0"})
-    assert [w["name"] for w in m["wheels"]] == sorted(WHEELS)
-    assert next(w for w in m["wheels"] if w["name"] == "dep-a")["required_by"] == ["vllm 1.0"]
-    assert m["dropped"]["nixl-cu12"] == {"reason": "the host is CUDA 13", "required_by": ["nixl 1.5.1"]}
+    env = environment(found, roots=["vllm", "nixl"], default_venv="~/v", dropped=DROPPED, image_checks=checks,
+                      import_check=("vllm",), engine_env={"X_SWITCH": "0"}, commands=[("vllm", "--help")])
+    assert env["dropped"]["nixl-cu12"] == {"reason": "the host is CUDA 13", "required_by": ["nixl 1.5.1"]}
     assert {"name": "numpy", "spec": "<2.4", "by": "dep-a 2.1", "known_version": "2.5.2",
-            "note": "see the docs"} in m["from_image"]
-    assert m["known_conflicts"] == found.unsatisfied and m["import_check"] == ["vllm"]
-    assert m["engine_env"] == {"X_SWITCH": "0"}
+            "note": "see the docs"} in env["from_image"]
+    assert env["known_conflicts"] == found.unsatisfied and env["import_check"] == ["vllm"]
+    assert env["engine_env"] == {"X_SWITCH": "0"} and env["commands"] == [["vllm", "--help"]]
+    m = build_manifest(stem="s", pins={}, target={}, wheels=[], trimmed={}, environments={"vllm": env},
+                       system_libs={}, tar={"sha256": "t"}, parts=[])
+    assert m["format"] == 2 and m["environments"]["vllm"] is env
+
+
+def test_a_wheel_both_environments_take_at_one_version_is_one_row_and_another_version_its_own():
+    vllm_side = walk()
+    epd_wheels = {"epdbench": Wheel("epdbench.whl", "epdbench", "0.1", ("starlette", "fastapi==1.5", "dep-a",
+                                                                       'tok; extra == "local"')),
+                  "starlette": WHEELS["starlette"], "fastapi": Wheel("fastapi15.whl", "fastapi", "1.5", ()),
+                  "dep-a": WHEELS["dep-a"], "tok": Wheel("tok.whl", "tok", "3", ())}
+    epd_side = closure(["epdbench"], epd_wheels, IMAGE, {}, {}, MARKERS, {"epdbench": ("local",)})
+    assert epd_side.problems() == [] and epd_side.carried["tok"] == ["epdbench 0.1"]   # through the local extra
+    files = [{"file": w.file, "name": n, "version": w.version} for n, w in {**WHEELS, **epd_wheels}.items()]
+    files.append({"file": "fastapi.whl", "name": "fastapi", "version": "0.9"})
+    env_files = {"vllm": {n: w.file for n, w in WHEELS.items()}, "epdbench": {n: w.file for n, w in epd_wheels.items()}}
+    rows = {r["file"]: r for r in wheel_rows(files, env_files, {"vllm": vllm_side, "epdbench": epd_side})}
+    assert rows["starlette.whl"]["envs"] == ["vllm", "epdbench"]
+    assert rows["fastapi.whl"]["envs"] == ["vllm"] and rows["fastapi15.whl"]["envs"] == ["epdbench"]
+    assert rows["dep_a.whl"]["required_by"] == ["epdbench 0.1", "vllm 1.0"]
+
+
+def test_a_trim_may_not_remove_a_library_a_kept_file_needs_and_what_is_needed_outside_is_named():
+    kept = {"mooncake/engine.so": ["libasio.so", "libibverbs.so.1", "libcudart.so.13", "libc.so.6"],
+            "mooncake/libasio.so": ["libibverbs.so.1", "libstdc++.so.6"]}
+    assert trim_needed_problems(kept, ["mooncake/_store.so", "x.libs/libzmq.so.5"]) == []
+    assert trim_needed_problems(kept, ["mooncake/libasio.so"]) == [
+        "mooncake/engine.so NEEDS libasio.so, which a trim removes (mooncake/libasio.so)"]
+    assert outside_needed(kept, {"libc.so.6", "libstdc++.so.6", "libcudart.so.13"}) == ["libibverbs.so.1"]
+
+
+def test_epdbench_pins_close_its_requirements_as_installed_here_with_nothing_missing_or_unused():
+    """The pins are the versions this repository's tests run with: its environment's metadata walked for the host."""
+    installed = {canonicalize_name(d.metadata["Name"]): d for d in md.distributions()}
+    names = ["epdbench", *pins.EPDBENCH_DEPENDENCY_PINS]
+    wheels = {n: Wheel(n, n, installed[n].version, tuple(installed[n].requires or ())) for n in names}
+    found = closure(["epdbench"], wheels, set(pins.IMAGE_PACKAGES), pins.IMAGE_VERSIONS, pins.EPDBENCH_DROPPED,
+                    pins.TARGET_MARKERS, {"epdbench": pins.EPDBENCH_EXTRAS})
+    assert found.problems() == []
+    assert {n: installed[n].version for n in pins.EPDBENCH_DEPENDENCY_PINS} == pins.EPDBENCH_DEPENDENCY_PINS
+    assert found.dropped == {"vllm-router": ["epdbench 0.1.0"]}
+    assert {u["name"] for u in found.unsatisfied} <= {"numpy", "tokenizers"}    # the image's newer releases
 
 
 def test_the_pins_keep_one_version_each_and_carry_nothing_the_image_has():
@@ -161,3 +203,10 @@ def test_the_pins_keep_one_version_each_and_carry_nothing_the_image_has():
     assert all(reason.strip() for reason in [*pins.DROPPED.values(),
                                              *(r for trims in pins.TRIMS.values() for r in trims.values())])
     assert set(pins.TRIMS) <= {"vllm", *pins.DEPENDENCY_PINS}
+    epd = set(pins.EPDBENCH_DEPENDENCY_PINS)
+    assert not image & epd and not epd & set(pins.EPDBENCH_DROPPED) and not image & set(pins.EPDBENCH_DROPPED)
+    assert all(reason.strip() for reason in [*pins.EPDBENCH_DROPPED.values(), *pins.MOONCAKE_TRIMS.values()])
+    assert pins.DEPENDENCY_PINS["mooncake-transfer-engine-cuda13"] == pins.MOONCAKE_VERSION
+    assert pins.IMPORT_CHECK.index("torch") < pins.IMPORT_CHECK.index("mooncake.engine")
+    # a part and the checkout's ~6 MB of tracked files travel in one call of at most 64 MiB
+    assert pins.PART_MIB * 2**20 + 6 * 10**6 < 64 * 2**20
