@@ -1,44 +1,45 @@
 #!/usr/bin/env bash
 # The GPU lane on a host without network, from a checkout of epdbench and the offline bundle that
 # `epdbench engine-env --wheelhouse DIR` made (its parts gathered in one folder):
-#   bash benchmarks/gpu_lane.sh WHEELHOUSE OUT [install|truth|lane|all] [ARGS...]
-# (ARGS go to the truth or lane script, e.g. `--deadline-s 400` to truth: run again with the same OUT to go on)
-# install: vLLM's environment from the bundle (its install.sh), then epdbench's light part into it (no Prefect or
-#          MLflow: the specs, the load generator, the local target and the evidence verifiers) with the few wheels
-#          it needs beside vLLM's (the bundle's `extra/` folder: orjson, vllm-router);
+#   bash benchmarks/gpu_lane.sh WHEELHOUSE OUT [install|compare|truth|lane|all] [ARGS...]
+# (ARGS go to the step, e.g. `--deadline-s 400` to truth: run again with the same OUT to go on)
+# install: the bundle's install.sh: vLLM's environment (with NIXL and Mooncake's transfer engine) and epdbench's own
+#          (Prefect, MLflow, the report), side by side;
+# compare: the product itself: `epdbench compare --target local --spec gpu-qwen25vl` with Prefect's ephemeral server
+#          and MLflow in OUT/compare-mlflow.db (OUT/compare: report.md, report.html, evidence/);
 # truth:   benchmarks/vllm_truth.py — the spec vllm-truth's cells on one engine, with the product's load generator
 #          and with `vllm bench serve` (OUT/truth/truth.csv);
-# lane:    benchmarks/gpu_local_lane.py — the spec gpu-qwen25vl's configurations (aggregated, PD over NIXL, EPD) on
-#          the local target with their transport and stage evidence (OUT/lane/lane.json).
-# The engine environment's python is written to OUT/vllm-python; later steps read it from there.
+# lane:    benchmarks/gpu_local_lane.py — the spec gpu-qwen25vl's configurations on the local target without Prefect
+#          or MLflow, with their transport and stage evidence (OUT/lane/lane.json).
+# vLLM's python is written to OUT/vllm-python and epdbench's `epdbench` to OUT/epdbench; later steps read them there.
 set -euo pipefail
 wh=$(cd "$1" && pwd); out=$(mkdir -p "$2" && cd "$2" && pwd); what=${3:-all}; shift $(( $# < 3 ? $# : 3 ))
 here=$(cd "$(dirname "$0")/.." && pwd)
-venv=${EPDBENCH_GPU_VENV:-$HOME/.cache/epdbench/vllm-gpu}
+venv=${EPDBENCH_VLLM_VENV:-$HOME/.cache/epdbench/vllm-gpu}
+epd_venv=${EPDBENCH_VENV:-$HOME/.cache/epdbench/epdbench-gpu}
 export PYTHONUNBUFFERED=1
 
 if [[ $what == install || $what == all ]]; then
   start=$(date +%s)
-  bash "$wh/install.sh" --venv "$venv" | tee "$out/install.log"
-  py=$(tail -n 1 "$out/install.log")
-  [[ -x $py ]] || { echo "gpu_lane: install.sh did not end with the environment's python (last line: $py)"; exit 1; }
-  pipin() { "$py" -m pip "$@" 2>/dev/null || python3 -m pip --python "$py" "$@"; }
-  if compgen -G "$wh/extra/*.whl" >/dev/null; then
-    pipin install -q --no-index --no-deps --no-compile "$wh"/extra/*.whl
-  fi
-  pipin install -q --no-index --no-deps --no-build-isolation --no-compile "$here"
-  # from / : in the checkout, its own epdbench/ folder would shadow the installed package
-  (cd / && "$py" -c "import epdbench.tasks.local.target, epdbench.tasks.load.loadgen, vllm; print('epdbench + vLLM', vllm.__version__)")
+  bash "$wh/install.sh" --venv "$venv" --epdbench-venv "$epd_venv" | tee "$out/install.log"
+  py=$(tail -n 2 "$out/install.log" | head -n 1); epd=$(tail -n 1 "$out/install.log")
+  [[ -x $py && -x $epd ]] || { echo "gpu_lane: install.sh did not end with vLLM's python and epdbench's epdbench" \
+                                    "(last lines: $py, $epd)"; exit 1; }
   echo "$py" > "$out/vllm-python"
+  echo "$epd" > "$out/epdbench"
   echo "gpu_lane: installed in $(( $(date +%s) - start )) s"
 fi
-py=$(cat "$out/vllm-python")
-# vllm-router and the EPD proxy are started from the environment's bin folder
-export PATH="$(dirname "$py"):$PATH"
+py=$(cat "$out/vllm-python"); epd=$(cat "$out/epdbench"); epy=$(dirname "$epd")/python
 
+# from OUT: in the checkout, its own epdbench/ folder would shadow the installed package
+if [[ $what == compare || $what == all ]]; then
+  (cd "$out" && "$epd" compare --target local --spec gpu-qwen25vl --vllm-python "$py" --out "$out/compare" \
+     --tracking-uri "sqlite:///$out/compare-mlflow.db" "$@")
+fi
 if [[ $what == truth || $what == all ]]; then
-  "$py" "$here/benchmarks/vllm_truth.py" --spec vllm-truth --vllm-python "$py" --out "$out/truth" "$@"
+  (cd "$out" && "$epy" "$here/benchmarks/vllm_truth.py" --spec vllm-truth --vllm-python "$py" --out "$out/truth" "$@")
 fi
 if [[ $what == lane || $what == all ]]; then
-  "$py" "$here/benchmarks/gpu_local_lane.py" --spec gpu-qwen25vl --vllm-python "$py" --out "$out/lane" "$@"
+  (cd "$out" && "$epy" "$here/benchmarks/gpu_local_lane.py" --spec gpu-qwen25vl --vllm-python "$py" \
+     --out "$out/lane" "$@")
 fi
