@@ -18,8 +18,7 @@ from typing import Callable, Iterable
 
 from epdbench.analysis.logformats import parse_line
 from epdbench.analysis.noise import percentile_ci, percentile_value
-from epdbench.analysis.transport import KV_METRICS, KV_METRICS_FILES
-from epdbench.analysis.ucx import KV_FIELD, MIB
+from epdbench.analysis.kv_stats import KV_FIELD, KV_METRICS, KV_METRICS_FILES, MIB
 
 # Fewest lone windows a rate is given from: below it the median's interval spans most of the windows.
 MIN_LONE = 5

@@ -1,208 +1,23 @@
-"""Which KV transport really carried the KV, per pod and per TP worker, from Mooncake's and vLLM's own
-log lines (pure: lines in, dicts out).
+"""Which KV transport really carried the KV, over the KV pods of a configuration, from what their own log lines
+say per pod and TP worker (analysis.mooncake_log) and, for the volume, from the sending side's counters (pure:
+dicts in, a verdict out).
 
-Mooncake installs RDMA by itself whenever it discovers HCAs, so the configuration proves nothing and
-vLLM's "using X as its protocol" line is recorded but never used. Each worker's transport comes from
-its own install lines (MC_FORCE_TCP, `installTransport`, RDMA device and TCP listen lines; 0 HCAs
-means TCP), matched whole in glog format from the producing source file (analysis.logformats). A
-`verified` needs every worker on the expected transport and proof that KV moved: non-zero
-throughput windows or successful transfers on the sending pods, and, when the caller knows the run's
-records, at least one transfer per measured request and bytes consistent with the prompts' KV size.
+Mooncake installs RDMA by itself whenever it discovers HCAs, so the configuration proves nothing and vLLM's "using X
+as its protocol" line is recorded but never used. A `verified` needs every worker on the expected transport and
+proof that KV moved: non-zero throughput windows or successful transfers on the sending pods, and, when the caller
+knows the run's records, at least one transfer per measured request and bytes consistent with the prompts' KV size.
 Lines marked as emulated (the simulator) give `emulated`, never `verified`.
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
 from epdbench.analysis.labels import named_or_counted
-from epdbench.analysis.logformats import WORKER_PID, LogLine, parse_line
+from epdbench.analysis.mooncake_log import failures, moved
 
 # Relative tolerance between the KV bytes moved and the KV of the prompts (kv bytes per token × prompt
 # tokens not already cached on the decode side): per-block rounding, probes and TP shards stay inside it.
 KV_BYTES_TOLERANCE = 0.25
-
-TE_FILES = frozenset({"transfer_engine.cpp", "transfer_engine_impl.cpp"})
-# kind -> (source files that write it, the message from its first character)
-INSTALL = {
-    "hcas": (TE_FILES, re.compile(r"Topology discovery complete\. Found (\d+) HCAs\.?")),
-    "install": (TE_FILES | {"multi_transport.cpp"}, re.compile(r"installTransport, type=(\w+)")),
-    "force_tcp": (TE_FILES, re.compile(r"MC_FORCE_TCP is set, using TCP transport only")),
-    "tcp_listen": (frozenset({"tcp_transport.cpp"}), re.compile(r"TcpTransport: listen on port (\d+)")),
-    "rdma_device": (frozenset({"rdma_context.cpp"}), re.compile(r"RDMA device: ([\w.:-]+), LID: (\d+)(?:, GID: .*)?")),
-}
-WINDOW_NEW = re.compile(r"\[Metrics\] Transfer Engine Stats \(over last ([\d.]+)s\): Throughput: ([\d.]+) MB/s"
-                        r"(?: \| Latency Distribution \(count=(\d+)\).*)?")
-WINDOW_OLD = re.compile(r"\[Metrics\] Transfer Engine Throughput: ([\d.]+) MB/s \(over last ([\d.]+)s\)")
-KV_METRICS = re.compile(r"KV Transfer metrics: (.*)")
-KV_METRICS_FILES = frozenset({"metrics.py", "loggers.py"})
-KV_FIELD = re.compile(r"(Num successful transfers|Num failed transfers|Num failed recvs|Num KV expired reqs"
-                      r"|Throughput \(MB/s\))=([\d.]+)")
-PROTOCOL_CLAIM = re.compile(r"The Mooncake Transfer Engine is using (\w+) as its protocol\.?")
-# Handshake events and failures: glog (any source file) or vLLM messages, matched from their first character.
-GLOG_EVENTS = [
-    ("p2p_handshake", re.compile(r"Transfer Engine RPC using P2P handshake")),
-    ("connections_established", re.compile(r"Connection has been established")),
-    ("ready_acks_sent", re.compile(r"Received same peer QP numbers, sending RDMA ready ACK")),
-    ("ready_acks_received", re.compile(r"Received RDMA ready ACK")),
-    ("ready_ack_unsupported", re.compile(r"Peer does not support RDMA ready ACK")),
-    ("reestablished", re.compile(r"Re-establish connection")),
-    ("ready_ack_timeouts", re.compile(r"Worker: Timed out waiting for RDMA ready ACK")),
-    ("failed_slices", re.compile(r"Worker: Process failed for slice")),
-    ("registration_failures", re.compile(r"(?:RdmaTransport: )?Failed to register memory")),
-    ("transfer_timeouts", re.compile(r"Sync batch data transfer timeout")),
-    ("slice_timeouts", re.compile(r"Slice timeout detected")),
-    ("connection_failures", re.compile(r"TcpTransport::getConnection failed")),
-]
-VLLM_EVENTS = [
-    ("send_failures", re.compile(r"Sending to \S+ failed \(ret=")),
-    ("pull_failures", re.compile(r"pulling kv_caches for \S+ failed")),
-]
-FAILURE_COUNTERS = ["ready_ack_timeouts", "failed_slices", "registration_failures", "transfer_timeouts",
-                    "slice_timeouts", "connection_failures", "send_failures", "pull_failures",
-                    "failed_transfers", "failed_recvs"]
-
-
-def new_worker() -> dict:
-    return {"hcas": None, "installed": [], "force_tcp": False, "tcp_listen": False, "rdma_devices": [],
-            "throughput_mb_s": [], "emulated": False, "observed": None}
-
-
-def new_pod() -> dict:
-    pod = {"observed": None, "workers": {}, "hcas": None, "rdma_devices": [], "force_tcp": False,
-           "throughput_mb_s": [], "emulated": False, "vllm_protocol_claim": None, "successful_transfers": 0,
-           "failed_transfers": 0, "failed_recvs": 0, "expired_requests": 0, "transfer_mb_s": [], "lines": 0}
-    pod.update({name: 0 for name, _ in GLOG_EVENTS + VLLM_EVENTS})
-    return pod
-
-
-def transport_of_pod(lines: Iterable[str]) -> dict:
-    """Everything one KV pod's log says about its transfer engines, per worker."""
-    pod = new_pod()
-    windows: list[tuple[LogLine, float]] = []
-    for raw in lines:
-        pod["lines"] += 1
-        if (line := parse_line(raw)) is not None:
-            _scan(pod, line, windows)
-    alias = _merge_aliases(pod["workers"])
-    for line, mb_s in windows:   # windows go to the worker whose install lines share their thread or prefix
-        worker = pod["workers"].get(alias.get(line.worker, line.worker))
-        (worker or pod)["throughput_mb_s"].append(mb_s)
-    for w in pod["workers"].values():
-        w["observed"] = worker_protocol(w)
-    _summarise(pod)
-    return pod
-
-
-def _merge_aliases(workers: dict[str, dict]) -> dict[str, str]:
-    """One worker under two names (`Worker_TP0 pid=801` on prefixed lines, `thread 801` on glog lines
-    written straight to the process's stderr) becomes one, under the prefix name; returns the aliases."""
-    alias = {f"thread {m.group(1)}": name for name in workers if (m := WORKER_PID.match(name))}
-    for thread, name in alias.items():
-        if (other := workers.pop(thread, None)) is not None:
-            w = workers[name]
-            w["hcas"] = w["hcas"] if other["hcas"] is None else other["hcas"]
-            w["installed"] += other["installed"]
-            w["rdma_devices"] += other["rdma_devices"]
-            for flag in ("force_tcp", "tcp_listen", "emulated"):
-                w[flag] = w[flag] or other[flag]
-    return alias
-
-
-def _scan(pod: dict, line: LogLine, windows: list[tuple[LogLine, float]]) -> None:
-    if line.kind == "glog":
-        _scan_glog(pod, line, windows)
-    elif line.kind == "vllm":
-        _scan_vllm(pod, line)
-
-
-def _scan_glog(pod: dict, line: LogLine, windows: list[tuple[LogLine, float]]) -> None:
-    msg = line.message
-    for kind, (files, pattern) in INSTALL.items():
-        if line.file in files and (m := pattern.fullmatch(msg)):
-            w = pod["workers"].setdefault(line.worker, new_worker())
-            w["emulated"] |= line.emulated
-            if kind == "hcas":
-                w["hcas"] = int(m.group(1))
-            elif kind == "install":
-                w["installed"].append(m.group(1).lower())
-            elif kind == "force_tcp":
-                w["force_tcp"] = True
-            elif kind == "tcp_listen":
-                w["tcp_listen"] = True
-            else:
-                w["rdma_devices"].append({"name": m.group(1), "lid": int(m.group(2))})
-            return
-    if line.file in TE_FILES:
-        if m := WINDOW_NEW.fullmatch(msg):
-            windows.append((line, float(m.group(2))))
-            pod["emulated"] |= line.emulated
-            return
-        if m := WINDOW_OLD.fullmatch(msg):
-            windows.append((line, float(m.group(1))))
-            pod["emulated"] |= line.emulated
-            return
-    for name, pattern in GLOG_EVENTS:
-        if pattern.match(msg):
-            pod[name] += 1
-            return
-
-
-def _scan_vllm(pod: dict, line: LogLine) -> None:
-    msg = line.message
-    if m := PROTOCOL_CLAIM.fullmatch(msg):
-        pod["vllm_protocol_claim"] = m.group(1)   # a claim from config, never evidence
-        return
-    if line.file in KV_METRICS_FILES and (m := KV_METRICS.fullmatch(msg)):
-        fields = {k: float(v) for k, v in KV_FIELD.findall(m.group(1))}
-        pod["successful_transfers"] += int(fields.get("Num successful transfers", 0))
-        pod["failed_transfers"] += int(fields.get("Num failed transfers", 0))
-        pod["failed_recvs"] += int(fields.get("Num failed recvs", 0))
-        pod["expired_requests"] += int(fields.get("Num KV expired reqs", 0))
-        if fields.get("Throughput (MB/s)"):
-            pod["transfer_mb_s"].append(fields["Throughput (MB/s)"])
-        pod["emulated"] |= line.emulated
-        return
-    for name, pattern in VLLM_EVENTS:
-        if pattern.match(msg):
-            pod[name] += 1
-            return
-
-
-def worker_protocol(w: dict) -> str | None:
-    """What one transfer engine installed: tcp under MC_FORCE_TCP; otherwise what its install, RDMA device
-    and TCP listen lines show (both: `rdma+tcp`); 0 HCAs alone means TCP. HCAs found prove nothing."""
-    if w["force_tcp"]:
-        return "tcp"
-    kinds = {k for k in w["installed"] if k in ("rdma", "tcp")}
-    if w["rdma_devices"]:
-        kinds.add("rdma")
-    if w["tcp_listen"]:
-        kinds.add("tcp")
-    if not kinds and w["hcas"] == 0:
-        kinds.add("tcp")
-    return "+".join(sorted(kinds)) or None
-
-
-def _summarise(pod: dict) -> None:
-    workers = [w for w in pod["workers"].values() if w["observed"]]
-    observed = {w["observed"] for w in workers}
-    pod["observed"] = observed.pop() if len(observed) == 1 else ("mixed" if observed else None)
-    pod["hcas"] = max((w["hcas"] for w in pod["workers"].values() if w["hcas"] is not None), default=None)
-    pod["rdma_devices"] = [d for w in pod["workers"].values() for d in w["rdma_devices"]]
-    pod["force_tcp"] = any(w["force_tcp"] for w in pod["workers"].values())
-    pod["throughput_mb_s"] = pod["throughput_mb_s"] + [t for w in pod["workers"].values()
-                                                       for t in w["throughput_mb_s"]]
-    pod["emulated"] |= any(w["emulated"] for w in pod["workers"].values())
-
-
-def _failures(pod: dict) -> dict[str, int]:
-    return {k: pod[k] for k in FAILURE_COUNTERS if pod.get(k)}
-
-
-def moved(pod: dict) -> bool:
-    """Whether the pod's own lines prove bytes moved: a non-zero throughput window or a successful transfer."""
-    return any(t > 0 for t in pod["throughput_mb_s"]) or pod["successful_transfers"] > 0
 
 
 def kv_expectation(records: Iterable[dict], kv_bytes_per_token: int, block_tokens: int = 1) -> dict:
@@ -265,11 +80,22 @@ def volume_and_rate(base: dict, expected: str, pods: dict[str, dict], kv: dict |
     return bool(volume)
 
 
+# Where vLLM 0.26's MooncakeConnector says what it sent (it exports no Prometheus metrics: mooncake/stats.py:15,
+# "TODO(mooncake-stats): add MooncakePromMetrics"): the Prefill engines' own lines, kv["source"] == "log".
+MOONCAKE_LINES = {"transfers": "`Sending kv_caches for request` lines (MooncakeConnector at DEBUG)",
+                  "bytes": "`KV Transfer metrics` lines"}
+
+
 def volume_gaps(kv: dict | None, connector: str) -> list[str]:
-    """On a run (`kv` given): why the KV volume could not be checked — the counting side's /metrics gave no
-    transfer count or no bytes (a scrape that failed, or connector stats off) — so KV is not verified."""
+    """On a run (`kv` given): why the KV volume could not be checked — the counting side's /metrics (or, for
+    Mooncake under vLLM 0.26, its log) gave no transfer count or no bytes (a scrape that failed, or connector stats
+    off) — so KV is not verified."""
     if kv is None:
         return []
+    if connector == "mooncake" and kv.get("source") == "log":
+        absent = [what for key, what in MOONCAKE_LINES.items() if kv.get(key) is None]
+        return [f"KV volume not checked: the Prefill pods export no vllm:mooncake_* metrics (vLLM 0.26) and their "
+                f"logs gave no {' and no '.join(absent)} over the run"] if absent else []
     names = {"mooncake": ("vllm:mooncake_xfer_time_seconds_count", "vllm:mooncake_bytes_transferred_sum", "Prefill"),
              "nixl": ("vllm:nixl_xfer_time_seconds_count", "vllm:nixl_bytes_transferred_sum", "Decode")}[connector]
     absent = [name for key, name in zip(("transfers", "bytes"), names) if kv.get(key) is None]
@@ -283,8 +109,14 @@ def volume_line(kv: dict | None) -> list[str]:
     """The verified volume, when the sending or reading side's counters gave one."""
     if not kv or kv.get("bytes") is None:
         return []
-    line = (f"{kv['bytes'] / 1e6:.1f} MB moved in {kv.get('transfers') or 0:.0f} transfers for "
-            f"{kv['measured_requests']} measured requests, within ± {kv['tolerance']:.0%} of their prompts' KV")
+    if kv.get("source") == "log":
+        moved_in = f"({kv.get('transfers') or 0:.0f} requests' KV sent)"
+    else:
+        moved_in = f"in {kv.get('transfers') or 0:.0f} transfers"
+    line = (f"{kv['bytes'] / 1e6:.1f} MB moved {moved_in} for {kv['measured_requests']} measured requests, within "
+            f"± {kv['tolerance']:.0%} of their prompts' KV")
+    if kv.get("source") == "log":
+        line += f" (from the Prefill engines' {' and '.join(MOONCAKE_LINES.values())})"
     if kv.get("cached_unknown"):
         line += (f" (at most: {kv['cached_unknown']} responses did not report their cached tokens, so the low end "
                  "leaves them out; vLLM reports them with --enable-prompt-tokens-details)")
@@ -365,7 +197,7 @@ def verify_transport(expected: str, pods: dict[str, dict], roles: dict[str, str]
         mismatch = True
         reasons += found
     for name, p in sorted(pods.items()):
-        if fails := _failures(p):
+        if fails := failures(p):
             mismatch = True
             reasons.append(f"{name}: transfers failed ({', '.join(f'{k}={v}' for k, v in fails.items())})")
     senders = {n for n, r in (roles or {}).items() if r == "prefill" and n in pods}

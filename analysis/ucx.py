@@ -22,8 +22,8 @@ from collections.abc import Iterable
 
 from epdbench.analysis.logformats import WORKER_PID, LogLine, parse_line
 from epdbench.analysis.labels import named_or_counted
-from epdbench.analysis.transport import (KV_METRICS, KV_METRICS_FILES, emulated, volume_and_rate, volume_gaps,
-                                        volume_line)
+from epdbench.analysis.kv_stats import MIB, kv_stats
+from epdbench.analysis.transport import emulated, volume_and_rate, volume_gaps, volume_line
 
 EP_CFG = re.compile(r"(?:(\S+) )?(self|intra-node|inter-node) cfg#(\d+)((?: {1,2}\w+\([^)]*\)?)*)")
 EP_CFG_LEGACY = re.compile(r"ep_cfg\[(\d+)\]:((?:;? ?\w+\([^)]*\)?)*);?")
@@ -38,10 +38,6 @@ NIXL_BACKEND = re.compile(r"Backend (\w+) was instantiated")
 NIXL_ERRORS = [re.compile(r"(?:getXferStatus|postXferReq|createXferReq|makeXferReq|prepXferDlist|loadRemoteMD"
                           r"|connect|createBackend): .*"),
                re.compile(r"Unexpected UCX error: .*"), re.compile(r"UCX AM send failed with status .*")]
-# `Name=value` (vLLM 0.12-0.33), `num_successful_transfers=N` (0.11), or under a MultiConnector the NIXL
-# connector's dict: `NixlConnector={'Num successful transfers': 3, ...}`
-KV_FIELD = re.compile(r"'?(Num successful transfers|num_successful_transfers|Num failed transfers|Num KV expired reqs"
-                      r"|Avg MB per transfer|Throughput \(MB/s\))'?(?:=|: )([\d.]+)")
 NIXL_FAILURE = re.compile(r"NIXL transfer failure: ([a-z_]+)(?:\. .*?)? \| Context: \{.*\}")
 NIXL_FAILURE_OLD = re.compile(r"NIXL (?:transfer failed|transfer exception|send_notif failed|transfer setup/initiation "
                               r"failed) for request .*")
@@ -49,7 +45,6 @@ NIXL_INIT = re.compile(r"Initializing NIXL (?:wrapper|worker.*)")
 EC_READ_DONE = re.compile(r"EC (?:consumer|producer): NIXL READ completed mm_hash=\S+(?: key=\S+)?")
 EC_FAILURES = re.compile(r"EC (?:consumer: (?:failed to start NIXL xfer|NIXL xfer failed)|Connector: READ for "
                          r"mm_hash=\S+ (?:from \S+ timed out|unexpected NIXL state)).*")
-MIB = 2 ** 20     # vLLM's NIXL stats count MB as bytes / 2**20 (nixl/stats.py)
 
 
 def lane_class(tl: str) -> str:
@@ -149,8 +144,7 @@ def _config(pod: dict, line: LogLine, scope: str, index: int, groups: str) -> No
 
 def _scan_vllm(pod: dict, line: LogLine) -> None:
     msg = line.message
-    if line.file in KV_METRICS_FILES and (m := KV_METRICS.fullmatch(msg)):
-        fields = {k: float(v) for k, v in KV_FIELD.findall(m.group(1))}
+    if (fields := kv_stats(line)) is not None:
         n = int(fields.get("Num successful transfers", fields.get("num_successful_transfers", 0)))
         pod["successful_transfers"] += n
         pod["failed_transfers"] += int(fields.get("Num failed transfers", 0))

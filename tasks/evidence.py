@@ -10,7 +10,8 @@ from typing import Callable, Iterator
 
 from epdbench.analysis.prom import counter_deltas, hit_rate
 from epdbench.analysis.stages import merge_counts, stage_counts, verify_stages
-from epdbench.analysis.transport import kv_expectation, transport_of_pod, verify_transport, verify_virtual
+from epdbench.analysis.mooncake_log import transport_of_pod
+from epdbench.analysis.transport import kv_expectation, verify_transport, verify_virtual
 from epdbench.analysis.ucx import nixl_of_pod, verify_nixl
 from epdbench.analysis.ec_files import ec_files_of_pod, verify_ec_files
 from epdbench.physics.costmodel import CostModel, image_tokens, link_bytes_per_s
@@ -119,34 +120,59 @@ def suite_evidence(dep: Deployment, config: ConfigurationSpec, before: dict, aft
 
 
 def kv_moved(spec: ExperimentSpec, config: ConfigurationSpec, deltas: dict[str, dict[str, float]],
-             records: list[dict]) -> dict | None:
+             records: list[dict], logged: dict | None = None) -> dict | None:
     """What the records say must have moved, beside what the counting side's counters say did: Mooncake's
     sending (prefill) side, NIXL's reading (decode) side. The KV of a token fills each decode GPU's shard once,
-    its replicated KV heads included (ModelSpec.kv_bytes_per_token_at)."""
+    its replicated KV heads included (ModelSpec.kv_bytes_per_token_at). Mooncake's prefill pods without its
+    Prometheus counters (vLLM 0.26 exports none) are read from their own lines instead: `logged`
+    (mooncake_logged), `source` log."""
     if config.topology == "aggregated":
         return None
     kv = kv_expectation(records, spec.model.kv_bytes_per_token_at(config.role("decode").tp), spec.kv_block_tokens)
     if config.kv_connector == "nixl":
         got = deltas.get("decode") or {}
         kv.update({"transfers": got.get("nixl_transfers"), "bytes": got.get("nixl_bytes_transferred")})
-    else:
-        sent = deltas.get("prefill") or {}
-        kv.update({"transfers": sent.get("mooncake_transfers"), "bytes": sent.get("mooncake_bytes_transferred")})
+        return kv
+    sent = deltas.get("prefill") or {}
+    kv.update({"transfers": sent.get("mooncake_transfers"), "bytes": sent.get("mooncake_bytes_transferred"),
+               "source": "metrics"})
+    if kv["transfers"] is None and kv["bytes"] is None and logged is not None:
+        kv.update({**logged, "source": "log"})
     return kv
 
 
+def mooncake_logged(dep: Deployment, pods: dict[str, dict], since: dict[str, int] | None) -> dict:
+    """What the prefill engines' own lines say they sent from `since` (log offsets: the run's first snapshot) on:
+    the requests whose blocks they sent (`Sending kv_caches for request`, vLLM 0.26 mooncake_connector.py:1607, at
+    DEBUG: counted where the connector's DEBUG lines are on, per `pods` read whole) and the bytes of their
+    `KV Transfer metrics` (where stats logging is on). None where a pod's log cannot say. Each request counts
+    once: the connector's own `Num successful transfers` counts batch writes, which may carry several requests
+    (one per decode scheduler step and prefill engine: `receive_kv`, `send_kv_to_decode`)."""
+    out: dict = {"transfers": None, "bytes": None}
+    for p in dep.processes:
+        if p.role != "prefill" or p.name not in pods:
+            continue
+        window = transport_of_pod(iter_lines(p.log_path, (since or {}).get(p.name, 0)))
+        if pods[p.name]["connector_debug"]:
+            out["transfers"] = (out["transfers"] or 0) + window["requests_sent"]
+        if pods[p.name]["kv_stats_lines"]:
+            out["bytes"] = (out["bytes"] or 0.0) + window["transfer_bytes"]
+    return out
+
+
 def kv_transport(dep: Deployment, spec: ExperimentSpec, config: ConfigurationSpec, deltas: dict[str, dict[str, float]],
-                 records: list[dict]) -> dict:
-    """The KV verdict from the KV pods' logs, read as the configuration's connector writes them."""
+                 records: list[dict], since: dict[str, int] | None = None) -> dict:
+    """The KV verdict from the KV pods' logs, read as the configuration's connector writes them; `since`: each
+    process's log offset where the run began (its first snapshot), from which its own lines count what moved."""
     kv_pods = [p for p in dep.processes if p.role in ("prefill", "decode")]
     roles = {p.name: p.role for p in kv_pods}
     tcp_mb_s = link_bytes_per_s(spec.hardware, "tcp") / 1e6
-    kv = kv_moved(spec, config, deltas, records)
     if config.kv_connector == "nixl" and config.topology != "aggregated":
         pods = {p.name: nixl_of_pod(iter_lines(p.log_path)) for p in kv_pods}
-        return verify_nixl(config.kv_transport, pods, roles=roles, kv=kv, tcp_mb_s=tcp_mb_s,
-                           same_host=spec.target.kind == "local")
+        return verify_nixl(config.kv_transport, pods, roles=roles, kv=kv_moved(spec, config, deltas, records),
+                           tcp_mb_s=tcp_mb_s, same_host=spec.target.kind == "local")
     pods = {p.name: transport_of_pod(iter_lines(p.log_path)) for p in kv_pods}
+    kv = kv_moved(spec, config, deltas, records, mooncake_logged(dep, pods, since))
     return verify_transport(config.kv_transport, pods, roles=roles, kv=kv, tcp_mb_s=tcp_mb_s)
 
 
@@ -155,19 +181,23 @@ SETTLE_POLLS = 4         # reads per interval while waiting (each re-reads every
 
 
 def _pending(transport: dict) -> bool:
-    return transport["verdict"] == "no-evidence" or transport.get("ec", {}).get("verdict") == "no-evidence"
+    """A verdict that its KV pods' next logging window may still change: no evidence yet, or a mismatch read from
+    Mooncake's own lines (its last `KV Transfer metrics` come up to one stats interval after the transfers)."""
+    from_log = (transport.get("kv_check") or {}).get("source") == "log" and transport["verdict"] == "mismatch"
+    return from_log or transport["verdict"] == "no-evidence" or transport.get("ec", {}).get("verdict") == "no-evidence"
 
 
 def settled_transport(dep: Deployment, spec: ExperimentSpec, config: ConfigurationSpec,
                       deltas: dict[str, dict[str, float]], records: list[dict],
-                      clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> dict:
+                      clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                      since: dict[str, int] | None = None) -> dict:
     """The transport verdict (EPD: the encoder outputs' under `ec`), read again while it lacks evidence for up to
     one of the KV pods' logging intervals (dep.kv_log_interval_s) and a margin: their transfer windows are logged
     once per interval, so a short last cell's transfers may not be in the logs yet when it ends. A verdict with
     evidence (or a mismatch) is taken at once; one still without it after the interval stands."""
     deadline = clock() + dep.kv_log_interval_s + SETTLE_MARGIN_S if dep.kv_log_interval_s else None
     while True:
-        transport = kv_transport(dep, spec, config, deltas, records)
+        transport = kv_transport(dep, spec, config, deltas, records, since)
         if config.topology == "epd":
             transport["ec"] = ec_transport(dep, spec, config, records)
         if deadline is None or not _pending(transport) or clock() >= deadline:
@@ -250,7 +280,7 @@ def collect(dep: Deployment, spec: ExperimentSpec, config: ConfigurationSpec, fi
     for name, text in last["metrics"].items():
         (out_dir / f"metrics-after-{name}.prom").write_text(text)
     deltas = _metric_deltas(dep, first, last)
-    transport = settled_transport(dep, spec, config, deltas, records)
+    transport = settled_transport(dep, spec, config, deltas, records, since=first["offsets"])
     if config.topology == "epd":
         write_json(out_dir / "ec_transport.json", transport["ec"])
     stages = verify_stages(expected_roles(config, records), _role_counts(dep, first, last), emulated, deltas)

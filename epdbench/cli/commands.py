@@ -334,7 +334,8 @@ def cmd_verify_transport(args) -> int:
     """Exit 0 only when the logs prove the expected transport carried the KV (or the encoder outputs)."""
     import json
 
-    from epdbench.analysis.transport import transport_of_pod, verify_transport
+    from epdbench.analysis.mooncake_log import transport_of_pod
+    from epdbench.analysis.transport import verify_transport
     from epdbench.analysis.ucx import has_nixl_evidence, nixl_of_pod, verify_nixl
     from epdbench.tasks.evidence import iter_lines
 

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from epdbench.analysis.transport import (check_kv_volume, kv_expectation, transport_of_pod, verify_transport,
-                                          worker_protocol)
+from epdbench.analysis.mooncake_log import transport_of_pod, worker_protocol
+from epdbench.analysis.transport import check_kv_volume, kv_expectation, verify_transport
 from epdbench.sim import logfmt
 
 LOGS = Path(__file__).parents[1] / "data" / "logs"

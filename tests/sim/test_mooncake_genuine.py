@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from epdbench.analysis.transport import transport_of_pod, verify_transport
+from epdbench.analysis.mooncake_log import transport_of_pod
+from epdbench.analysis.transport import verify_transport
 from epdbench.specs.models import parse_spec
 from epdbench.specs.workload import build_requests, plan_cells
 from epdbench.tasks.sim import target as sim_target
