@@ -2,7 +2,9 @@
 and EPD (encode leg, prefill leg, decode leg), with uvicorn-format access lines.
 
 vllm-router fronts aggregated and PD by default; it has no encode stage, so EPD always runs here,
-following vLLM's disagg_epd_proxy: requests without images skip the encode leg.
+following vLLM's disagg_epd_proxy: requests without images skip the encode leg. The decode leg carries the
+kv_transfer_params the prefill answered (NixlConnector's protocol, and the simulator's), or with `--kv-connector
+mooncake` the ones MooncakeConnector needs, which the proxy makes itself (sim/mooncake_pd.py).
 """
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ from aiohttp import web
 from epdbench.otlp import format_traceparent, new_span_id, parse_traceparent
 from epdbench.relay import stream_back
 from epdbench.sim import logfmt
+from epdbench.sim.mooncake_pd import (BootstrapError, Bootstraps, bootstrap_addr, decode_params, holds_kv,
+                                      prefill_params)
 from epdbench.sim.server import access_log_middleware, log, until_signalled
 from epdbench.sim.spans import SpanExporter, epoch_ns, router_span, span_resource
 
@@ -38,7 +42,9 @@ def has_images(body: dict) -> bool:
 
 class Proxy:
     def __init__(self, servers: list[str], encoders: list[str], prefills: list[str], decodes: list[str],
-                 skip_prefill_fraction: float = 0.0, fault_seed: int = 0):
+                 skip_prefill_fraction: float = 0.0, fault_seed: int = 0, mooncake: dict[str, str] | None = None):
+        """`mooncake`: each prefill URL's Mooncake bootstrap server (MooncakeConnector's PD protocol); none: the
+        decode leg carries what the prefill answered."""
         self.servers, self.encoders, self.prefills, self.decodes = servers, encoders, prefills, decodes
         self.skip_prefill_fraction = skip_prefill_fraction    # fault switch: send straight to decode
         self.fault_rng = random.Random(fault_seed)
@@ -48,6 +54,7 @@ class Proxy:
         self.pid = os.getpid()
         self.session: aiohttp.ClientSession | None = None
         self.spans = SpanExporter.from_env(span_resource("proxy"))
+        self.mooncake = Bootstraps(mooncake) if mooncake is not None else None
 
     @property
     def mode(self) -> str:
@@ -110,10 +117,15 @@ class Proxy:
                 body = {**body, "ec_transfer_params": out["ec_transfer_params"]}
         pre = self.pick("prefill")
         xfer = f"xfer-{uuid.uuid4()}"
+        engine = None
+        if self.mooncake is not None:     # before the prefill holds any KV: a decode must be able to find it
+            try:
+                engine = await self.mooncake.engine_id(self.session, pre)
+            except BootstrapError as e:
+                return web.json_response({"error": {"message": str(e)}}, status=502)
         prefill_body = copy.deepcopy(body)
         prefill_body.update({"max_tokens": 1, "stream": False, "stream_options": None,
-                             "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False,
-                                                    "transfer_id": xfer}})
+                             "kv_transfer_params": prefill_params(xfer)})
         prefill_body.pop("max_completion_tokens", None)
         status, out = await self.leg(pre, path, prefill_body, headers)
         if status != 200:
@@ -122,7 +134,13 @@ class Proxy:
         self.legs["decode"] += 1
         dec = self.pick("decode")
         self.info(f"request {rid}: prefill leg done on {pre}, decoding on {dec}")
-        decode_body = {**body, "kv_transfer_params": out.get("kv_transfer_params")}
+        kv_params = out.get("kv_transfer_params")
+        if engine is not None:
+            kv_params = decode_params(xfer, self.mooncake.addrs[pre], engine) if holds_kv(out) else None
+            if kv_params is None:
+                self.info(f"request {rid}: the prefill on {pre} stopped before its length cap and holds no KV: "
+                          f"{dec} prefills it itself")
+        decode_body = {**body, "kv_transfer_params": kv_params}
         decode_body.pop("ec_transfer_params", None)
         return await self.relay(request, dec + path, decode_body, headers)
 
@@ -171,8 +189,9 @@ async def serve(proxy: Proxy, host: str, port: int) -> None:
     runner = web.AppRunner(proxy.app(), access_log=None, handle_signals=False)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
+    kv = f" mooncake bootstrap={proxy.mooncake.addrs}" if proxy.mooncake is not None else ""
     proxy.info(f"epdbench router ({proxy.mode}) on http://{host}:{port}: encode={proxy.encoders} "
-               f"prefill={proxy.prefills} decode={proxy.decodes} server={proxy.servers}")
+               f"prefill={proxy.prefills} decode={proxy.decodes} server={proxy.servers}{kv}")
     try:
         await until_signalled()
     finally:
@@ -188,8 +207,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--server", action="append", default=[])
     p.add_argument("--encode", action="append", default=[])
-    p.add_argument("--prefill", action="append", default=[])
+    p.add_argument("--prefill", action="append", default=[], nargs="+", metavar=("URL", "BOOTSTRAP_PORT"),
+                   help="a prefill engine; with --kv-connector mooncake, its Mooncake bootstrap port after it")
     p.add_argument("--decode", action="append", default=[])
+    p.add_argument("--kv-connector", choices=["nixl", "mooncake"], default="nixl",
+                   help="the engines' KV connector: nixl (the decode leg carries what the prefill answered, as the "
+                        "simulator's engines do too) or mooncake (MooncakeConnector's protocol: the proxy makes the "
+                        "decode's kv_transfer_params from each prefill's bootstrap server)")
     p.add_argument("--fault-skip-prefill", type=float, default=0.0,
                    help="fault injection: fraction of requests sent straight to decode, skipping prefill")
     p.add_argument("--fault-seed", type=int, default=0)
@@ -197,7 +221,14 @@ def main(argv: list[str] | None = None) -> int:
     if not a.server and not (a.prefill and a.decode):
         print("give --server URLs, or --prefill and --decode URLs", file=sys.stderr)
         return 2
-    proxy = Proxy(a.server, a.encode, a.prefill, a.decode, a.fault_skip_prefill, a.fault_seed)
+    prefills = [v[0] for v in a.prefill]
+    wanted = 2 if a.kv_connector == "mooncake" else 1
+    if any(len(v) != wanted or (wanted == 2 and not v[1].isdigit()) for v in a.prefill):
+        print("give each prefill as --prefill URL BOOTSTRAP_PORT with --kv-connector mooncake, else as --prefill URL",
+              file=sys.stderr)
+        return 2
+    mooncake = {v[0]: bootstrap_addr(v[0], int(v[1])) for v in a.prefill} if a.kv_connector == "mooncake" else None
+    proxy = Proxy(a.server, a.encode, prefills, a.decode, a.fault_skip_prefill, a.fault_seed, mooncake)
     asyncio.run(serve(proxy, a.host, a.port))
     return 0
 

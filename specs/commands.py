@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from epdbench.specs.gpu_share import gpu_shares, kv_cache_bytes
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec, RoleSpec
@@ -177,6 +177,7 @@ def local_engine_args(spec: ExperimentSpec, config: ConfigurationSpec, role: Rol
     return ["--model", *args, *local.extra_args]
 
 
+MOONCAKE_CONNECTOR_LOGGER = "vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector"
 # vLLM's logging (VLLM_LOGGING_CONFIG_PATH) as its default, but the request logger at DEBUG: vLLM up to 0.32 logs a
 # request's body (`Request <body request_id> JSON body:`, the client's id behind vllm-router) at DEBUG only; 0.33 at
 # VLLM_REQUEST_BODY_LOG_LEVEL. The request logger's module moved between releases: both names.
@@ -192,7 +193,15 @@ VLLM_LOGGING_CONFIG = {
                 "vllm.entrypoints.serve.utils.request_logger": {"level": "DEBUG"},
                 "vllm.entrypoints.logger": {"level": "DEBUG"},
                 # EPD's encoder-cache connectors: ECExampleConnector's save and load lines per mm_hash (DEBUG)
-                "vllm.distributed.ec_transfer": {"level": "DEBUG"}}}
+                "vllm.distributed.ec_transfer": {"level": "DEBUG"},
+                # the stat logger writes its `KV Transfer metrics` at DEBUG once the engine is idle, and resets its
+                # window either way (vllm/v1/metrics/loggers.py `log`: log_fn = logger.debug if engine_is_idle):
+                # at INFO a window logged idle is lost
+                "vllm.v1.metrics.loggers": {"level": "DEBUG"},
+                # MooncakeConnector's one line per request whose KV the prefill sends (`Sending kv_caches for
+                # request R (N blocks) to H:P`, DEBUG; vLLM 0.26 mooncake_connector.py:1607): its stats count batch
+                # writes, which may carry several requests
+                MOONCAKE_CONNECTOR_LOGGER: {"level": "DEBUG"}}}
 
 
 # vLLM before 0.32 (0.26 read): its NewLineFormatter takes (fmt, datefmt, style) only — the log_level keyword above
@@ -215,12 +224,13 @@ def vllm_logging_config(version: str) -> dict:
 
 
 def local_engine_env(spec: ExperimentSpec, config: ConfigurationSpec, role: str, *, nixl_port: int | None,
-                     gpus: Sequence[int] = (), cpus: str | None = None,
-                     logging_config: str | None = None, internal_port: int | None = None) -> dict[str, str]:
+                     gpus: Sequence[int] = (), cpus: str | None = None, logging_config: str | None = None,
+                     internal_port: int | None = None, bootstrap_port: int | None = None) -> dict[str, str]:
     """Environment of a role's engine on the local target: request bodies logged with the client's id (`logging_config`:
     the path of VLLM_LOGGING_CONFIG written out); the engine's own ports scanned up from `internal_port` (VLLM_PORT);
-    NIXL's side channel on its own loopback port and UCX's lanes at info level (the evidence); the KV cache's host
-    memory and the engine's cores (cpu) or the replica's GPUs (cuda); then the spec's own variables."""
+    NIXL's side channel on its own loopback port and UCX's lanes at info level, or Mooncake's (mooncake_env; a
+    prefill's bootstrap server on `bootstrap_port`) — the evidence; the KV cache's host memory and the engine's cores
+    (cpu) or the replica's GPUs (cuda); then the spec's own variables."""
     local = spec.target.local
     env = {"VLLM_REQUEST_BODY_LOG_LEVEL": REQUEST_BODY_LOG_LEVEL, "PYTHONUNBUFFERED": "1"}
     if logging_config:
@@ -237,6 +247,8 @@ def local_engine_env(spec: ExperimentSpec, config: ConfigurationSpec, role: str,
         # at the default 10 s a short cell's transfers were logged only after it, idle, and never seen
         env.update({"VLLM_NIXL_SIDE_CHANNEL_HOST": local.host, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(nixl_port),
                     "UCX_TLS": tls, "UCX_LOG_LEVEL": "info", "VLLM_LOG_STATS_INTERVAL": str(VLLM_STATS_INTERVAL_S)})
+    elif moves_kv(config, role):
+        env.update(mooncake_env(spec, config, role, bootstrap_port, internal_port))
     if local.device == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(local.cpu_kvcache_gib)
         if cpus:
@@ -244,6 +256,44 @@ def local_engine_env(spec: ExperimentSpec, config: ConfigurationSpec, role: str,
     else:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
     return {**env, **local.env}
+
+
+# Mooncake's RPC and TCP listeners pick random ports in [MC_MIN_RPC_PORT, MC_MAX_RPC_PORT] (default 15000-17000,
+# inside the 10000-19999 the local target picks its engines', routers' and bootstrap servers' ports from before they
+# are bound; mooncake-transfer-engine config.cpp and transfer_metadata_plugin.cpp `findAvailableTcpPort`): each
+# engine's go to the top of its own block of 64 (tasks/proc/processes.py PORT_BLOCK), whose bottom vLLM scans up from
+# for its own (VLLM_PORT). Mooncake refuses a range inside 32768-60999 (`ValidatePortRange`) and keeps its default.
+MOONCAKE_RPC_PORTS = (48, 63)
+
+
+def mooncake_env(spec: ExperimentSpec, config: ConfigurationSpec, role: str, bootstrap_port: int | None,
+                 internal_port: int | None) -> dict[str, str]:
+    """MooncakeConnector's environment of a KV engine on the local target (vLLM 0.26, Mooncake 0.3.14):
+    - VLLM_HOST_IP: the worker advertises vLLM's get_ip() (VLLM_HOST_IP, else the address of the route to 8.8.8.8,
+      else 0.0.0.0: vllm/utils/network_utils.py) to its transfer engine (`initialize(hostname, "P2PHANDSHAKE", ...)`)
+      and binds its ZMQ side channel there (mooncake_connector.py:916, 1139): on loopback every address the engines
+      exchange stays on this host. Mooncake's own listeners and the bootstrap server still bind every interface
+      (INADDR_ANY in findAvailableTcpPort; MooncakeBootstrapServer("0.0.0.0", port), mooncake_connector.py:1001):
+      they cannot be held to loopback, only never advertised beyond it;
+    - MC_FORCE_TCP for a TCP configuration: the engine installs RDMA whenever it finds HCAs, whatever
+      mooncake_protocol says (transfer_engine_impl.cpp; the Python binding ignores the protocol);
+    - MC_TE_METRIC, MC_TE_METRIC_INTERVAL_SECONDS: its `[Metrics] Transfer Engine Stats` windows;
+    - VLLM_LOG_STATS_INTERVAL: vLLM's `KV Transfer metrics` every second (NixlConnector's reason, local_engine_env);
+    - the prefill's VLLM_MOONCAKE_BOOTSTRAP_PORT: its bootstrap server, which the decode and the router query for
+      the prefill's engine id (envs.py; only a producer starts one, mooncake_connector.py:999);
+    - MC_MIN_RPC_PORT, MC_MAX_RPC_PORT: the engine's own ports (MOONCAKE_RPC_PORTS)."""
+    env = {"VLLM_HOST_IP": spec.target.local.host, "MC_TE_METRIC": "1",
+           "MC_TE_METRIC_INTERVAL_SECONDS": str(MOONCAKE_METRIC_INTERVAL_S),
+           "VLLM_LOG_STATS_INTERVAL": str(VLLM_STATS_INTERVAL_S)}
+    if config.kv_transport == "tcp":
+        env["MC_FORCE_TCP"] = "1"
+    if role == "prefill":
+        if bootstrap_port is None:
+            raise ValueError(f"{config.name} prefill: MooncakeConnector needs a bootstrap port")
+        env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] = str(bootstrap_port)
+    if internal_port is not None:
+        env["MC_MIN_RPC_PORT"], env["MC_MAX_RPC_PORT"] = (str(internal_port + p) for p in MOONCAKE_RPC_PORTS)
+    return env
 
 
 def otlp_engine_args(endpoint: str) -> list[str]:
@@ -290,12 +340,21 @@ def vllm_router_args(config: ConfigurationSpec, *, host: str, port: int, prometh
     return args
 
 
-def builtin_router_args(*, host: str, port: int, engines: Sequence[tuple[str, str]]) -> list[str]:
+def builtin_router_args(*, host: str, port: int, engines: Sequence[tuple[str, str]], kv_connector: str | None = None,
+                        bootstrap_ports: Mapping[str, int] | None = None) -> list[str]:
     """Arguments after `python -m epdbench.sim.proxy` (epdbench's own router, vLLM's disagg_epd_proxy protocol):
-    each engine as (role, URL), server for aggregated, else encode, prefill and decode."""
+    each engine as (role, URL), server for aggregated, else encode, prefill and decode. `kv_connector` mooncake: the
+    proxy speaks MooncakeConnector's PD protocol, each prefill given with its bootstrap port (`bootstrap_ports`, by
+    URL) as `--prefill URL PORT`, as vllm-router and vLLM's Mooncake proxy take it."""
     args = ["--host", host, "--port", str(port)]
+    if kv_connector == "mooncake":
+        args += ["--kv-connector", "mooncake"]
     for role, url in engines:
         args += [f"--{role}", url]
+        if role == "prefill" and kv_connector == "mooncake":
+            if url not in (bootstrap_ports or {}):
+                raise ValueError(f"prefill {url}: MooncakeConnector's PD protocol needs its bootstrap port")
+            args.append(str(bootstrap_ports[url]))
     return args
 
 

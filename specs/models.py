@@ -174,8 +174,9 @@ class ExperimentSpec(Strict):
                 raise ValueError(f"{where}: on the local target the encoder outputs go through a shared folder "
                                  "(target.local.ec_shared_dir), not a network: leave ec_transport unset")
             if c.topology != "aggregated" and c.kv_connector == "mooncake" and device == "cpu":
+                # its worker takes torch.accelerator.current_device_index() (vLLM 0.26 mooncake_connector.py:912)
                 raise ValueError(f"{where}: MooncakeConnector does not start without an accelerator "
-                                 "(target.local.device cpu): use kv_connector nixl")
+                                 "(target.local.device cpu): use kv_connector nixl, or device cuda on a GPU host")
             if c.kv_transport == "rdma" and device == "cpu":
                 raise ValueError(f"{where}: KV over RDMA needs NICs the CPU build does not drive: use kv_transport "
                                  "tcp on target.local.device cpu")

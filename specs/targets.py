@@ -250,7 +250,8 @@ class KubernetesTargetSpec(Strict):
                     "one line says GPU telemetry is unavailable, and nothing is read. None: not read.")
 
 
-LOCAL_RESERVED_ENV = RESERVED_ENGINE_ENV | {"VLLM_CPU_KVCACHE_SPACE", "CUDA_VISIBLE_DEVICES"}
+LOCAL_RESERVED_ENV = RESERVED_ENGINE_ENV | {"VLLM_CPU_KVCACHE_SPACE", "CUDA_VISIBLE_DEVICES", "VLLM_HOST_IP",
+                                           "MC_MIN_RPC_PORT", "MC_MAX_RPC_PORT"}
 
 
 class LocalTargetSpec(Strict):
@@ -263,7 +264,8 @@ class LocalTargetSpec(Strict):
                                                 "makes (~/.cache/epdbench/vllm-gpu). compare --vllm-python "
                                                 "overrides it.")
     host: str = Field("127.0.0.1", pattern=r"^(127\.\d+\.\d+\.\d+|localhost)$", title="Bind address",
-                      description="Loopback address the engines, their NIXL side channels and the router listen on.")
+                      description="Loopback address the engines, their NIXL side channels and the router listen on, "
+                                  "and the one Mooncake's transfer engines advertise (VLLM_HOST_IP).")
     device: Literal["cpu", "cuda"] = Field(
         "cpu", title="Device",
         description="cpu: vLLM's CPU build (vllm-cpu), KV cache in host memory (VLLM_CPU_KVCACHE_SPACE) and "

@@ -25,6 +25,7 @@ class Process:
     log_path: Path             # local file holding this process's log (synced for remote targets)
     popen: subprocess.Popen | None = None   # local process (sim target) or None
     metrics_url: str | None = None
+    bootstrap_port: int | None = None      # a Mooncake prefill engine's bootstrap server (local target)
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """Provision a configuration as real vLLM engines on this host: one OpenAI-server process per role replica
 (`PYTHON -m vllm.entrypoints.openai.api_server`, vLLM's own interpreter), the real vllm-router in front (PD mode
-with the configuration's KV connector), all on loopback ports. The command lines come from specs/commands.py, as the
+with the configuration's KV connector) or epdbench's own proxy, all on loopback ports: NIXL's side channels and
+Mooncake prefills' bootstrap servers each on its own. The command lines come from specs/commands.py, as the
 manifests' do; process start, readiness, log capture and teardown are the simulator target's
 (tasks/proc/processes.py)."""
 from __future__ import annotations
@@ -29,8 +30,12 @@ from epdbench.tasks.local.wheelhouse_pins import DEFAULT_VENV
 
 STOP_GRACE_S = 30               # vLLM shuts its engine core down on SIGTERM; a CPU engine takes a few seconds
 EC_MIN_FREE_GB = 1.0            # the encoder-output folder's filesystem: 2.9 MB per 560-px image on Qwen2.5-VL-7B
-# Variables of epdbench's own environment that must not reach vLLM's interpreter.
-FOREIGN_ENV = ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "UCX_TLS", "UCX_NET_DEVICES", "UCX_LOG_LEVEL")
+# Variables of epdbench's own environment that must not reach vLLM's interpreter: its Python's, and those that would
+# choose the KV transport or hide its evidence (UCX's; Mooncake's forced transports, and MC_LOG_DIR / MC_LOG_LEVEL,
+# which move its glog lines to files or drop them: mooncake-transfer-engine config.cpp).
+FOREIGN_ENV = ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "UCX_TLS", "UCX_NET_DEVICES", "UCX_LOG_LEVEL",
+               "MC_FORCE_TCP", "MC_FORCE_HCA", "MC_FORCE_SHM", "MC_FORCE_MNNVL", "MC_INTRANODE_NVLINK", "MC_LOG_DIR",
+               "MC_LOG_LEVEL")
 
 
 def vllm_python(spec: ExperimentSpec) -> str:
@@ -121,7 +126,10 @@ def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_
             for i in range(role.replicas):
                 name = f"{role.role}-{i}"
                 port = free_port(host)
-                nixl = free_port(host) if moves_kv(config, role.role) and config.kv_connector == "nixl" else None
+                kv = moves_kv(config, role.role)
+                nixl = free_port(host) if kv and config.kv_connector == "nixl" else None
+                bootstrap = free_port(host) if kv and config.kv_connector == "mooncake" and role.role == "prefill" \
+                    else None
                 cmd = [python, "-m", VLLM_SERVER_MODULE, *local_engine_args(
                     spec, config, role, model=model, port=port,
                     ec_shared_dir=str(dep.ec_dir) if dep.ec_dir else None)]
@@ -129,7 +137,8 @@ def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_
                     cmd += otlp_engine_args(traces_endpoint)
                 env = engine_environment(python, local_engine_env(
                     spec, config, role.role, nixl_port=nixl, gpus=gpus[name], cpus=cpus.get(name),
-                    logging_config=str(logging_config), internal_port=private_port_block(host)))
+                    logging_config=str(logging_config), internal_port=private_port_block(host),
+                    bootstrap_port=bootstrap))
                 if port_taken(host, port):
                     # a vLLM engine binds its port only after its interpreter starts: another server answering
                     # /health there meanwhile would pass for it
@@ -144,7 +153,8 @@ def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_
                 url = f"http://{host}:{port}"
                 log = log_dir / f"{name}.log"
                 proc = spawn(cmd, log, env, f"{config.name}/{name}")
-                dep.processes.append(Process(name, role.role, url, log, proc, metrics_url=url + "/metrics"))
+                dep.processes.append(Process(name, role.role, url, log, proc, metrics_url=url + "/metrics",
+                                             bootstrap_port=bootstrap))
                 if spec.shares_one_gpu and not (together and role.role != "encode"):
                     # one at a time, unless sized beforehand (start_together): vLLM's memory profiling fails when
                     # another process on its GPU frees memory meanwhile ("Error in memory profiling"), and
@@ -177,13 +187,15 @@ def router_command(spec: ExperimentSpec, config: ConfigurationSpec, engines: lis
     url = f"http://{host}:{router_port}"
     if builtin_router(spec, config):
         cmd = [sys.executable, "-P", "-m", BUILTIN_ROUTER_MODULE,   # -P: a checkout in the cwd shadows no module
-               *builtin_router_args(host=host, port=router_port, engines=[(p.role, p.url) for p in engines])]
+               *builtin_router_args(host=host, port=router_port, engines=[(p.role, p.url) for p in engines],
+                                    kv_connector=None if config.topology == "aggregated" else config.kv_connector,
+                                    bootstrap_ports={p.url: p.bootstrap_port for p in engines if p.bootstrap_port})]
         return cmd, {**os.environ, "PYTHONUNBUFFERED": "1"}, url, url + "/metrics"
     prom_port = free_port(host)
     cmd = [router_binary("pip install vllm-router (epdbench's own environment)"), *vllm_router_args(
         config, host=host, port=router_port, prometheus_port=prom_port,
         startup_timeout_s=max(1.0, deadline - time.monotonic()), servers=[p.url for p in engines],
-        prefills=[(p.url, 0) for p in engines if p.role == "prefill"],
+        prefills=[(p.url, p.bootstrap_port or 0) for p in engines if p.role == "prefill"],
         decodes=[p.url for p in engines if p.role == "decode"])]
     return cmd, dict(os.environ), url, f"http://{host}:{prom_port}/metrics"
 

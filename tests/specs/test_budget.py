@@ -128,7 +128,8 @@ def test_on_the_simulator_a_shared_gpu_spec_scales_past_its_one_gpu_node_up_to_t
     spec = budgeted("gpu-qwen25vl", None, lambda d: d["target"].update(kind="sim"))
     assert spec.hardware.gpus_per_node == 1 and not spec.shares_one_gpu
     six = resolve_gpu_budget(spec, 6, "--gpu-budget")       # the spec's own check lets the simulator model a GPU each
-    assert {c.name: c.gpus for c in six.configurations} == {"aggregated": 6, "pd-nixl-tcp": 6, "epd": 6}
+    assert {c.name: c.gpus for c in six.configurations} == {"aggregated": 6, "pd-mooncake-tcp": 6, "pd-nixl-tcp": 6,
+                                                           "epd": 6}
     msg = refusal(resolve_gpu_budget, spec, 17, "--gpu-budget")
     assert msg == ("--gpu-budget 17: aggregated ×17 would run 17 replicas of one role, more than the 16 a role may "
                    "have: give a budget of at most 16")

@@ -1,6 +1,7 @@
 """specs/commands.py on a GPU host (the gpu-qwen25vl preset): every engine's command line and environment and the
 router's, per configuration, as `compare --target local` would start them — every engine on GPU 0 with its memory
-share, NIXL held to TCP, EPD's encoder outputs through ECExampleConnector's shared folder, epdbench's proxy in front.
+share, NIXL and Mooncake held to TCP, EPD's encoder outputs through ECExampleConnector's shared folder, epdbench's
+proxy in front (speaking MooncakeConnector's PD protocol for the Mooncake pair).
 Golden file: tests/data/local-gpu/gpu-qwen25vl.json (regenerate after an intended change with UPDATE_GOLDEN=1)."""
 import json
 import os
@@ -19,27 +20,31 @@ EC_DIR = "/dev/shm/epdbench-ec-RUN-epd"
 
 def rendered(spec) -> dict:
     """Configuration -> replica -> command line and environment, and the router's command line, with ports
-    numbered in start order from 8001 (NIXL side channels from 5601), as the target hands them out."""
+    numbered in start order from 8001 (NIXL side channels and Mooncake prefills' bootstrap servers from 5601), as the
+    target hands them out."""
     out = {}
     for config in spec.configurations:
         gpus = local_gpus(config, spec.shares_one_gpu)
-        port, nixl, engines, lines = 8000, 5600, [], {}
+        port, side, engines, bootstraps, lines = 8000, 5600, [], {}, {}
         for role in config.roles:
             for i in range(role.replicas):
                 name = f"{role.role}-{i}"
                 port += 1
-                side = None
-                if moves_kv(config, role.role):
-                    nixl += 1
-                    side = nixl
+                nixl = boot = None
+                if moves_kv(config, role.role) and (config.kv_connector == "nixl" or role.role == "prefill"):
+                    side += 1
+                    nixl, boot = (side, None) if config.kv_connector == "nixl" else (None, side)
                 args = local_engine_args(spec, config, role, model=MODEL_DIR, port=port,
                                          ec_shared_dir=EC_DIR if config.topology == "epd" else None)
-                env = local_engine_env(spec, config, role.role, nixl_port=side, gpus=gpus[name],
-                                       logging_config="/results/run/vllm-logging.json")
+                env = local_engine_env(spec, config, role.role, nixl_port=nixl, gpus=gpus[name],
+                                       logging_config="/results/run/vllm-logging.json", bootstrap_port=boot)
                 lines[name] = {"command": ["PYTHON", "-m", VLLM_SERVER_MODULE, *args], "env": env}
                 engines.append((role.role, f"http://127.0.0.1:{port}"))
-        lines["router"] = {"command": ["python", "-m", BUILTIN_ROUTER_MODULE,
-                                       *builtin_router_args(host="127.0.0.1", port=9000, engines=engines)]}
+                if boot:
+                    bootstraps[engines[-1][1]] = boot
+        kv_connector = None if config.topology == "aggregated" else config.kv_connector
+        lines["router"] = {"command": ["python", "-m", BUILTIN_ROUTER_MODULE, *builtin_router_args(
+            host="127.0.0.1", port=9000, engines=engines, kv_connector=kv_connector, bootstrap_ports=bootstraps)]}
         out[config.name] = lines
     return out
 
@@ -77,6 +82,7 @@ def test_every_engine_runs_on_gpu_0_with_its_share_and_random_weights_of_the_rea
             assert flag(p["command"], "--served-model-name") == "Qwen/Qwen2.5-VL-7B-Instruct"
             shares[f"{config}/{name}"] = float(flag(p["command"], "--gpu-memory-utilization"))
     assert shares == {"aggregated/server-0": 0.85, "pd-nixl-tcp/prefill-0": 0.45, "pd-nixl-tcp/decode-0": 0.45,
+                      "pd-mooncake-tcp/prefill-0": 0.45, "pd-mooncake-tcp/decode-0": 0.45,
                       "epd/encode-0": 0.07, "epd/prefill-0": 0.41, "epd/decode-0": 0.41}
 
 
@@ -91,6 +97,34 @@ def test_kv_moves_over_nixl_held_to_tcp_with_gpu_buffers(lines):
             assert p["env"]["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1"
     assert "--kv-transfer-config" not in lines["epd"]["encode-0"]["command"]
     assert not any(k.startswith("UCX_") for k in lines["epd"]["encode-0"]["env"])
+
+
+def test_kv_moves_over_mooncake_forced_to_tcp_on_loopback_with_its_evidence_on(lines):
+    pair = lines["pd-mooncake-tcp"]
+    for name, kv_role in (("prefill-0", "kv_producer"), ("decode-0", "kv_consumer")):
+        p = pair[name]
+        assert json.loads(flag(p["command"], "--kv-transfer-config")) == {
+            "kv_connector": "MooncakeConnector", "kv_role": kv_role,
+            "kv_connector_extra_config": {"mooncake_protocol": "tcp"}}
+        mooncake = {k: v for k, v in p["env"].items() if k.startswith("MC_") or k in ("VLLM_HOST_IP",
+                                                                                        "VLLM_LOG_STATS_INTERVAL")}
+        assert mooncake == {"MC_FORCE_TCP": "1", "MC_TE_METRIC": "1", "MC_TE_METRIC_INTERVAL_SECONDS": "5",
+                            "VLLM_HOST_IP": "127.0.0.1", "VLLM_LOG_STATS_INTERVAL": "1"}
+        assert not any(k.startswith(("UCX_", "VLLM_NIXL_")) for k in p["env"])
+    assert pair["prefill-0"]["env"]["VLLM_MOONCAKE_BOOTSTRAP_PORT"] == "5601"
+    assert "VLLM_MOONCAKE_BOOTSTRAP_PORT" not in pair["decode-0"]["env"]      # only a producer starts the server
+    assert pair["router"]["command"][-7:] == ["--kv-connector", "mooncake", "--prefill", "http://127.0.0.1:8001",
+                                              "5601", "--decode", "http://127.0.0.1:8002"]
+
+
+def test_each_mooncake_engines_ports_lie_in_its_own_block_and_a_prefill_needs_its_bootstrap_port(spec):
+    config = spec.configuration("pd-mooncake-tcp")
+    env = local_engine_env(spec, config, "decode", nixl_port=None, gpus=[0], internal_port=20_032)
+    assert (env["VLLM_PORT"], env["MC_MIN_RPC_PORT"], env["MC_MAX_RPC_PORT"]) == ("20032", "20080", "20095")
+    with pytest.raises(ValueError, match="^pd-mooncake-tcp prefill: MooncakeConnector needs a bootstrap port$"):
+        local_engine_env(spec, config, "prefill", nixl_port=None, gpus=[0])
+    with pytest.raises(ValueError, match="^prefill http://p: MooncakeConnector's PD protocol needs its bootstrap port$"):
+        builtin_router_args(host="h", port=1, engines=[("prefill", "http://p")], kv_connector="mooncake")
 
 
 def test_epds_encoder_outputs_go_through_one_shared_folder_by_mm_hash(spec, lines):
@@ -139,7 +173,8 @@ def test_vllm_026_gets_a_logging_config_it_can_load_and_whose_lines_the_parsers_
     import types
 
     from epdbench.analysis.ec_files import ec_files_of_pod
-    from epdbench.specs.commands import VLLM_LOGGING_CONFIG, vllm_logging_config
+    from epdbench.analysis.mooncake_log import transport_of_pod
+    from epdbench.specs.commands import MOONCAKE_CONNECTOR_LOGGER, VLLM_LOGGING_CONFIG, vllm_logging_config
 
     module = types.ModuleType("vllm.logging_utils")
     module.NewLineFormatter = NewLineFormatter026
@@ -161,9 +196,19 @@ def test_vllm_026_gets_a_logging_config_it_can_load_and_whose_lines_the_parsers_
         # 0.26 writes the process prefix on its decorated stdout (utils/system_utils.py decorate_logs)
         assert ec_files_of_pod([f"(EngineCore pid=7) {out}"])["saved"] == {"ab12"}
         assert "left out" not in out
+        # MooncakeConnector's per-request send line (DEBUG) and an idle engine's KV Transfer metrics (the stat
+        # logger's logger.debug, called in metrics.py:103) reach the log, and the transport parser reads them
+        mooncake = logging.getLogger(MOONCAKE_CONNECTOR_LOGGER)
+        mooncake.handle(mooncake.makeRecord(mooncake.name, logging.DEBUG, "/x/mooncake_connector.py", 1607,
+                                            "Sending kv_caches for request %s (%d blocks) to %s",
+                                            ("chatcmpl-r1-0a1b", 64, "127.0.0.1:20212"), None))
+        stats = logging.getLogger("vllm.v1.metrics.loggers")
+        stats.handle(stats.makeRecord(stats.name, logging.DEBUG, "/x/metrics.py", 103, "KV Transfer metrics: %s",
+                                      ("Num successful transfers=1, Avg MB per transfer=56.0",), None))
+        pod = transport_of_pod(f"(EngineCore pid=7) {line}" for line in capsys.readouterr().out.splitlines())
+        assert (pod["requests_sent"], pod["successful_transfers"], pod["transfer_bytes"]) == (1, 1, 56 * 2 ** 20)
     finally:
-        for name in ("vllm", "vllm.entrypoints.serve.utils.request_logger", "vllm.entrypoints.logger",
-                     "vllm.distributed.ec_transfer"):
+        for name in VLLM_LOGGING_CONFIG["loggers"]:
             logging.getLogger(name).handlers.clear()
             logging.getLogger(name).setLevel(logging.NOTSET)
             logging.getLogger(name).propagate = True

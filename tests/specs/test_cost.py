@@ -9,7 +9,7 @@ from epdbench.specs.models import PRESET_DIR, SpecError, load_spec, parse_spec, 
 
 # Every preset's fingerprint before the field existed: nightly history matches runs on them.
 FINGERPRINTS = {"cpu-tiny": "fb97ebc3ca05a1bf", "epd-multimodal": "44ce3323c6919ff2", "epd-reuse": "787a60ccd008bccc",
-                "gpu-qwen25vl": "cdbfba5e9c1769e0", "pd-nixl": "318915711abad75c", "pd-text": "00a2cca05024945e",
+                "gpu-qwen25vl": "e5173d34560ceeea", "pd-nixl": "318915711abad75c", "pd-text": "00a2cca05024945e",
                 "smoke": "c28140e494a4b680", "vllm-truth": "c6ebad46343f3421"}
 
 

@@ -21,6 +21,7 @@ def spec():
 def test_the_preset_shares_one_h100_among_up_to_three_engines(spec):
     shares = {c.name: gpu_shares(spec, c) for c in spec.configurations}
     assert shares == {"aggregated": {"server": 0.85}, "pd-nixl-tcp": {"prefill": 0.45, "decode": 0.45},
+                      "pd-mooncake-tcp": {"prefill": 0.45, "decode": 0.45},      # the same pair, another connector
                       "epd": {"encode": 0.07, "prefill": 0.41, "decode": 0.41}}
     for c in spec.configurations:
         needs = engine_needs(spec, c)
@@ -46,25 +47,25 @@ def test_shares_given_per_role_replace_the_computed_ones_when_they_still_fit():
 
 @pytest.mark.parametrize("mutate, problem", [
     (lambda d: d["hardware"].update(hbm_gb=40),
-     "field 'target.local.gpu_share': configuration pd-nixl-tcp: 2 engines on one 40 GB GPU need at least 43.0 GB "
+     "field 'target.local.gpu_share': configuration pd-mooncake-tcp: 2 engines on one 40 GB GPU need at least 43.0 GB "
      "(prefill-0 21.5, decode-0 21.5; weights, profiling reserve and one 16384-token sequence's KV) of the 35.3 GB "
      "they may share: lower engine.max_model_len, drop a role, or use a GPU with more memory (hardware.hbm_gb)"),
     (lambda d: d["target"]["local"].update(gpu_shares={"prefill": 0.2}),
-     "field 'target.local.gpu_share': configuration pd-nixl-tcp: 2 engines on one 80 GB GPU: prefill's share 0.20 "
+     "field 'target.local.gpu_share': configuration pd-mooncake-tcp: 2 engines on one 80 GB GPU: prefill's share 0.20 "
      "(16.0 GB) cannot hold its engine (21.5 GB): raise target.local.gpu_shares.prefill"),
     (lambda d: d["target"]["local"].update(gpu_shares={"prefill": 0.6, "decode": 0.6}),
-     "field 'target.local.gpu_share': configuration pd-nixl-tcp: 2 engines on one 80 GB GPU: the shares add up to "
+     "field 'target.local.gpu_share': configuration pd-mooncake-tcp: 2 engines on one 80 GB GPU: the shares add up to "
      "1.20 of the GPU (96.0 GB), more than the 72.1 GB the engines may share: lower target.local.gpu_shares"),
     (lambda d: d["target"]["local"].update(gpu_shares={"decode": 1.5}),
      "field 'target.local': gpu_shares: decode 1.5 is not a share of the GPU's memory (0 < share < 1)"),
     (lambda d: d["target"]["local"].update(gpu_share=False),
-     "field 'configurations.1' (pd-nixl-tcp) needs 2 GPUs but 'hardware.gpus_per_node' is 1"),
+     "field 'configurations.1' (pd-mooncake-tcp) needs 2 GPUs but 'hardware.gpus_per_node' is 1"),
     (lambda d: d["target"]["local"].update(device="cpu"),
      "field 'target.local': gpu_share puts the engines on GPU 0: it needs device cuda"),
     (lambda d: d["configurations"][0]["roles"][0].update(tp=2) or d["hardware"].update(gpus_per_node=2),
      "field 'configurations.0' (aggregated): target.local.gpu_share puts every engine on GPU 0: tp must be 1"),
-    (lambda d: d["configurations"][2].update(ec_transport="tcp"),
-     "field 'configurations.2' (epd): on the local target the encoder outputs go through a shared folder"),
+    (lambda d: d["configurations"][3].update(ec_transport="tcp"),
+     "field 'configurations.3' (epd): on the local target the encoder outputs go through a shared folder"),
 ])
 def test_a_layout_one_gpu_cannot_hold_is_one_line_naming_the_field(mutate, problem):
     with pytest.raises(SpecError) as e:
@@ -81,7 +82,7 @@ def test_the_gpu_fields_leave_a_cpu_runs_fingerprint_alone_and_change_a_gpu_runs
 
 
 def test_per_gpu_figures_divide_by_the_one_gpu_the_engines_share(spec):
-    assert [spec.gpus_used(c) for c in spec.configurations] == [1, 1, 1]
+    assert [spec.gpus_used(c) for c in spec.configurations] == [1, 1, 1, 1]
     smoke = load_spec("epd-multimodal")
     assert [smoke.gpus_used(c) for c in smoke.configurations] == [1, 2, 3, 3]
 

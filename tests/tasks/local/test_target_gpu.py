@@ -28,8 +28,9 @@ class FakePopen:
         return None
 
 
-@pytest.fixture(params=[True, False], ids=["together", "one-after-another"])
-def started(monkeypatch, tmp_path, request):
+def start_faked(monkeypatch, tmp_path: Path, config: str, **local) -> tuple:
+    """target.start of gpu-qwen25vl's `config` with its processes faked: the deployment, what happened in order
+    (spawn with its command line and environment, healthy, router with its command line, stop) and the run folder."""
     events: list = []
     monkeypatch.setattr(target, "vllm_version", lambda python, make=None: "0.26.0")
     monkeypatch.setattr(target, "spawn", lambda cmd, log, env, what: events.append(("spawn", what, cmd, env))
@@ -41,10 +42,14 @@ def started(monkeypatch, tmp_path, request):
     monkeypatch.setattr(target, "stop_deployment", lambda dep, grace_s: events.append(("stop",)))
     run = tmp_path / "run"
     run.mkdir()
-    spec = gpu_spec(tmp_path / "shm", start_together=request.param)
+    spec = gpu_spec(tmp_path / "shm", **local)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    dep = target.start(spec, spec.configuration("epd"), run / "spec.yaml", run / "logs")
-    return dep, events, run, request.param
+    return target.start(spec, spec.configuration(config), run / "spec.yaml", run / "logs"), events, run
+
+
+@pytest.fixture(params=[True, False], ids=["together", "one-after-another"])
+def started(monkeypatch, tmp_path, request):
+    return *start_faked(monkeypatch, tmp_path, "epd", start_together=request.param), request.param
 
 
 def test_engines_sharing_a_gpu_start_together_once_sized_else_one_after_another(started):
