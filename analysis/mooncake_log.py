@@ -62,7 +62,8 @@ GLOG_EVENTS = [
     ("p2p_handshake", re.compile(r"Transfer Engine RPC using P2P handshake")),
     ("connections_established", re.compile(r"Connection has been established")),
     ("ready_acks_sent", re.compile(r"Received same peer QP numbers, sending RDMA ready ACK")),
-    ("ready_acks_received", re.compile(r"Received RDMA ready ACK")),
+    # whole: rdma_endpoint.cpp also warns "Received RDMA ready ACK for unconnected endpoint"
+    ("ready_acks_received", re.compile(r"Received RDMA ready ACK\.$")),
     ("ready_ack_unsupported", re.compile(r"Peer does not support RDMA ready ACK")),
     ("reestablished", re.compile(r"Re-establish connection")),
     ("ready_ack_timeouts", re.compile(r"Worker: Timed out waiting for RDMA ready ACK")),

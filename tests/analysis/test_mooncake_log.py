@@ -129,6 +129,12 @@ def test_each_connector_failure_counts_in_its_own_format_only(counter, message, 
     assert failures(elsewhere) == {}
 
 
+def test_an_ack_for_an_unconnected_endpoint_is_no_ready_ack_received():
+    ack, stray = ("Received RDMA ready ACK.", "Received RDMA ready ACK for unconnected endpoint")
+    pod = transport_of_pod([glog("rdma_endpoint.cpp", 671, ack), glog("rdma_endpoint.cpp", 653, stray)])
+    assert pod["ready_acks_received"] == 1
+
+
 def test_the_stats_line_of_failed_receives_on_the_decode():
     pod = transport_of_pod([kv_stats_line(0, 0, recvs=2)])
     assert (pod["failed_recvs"], pod["successful_transfers"], pod["transfer_bytes"]) == (2, 0, 0.0)
