@@ -15,6 +15,9 @@ if TYPE_CHECKING:
 
 # vllm:request_success_total carries every finish reason from the start (vLLM 0.32 v1/metrics/loggers.py)
 FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+# The engine core's per-request histograms (same file), exposed as their count and sum
+REQUEST_HISTOGRAMS = ("request_queue_time_seconds", "request_prefill_time_seconds", "request_decode_time_seconds",
+                      "time_to_first_token_seconds", "request_time_per_output_token_seconds")
 
 
 @dataclass
@@ -43,9 +46,31 @@ class Counters:
         self.prompt_by_source["local_cache_hit"] += cached
         self.prompt_by_source["external_kv_transfer"] += computed - cached
 
+    # the engine core's request histograms (vllm/v1/metrics/loggers.py), as (count, sum of seconds)
+    request_times: dict[str, list[float]] = field(default_factory=lambda: {k: [0, 0.0] for k in REQUEST_HISTOGRAMS})
+
     def finish(self, reason: str, generated: int) -> None:
         self.request_success[reason] = self.request_success.get(reason, 0) + 1
         self.generation_tokens += generated
+
+    def time_request(self, seq, time_scale: float = 1.0) -> None:
+        """A finished request's times as vLLM's engine core histograms them: queued (arrival to scheduled), prefill
+        (scheduled to first token), decode (first to last token), time to first token (from arrival) and per output
+        token after the first; in modelled seconds. A time the request never reached is not observed."""
+        got = {"request_queue_time_seconds": (seq.arrived, seq.scheduled_at),
+               "request_prefill_time_seconds": (seq.scheduled_at, seq.first_token_at),
+               "request_decode_time_seconds": (seq.first_token_at, seq.last_token_at),
+               "time_to_first_token_seconds": (seq.arrived, seq.first_token_at)}
+        for name, (start, end) in got.items():
+            if start is not None and end is not None:
+                self._observe(name, (end - start) / time_scale)
+        start, end = got["request_decode_time_seconds"]
+        if start is not None and end is not None and seq.generated > 1:
+            self._observe("request_time_per_output_token_seconds", (end - start) / time_scale / (seq.generated - 1))
+
+    def _observe(self, name: str, seconds: float) -> None:
+        self.request_times[name][0] += 1
+        self.request_times[name][1] += max(0.0, seconds)
 
 
 @dataclass
@@ -92,6 +117,8 @@ def prometheus_text(replica: Replica) -> str:
     counter("prefix_cache_hits", c.prefix_hits)
     counter("mm_cache_queries", c.mm_cache_queries)
     counter("mm_cache_hits", c.mm_cache_hits)
+    for name in REQUEST_HISTOGRAMS:
+        histogram(name, c.request_times[name][0], f"{c.request_times[name][1]:.6f}")
     engine = replica.engine
     counter("num_preemptions", engine.stats.preemptions)   # vllm/v1/metrics/loggers.py: "vllm:num_preemptions"
     lines += ["# TYPE vllm:num_requests_running gauge",

@@ -78,6 +78,7 @@ async def respond_prefill_only(replica: Replica, body: dict, rid: str, seq: Sequ
     else:
         reason = await collect(seq)
     replica.counters.finish(reason, seq.generated)
+    replica.counters.time_request(seq, replica.time_scale)
     out = response_json(replica, body, rid, seq, chat, reason)
     if kvp and kvp.get("do_remote_decode"):
         out["kv_transfer_params"] = replica.kv.hold(kvp, rid, seq.prompt_tokens, seq.cached)
@@ -89,6 +90,7 @@ async def respond_prefill_only(replica: Replica, body: dict, rid: str, seq: Sequ
 async def complete(replica: Replica, body: dict, rid: str, seq: Sequence, chat: bool) -> web.Response:
     reason = await collect(seq)
     replica.counters.finish(reason, seq.generated)
+    replica.counters.time_request(seq, replica.time_scale)
     return web.json_response(response_json(replica, body, rid, seq, chat, reason))
 
 
@@ -133,6 +135,7 @@ async def stream(replica: Replica, request: web.Request, body: dict, rid: str, s
                                    last=last and not include_usage))
             replica.emit_lag.observe(max(0.0, time.perf_counter() - modelled_end) / replica.time_scale)
         replica.counters.finish(seq.finish_reason or "length", seq.generated)
+        replica.counters.time_request(seq, replica.time_scale)
         if include_usage:
             await resp.write(chunk([], usage(seq, chat=chat), last=True))
         await resp.write(b"data: [DONE]\n\n")
