@@ -7,13 +7,24 @@ import sys
 import time
 from pathlib import Path
 
-from epdbench.specs.commands import vllm_router_args
+from epdbench.specs.commands import MOONCAKE_RPC_PORTS, vllm_router_args
 from epdbench.specs.models import ConfigurationSpec, ExperimentSpec
 from epdbench.tasks.deployment import Deployment, Process
-from epdbench.tasks.proc.processes import (ISSUED_PORTS, free_port, router_binary, serve_through_router, spawn,
-                                           stop_all, stop_deployment, wait_healthy)
+from epdbench.tasks.proc.processes import (ISSUED_PORTS, free_port, private_port_block, router_binary,
+                                           serve_through_router, spawn, stop_all, stop_deployment, wait_healthy)
 
 __all__ = ["ISSUED_PORTS", "free_port", "start", "stop", "stop_all"]
+
+
+def rpc_ports(host: str) -> dict[str, str]:
+    """A replica's genuine Mooncake transfer engine's RPC ports (MC_MIN_RPC_PORT..MC_MAX_RPC_PORT) in a block of
+    its own: by default the engine binds one of 15000-17000, among the ports free_port hands out and another
+    replica binds later — a health check once reached a prefill's transfer engine there, which read `GET /hea` as
+    a length and exited (`readString: too large length from socket`). None where no block is left (its default)."""
+    block = private_port_block(host)
+    if block is None:
+        return {}
+    return {"MC_MIN_RPC_PORT": str(block + MOONCAKE_RPC_PORTS[0]), "MC_MAX_RPC_PORT": str(block + MOONCAKE_RPC_PORTS[1])}
 
 
 def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_dir: Path,
@@ -51,7 +62,8 @@ def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_
                     cmd += ["--bootstrap-port", str(bootstrap[name])]
                 url = f"http://{host}:{port}"
                 log = log_dir / f"{name}.log"
-                procs.append(Process(name, role.role, url, log, spawn(cmd, log, env, f"{config.name}/{name}"),
+                procs.append(Process(name, role.role, url, log, spawn(cmd, log, {**env, **rpc_ports(host)},
+                                                                      f"{config.name}/{name}"),
                                      metrics_url=url + "/metrics"))
         wait_healthy(procs, deadline)
         router_port = free_port(host)
