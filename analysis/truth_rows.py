@@ -102,29 +102,48 @@ def bench_seed(seed: int, cell_id: str) -> int:
 
 def bench_serve_args(*, api: str, input_tokens: int, output_tokens: int, image_px: int | None, concurrency: int,
                      n_measured: int, base_url: str, model: str, tokenizer: str, seed: int,
-                     result_dir: str, result_file: str) -> list[str]:
+                     result_dir: str, result_file: str, dataset: str | None = None) -> list[str]:
     """Arguments after `vllm bench serve` for one cell on the same server: the same endpoint kind as the product's
     load generator (`api`: chat or completions), the same input and output lengths (random tokens; images of the
     cell's edge through the random-mm dataset, one per request, chat only), EOS ignored as the product does,
     closed loop at the cell's concurrency, the server's own sampling defaults as the product's requests get them
     (no --temperature: `--temperature 0` would make the bench's decode greedy where the product's samples).
     No warm-ups of its own (--num-warmups 0): vllm bench sends its first measured prompt as every warm-up, which
-    leaves that prompt in the prefix cache; the caller warms the server with other prompts. `seed`: bench_seed."""
-    chat = api == "chat" or image_px
+    leaves that prompt in the prefix cache; the caller warms the server with other prompts. `seed`: bench_seed.
+    `dataset`: a JSONL of chat messages (bench_dataset_lines) sent as they are (its custom_image dataset with
+    --enable-multimodal-chat, vllm/benchmarks/datasets/datasets.py CustomImageDataset), in place of random ones: a
+    cell the random datasets cannot make, such as one image sent again with a new question each request."""
+    chat = api == "chat" or image_px or dataset
     args = ["--backend", "openai-chat" if chat else "openai", "--base-url", base_url,
             "--endpoint", "/v1/chat/completions" if chat else "/v1/completions",
             "--model", model, "--tokenizer", tokenizer, "--seed", str(seed),
             "--num-prompts", str(n_measured), "--max-concurrency", str(concurrency), "--num-warmups", "0",
-            "--random-input-len", str(input_tokens), "--random-output-len", str(output_tokens),
-            "--random-range-ratio", "0.0", "--ignore-eos",
-            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
+            "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
             "--save-result", "--result-dir", result_dir, "--result-filename", result_file, "--disable-tqdm"]
+    if dataset:
+        return ["--dataset-name", "custom_image", "--dataset-path", dataset, "--enable-multimodal-chat",
+                "--custom-output-len", str(output_tokens), *args]
+    args += ["--random-input-len", str(input_tokens), "--random-output-len", str(output_tokens),
+             "--random-range-ratio", "0.0"]
     if image_px:
         return ["--dataset-name", "random-mm", *args, "--random-mm-base-items-per-request", "1",
                 "--random-mm-num-mm-items-range-ratio", "0", "--random-mm-limit-mm-per-prompt",
                 json.dumps({"image": 1, "video": 0}),
                 "--random-mm-bucket-config", f"{{({image_px}, {image_px}, 1): 1.0}}"]
     return ["--dataset-name", "random", *args]
+
+
+def bench_dataset_lines(payloads: list[dict]) -> list[str]:
+    """The JSONL lines of `vllm bench serve`'s custom_image dataset for chat requests' payloads (each `messages`
+    of one user turn, as the product's load generator sends them): every line one request's content parts in their
+    order, the image as its data URL (vllm/benchmarks/datasets/datasets.py CustomImageDataset, `content` items)."""
+    lines = []
+    for p in payloads:
+        messages = p.get("messages") or []
+        if len(messages) != 1 or not isinstance(messages[0].get("content"), list):
+            raise ValueError("a custom_image line takes one user message of content parts")
+        lines.append(json.dumps({"content": messages[0]["content"]}, separators=(",", ":")))
+    return lines
 
 
 def truth_row(keys: dict, client: dict, engine: dict) -> dict:

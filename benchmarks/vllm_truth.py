@@ -27,8 +27,9 @@ from pathlib import Path
 
 from epdbench.analysis import gpu_telemetry
 from epdbench.analysis.metrics import summarize_cell
-from epdbench.analysis.truth_rows import (TRUTH_COLUMNS, bench_seed, bench_serve_args, client_figures_from_bench,
-                                     client_figures_from_summary, engine_means, truth_row)
+from epdbench.analysis.truth_rows import (TRUTH_COLUMNS, bench_dataset_lines, bench_seed, bench_serve_args,
+                                         client_figures_from_bench, client_figures_from_summary, engine_means,
+                                         truth_row)
 from epdbench.specs.commands import VLLM_SERVER_MODULE, local_engine_args, local_engine_env
 from epdbench.specs.models import load_spec
 from epdbench.specs.workload import Calibration, build_requests, calibration_keys, image_tokens, plan_cells
@@ -197,10 +198,11 @@ async def measure_cells(spec, url: str, cal: Calibration, keys_of, rows: list,
                 save(rows, dicts)
 
 
-async def warm_up(spec, url: str, cal: Calibration, cell) -> None:
+async def warm_up(spec, url: str, cal: Calibration, cell, trial: int = 0) -> None:
     """The cell's own warm-up requests (the product's, unlike any measured prompt of either tool) at its
-    concurrency: the server warmed as the product's cells find it, no measured prompt left in its prefix cache."""
-    warm = [r for r in build_requests(spec, cell, 0, calibration=cal) if r.phase == "warmup"]
+    concurrency: the server warmed as the product's cells find it, no measured prompt left in its prefix cache.
+    `trial`: whose requests (a reuse cell's bench warms with the trial that sends its image)."""
+    warm = [r for r in build_requests(spec, cell, trial, calibration=cal) if r.phase == "warmup"]
     if warm:
         async with LoadGenerator(url, spec.model.name, spec.request_timeout_s, run_tag="warmup") as lg:
             await lg.run_cell(warm, cell.concurrency)
@@ -215,12 +217,21 @@ def bench_cells(args, spec, url: str, cal: Calibration, tokenizer: str, keys_of,
         req = build_requests(spec, cell, 0)[-1]
         keys = keys_of(cell, req, "vllm-bench")
         name = f"bench-{cell.slug}.json"
+        dataset, trial = None, 0
+        if reuses_image(spec, cell):
+            # its random datasets cannot send one image again: the product's requests of another trial (another
+            # image, other questions than the product's own cell sent), warmed with that trial's warm-ups
+            trial = BENCH_TRIAL
+            dataset = raw / f"bench-{cell.slug}.jsonl"
+            dataset.write_text("\n".join(bench_dataset_lines(
+                [r.payload for r in build_requests(spec, cell, trial, calibration=cal) if r.phase == "measured"]))
+                + "\n")
         cmd = [args.vllm_python, "-c", BENCH_LAUNCHER, "bench", "serve", *bench_serve_args(
             api=req.api, input_tokens=keys["input_tokens"], output_tokens=req.max_tokens,
             image_px=req.image_px, concurrency=cell.concurrency, n_measured=cell.n_measured,
             base_url=url, model=spec.model.name, tokenizer=tokenizer, seed=bench_seed(spec.seed, cell.cell_id),
-            result_dir=str(raw), result_file=name)]
-        asyncio.run(warm_up(spec, url, cal, cell))
+            result_dir=str(raw), result_file=name, dataset=str(dataset) if dataset else None)]
+        asyncio.run(warm_up(spec, url, cal, cell, trial))
         before = get(url + "/metrics")
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.bench_timeout_s)
         after = get(url + "/metrics")
@@ -235,6 +246,15 @@ def bench_cells(args, spec, url: str, cal: Calibration, tokenizer: str, keys_of,
         say(line(row))
         if save:
             save(rows, [])
+
+
+BENCH_TRIAL = 1      # the product's requests a reuse cell's bench sends: the product's own cell is trial 0
+
+
+def reuses_image(spec, cell) -> bool:
+    """Whether the cell sends one image with every request (a multimodal suite's reuse_image)."""
+    suite = next(s for s in spec.suites if s.name == cell.suite)
+    return bool(getattr(suite, "reuse_image", False))
 
 
 def write_rows(path: Path, rows: list[dict]) -> None:

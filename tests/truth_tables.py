@@ -16,9 +16,12 @@ HIDDEN = {"measured_compute_factor": 0.7, "measured_hbm_factor": 1.3, "measured_
 
 
 def synthetic_truth(path: Path, spec=None, hidden: dict = HIDDEN, gpu: str = H100) -> Path:
-    """Write the spec's cells (default: the vllm-truth preset) served by the simulator with `hidden` constants, as
+    """Write the spec's cold cells (default: the vllm-truth preset) served by the simulator with `hidden` constants, as
     a truth table measured on `gpu`; returns its path."""
     spec = spec or load_spec("vllm-truth")
+    # its cold cells: a real table marks a reused image's cell warm by its cache columns, which the simulator's
+    # table does not carry (analysis.truth.usable leaves such a row out)
+    spec = spec.model_copy(update={"suites": [s for s in spec.suites if not getattr(s, "reuse_image", False)]})
     table = truth.as_truth_table(simulate_cells(fit.spec_with(spec, hidden)), gpu, spec.model.name,
                                  vllm_version="simulated")
     table.to_csv(path, index=False)

@@ -1,4 +1,6 @@
 """The ground-truth rows: engine means from /metrics deltas, vllm bench serve's result file, its command line."""
+import json
+
 import pytest
 
 from epdbench.analysis.truth_rows import (TRUTH_COLUMNS, bench_seed, bench_serve_args, client_figures_from_bench,
@@ -60,6 +62,31 @@ def test_bench_args_text_and_image():
     for args in (text, image):
         # its own warm-ups would repeat its first measured prompt; greedy decoding is not what the product asks for
         assert args[args.index("--num-warmups") + 1] == "0" and "--temperature" not in args
+
+
+def test_bench_sends_a_reuse_cells_own_messages_through_its_custom_image_dataset():
+    """One image sent again with a new question each request, which vllm bench serve's random datasets cannot make:
+    the product's own messages, image first, as the custom_image dataset's `content` lines."""
+    from epdbench.analysis.truth_rows import bench_dataset_lines
+    from epdbench.specs.models import load_spec
+    from epdbench.specs.workload import build_requests, plan_cells
+    spec = load_spec("vllm-truth")
+    cell = next(c for c in plan_cells(spec) if c.suite == "mm-reuse")
+    payloads = [r.payload for r in build_requests(spec, cell, 1) if r.phase == "measured"]
+    lines = bench_dataset_lines(payloads)
+    parsed = [json.loads(x)["content"] for x in lines]
+    assert len(parsed) == cell.n_measured and all([p["type"] for p in c] == ["image_url", "text"] for c in parsed)
+    assert len({c[0]["image_url"]["url"] for c in parsed}) == 1           # the one image, in every request
+    assert len({c[1]["text"] for c in parsed}) == cell.n_measured           # each with its own question
+    args = bench_serve_args(api="chat", input_tokens=400, output_tokens=128, image_px=1792, concurrency=4,
+                            n_measured=12, base_url="http://127.0.0.1:1", model="m", tokenizer="/tok", seed=3,
+                            result_dir="/r", result_file="f.json", dataset="/r/reuse.jsonl")
+    assert args[:5] == ["--dataset-name", "custom_image", "--dataset-path", "/r/reuse.jsonl",
+                        "--enable-multimodal-chat"]
+    assert args[args.index("--custom-output-len") + 1] == "128" and "--ignore-eos" in args
+    assert not any(a.startswith("--random") for a in args)
+    with pytest.raises(ValueError, match="one user message"):
+        bench_dataset_lines([{"prompt": "text only"}])
 
 
 def test_bench_seeds_differ_per_cell_and_repeat_per_spec_seed():

@@ -7,10 +7,11 @@ import pytest
 from epdbench.cli import main
 from epdbench.specs.models import PRESET_DIR, SpecError, load_spec, parse_spec, spec_changes, spec_fingerprint
 
-# Every preset's fingerprint before the field existed: nightly history matches runs on them.
+# Every preset's fingerprint before the field existed (gpu-qwen25vl's and vllm-truth's since their cells and
+# configurations of 2026-12-07): nightly history matches runs on them.
 FINGERPRINTS = {"cpu-tiny": "fb97ebc3ca05a1bf", "epd-multimodal": "44ce3323c6919ff2", "epd-reuse": "787a60ccd008bccc",
                 "gpu-qwen25vl": "e5173d34560ceeea", "pd-nixl": "318915711abad75c", "pd-text": "00a2cca05024945e",
-                "smoke": "c28140e494a4b680", "vllm-truth": "c6ebad46343f3421"}
+                "smoke": "c28140e494a4b680", "vllm-truth": "12b0764030acc0d2"}
 
 
 def priced(spec, usd):
