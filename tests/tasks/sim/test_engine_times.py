@@ -13,10 +13,11 @@ from epdbench.tasks.sim.engine_times import simulate_cells
 
 
 def small_truth_spec(budget: int):
-    """vllm-truth at concurrency 1 and 4, 3 measured requests a cell, with a token budget per step of `budget`."""
+    """vllm-truth's fixed shapes at concurrency 1 and 4, 3 measured requests a cell, with a token budget per step of
+    `budget`."""
     spec = load_spec("vllm-truth")
     suites = [FixedSuite(name=s.name, shapes=s.shapes, concurrencies=[1, 4], n_warmup=1, n_measured=3)
-              for s in spec.suites]
+              for s in spec.suites if isinstance(s, FixedSuite)]
     return spec.model_copy(update={"suites": suites,
                                    "engine": spec.engine.model_copy(update={"max_num_batched_tokens": budget})})
 
