@@ -2,8 +2,14 @@
 simulator in virtual time (tasks.sim.engine_times: the core `compare --clock virtual`, whatif and calibrate use),
 on the GPU the table names, and prints per cell sim / real for TTFT p50 and p99, TPOT p50, ITL p99, output
 throughput and the engine's own prefill time and decode time per token, then per metric and over all of them the
-median error |sim / real − 1| and the median sim / real (analysis.sim_vs_real). With --profile, each figure
-before and after the profile's constants, side by side.
+median error |sim / real − 1| and the median sim / real, and past the median the 90th percentile of the error and
+the worst cell (analysis.sim_vs_real, analysis.error_tail). With --profile, each figure before and after the
+profile's constants, side by side.
+
+A table of several configurations (benchmarks/truth_from_run.py; give its spec with --spec, e.g. gpu-qwen25vl)
+is run with each of them, and then also judged as a choice between them (analysis.config_order): per cell and
+client metric, whether the simulator names the configuration the real engines do, and orders every pair as they
+do, a real difference within the metric's tie band counted as a tie, not a judgement.
 
     python benchmarks/sim_vs_real.py --truth benchmarks/data/vllm_truth_h100.csv [--profile P] [--tool epdbench]
                                      [--spec vllm-truth]
@@ -17,7 +23,7 @@ import argparse
 import sys
 import time
 
-from epdbench.analysis import sim_vs_real, truth
+from epdbench.analysis import config_order, sim_vs_real, truth
 from epdbench.analysis.fit import FitInputError, spec_for_cells, unplanned
 from epdbench.cli.common import CliError
 from epdbench.cli.engine_steps import DEFAULT_SPEC, load_truth
@@ -29,6 +35,20 @@ from epdbench.tasks.sim.engine_times import simulate_cells
 def simulated(spec, model: str):
     """The spec's cells in virtual time as analysis.truth.cells shapes a truth table's."""
     return truth.cells(truth.as_truth_table(simulate_cells(spec), "", model))
+
+
+def print_order(real, sims: dict) -> None:
+    """Whether the simulator (each of `sims`) orders the table's configurations as the real engines do."""
+    configs = list(dict.fromkeys(real.index.get_level_values("config")))
+    print(f"\nthe {len(configs)} configurations ({', '.join(configs)}) per cell and metric: the winner (lowest "
+          "latency, highest out tok/s) and the order of each pair, on the real engines and on the simulator; a real "
+          f"difference within the tie band ({config_order.band_text()}: the machine-to-machine spread, "
+          "benchmarks/data/README.md) is a tie, not counted")
+    for which, sim in sims.items():
+        winners, pairs = config_order.judgements(real, sim)
+        print(f"\nsimulator{which}:")
+        for line in config_order.lines(winners, pairs):
+            print("  " + line)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,9 +89,17 @@ def main(argv: list[str] | None = None) -> int:
     for line in sim_vs_real.cell_lines(ratio, ratio_after):
         print("  " + line)
     print("\nmedian over cells of |sim/real − 1| (error) and of sim/real (direction):")
+    summary_before = sim_vs_real.summary(ratio)
     summary_after = sim_vs_real.summary(ratio_after) if ratio_after is not None else None
-    for line in sim_vs_real.summary_lines(sim_vs_real.summary(ratio), summary_after):
+    for line in sim_vs_real.summary_lines(summary_before, summary_after):
         print("  " + line)
+    print("\npast the median: the 90th percentile over cells of |sim/real − 1| (numpy's linear interpolation) and "
+          "the worst cell, with its sim/real:")
+    for line in sim_vs_real.tail_lines(summary_before, summary_after, sim_vs_real.several_configs(real)):
+        print("  " + line)
+    if sim_vs_real.several_configs(real):
+        print_order(real, {"": before} if after is None else {" before the profile": before,
+                                                                " after the profile": after})
     print(f"\n{len(real)} cells simulated {'twice' if profile else 'once'} in {seconds:.1f} s")
     return 0
 

@@ -1,6 +1,7 @@
 """benchmarks/sim_vs_real.py: the simulator set beside a truth table — here one the simulator made with moved engine
 constants (tests/truth_tables.py) — is off by what the moves make before the profile calibrate --engine-steps fits,
-and matches it after; bad input is one line and exit 2."""
+and matches it after, at the median, the 90th percentile and the worst cell; a table of several configurations is
+also judged as a choice between them; bad input is one line and exit 2."""
 from __future__ import annotations
 
 import re
@@ -8,6 +9,7 @@ import re
 import pytest
 
 from epdbench.cli import main as cli
+from epdbench.specs.models import load_spec
 from tests.benchmark_scripts import load_benchmark
 from tests.truth_tables import synthetic_truth
 
@@ -16,10 +18,10 @@ def script():
     return load_benchmark("sim_vs_real")
 
 
-def overall(printed: str) -> list[str]:
-    """The figures of the summary's `overall` line."""
-    (line,) = [x for x in printed.splitlines() if x.strip().startswith("overall ")]
-    return line.split()[1:]
+def overall(printed: str, block: int = 0) -> list[str]:
+    """The figures of the `overall` line of the medians (block 0) or of the p90 and worst cell (block 1)."""
+    medians, tails = [x for x in printed.splitlines() if x.strip().startswith("overall ")]
+    return (medians, tails)[block].split()[1:]
 
 
 def test_before_and_after_the_fitted_profile(tmp_path, capsys):
@@ -33,6 +35,10 @@ def test_before_and_after_the_fitted_profile(tmp_path, capsys):
     assert cells == str(15 * 7)
     assert float(error_before.rstrip("%")) > 10 and float(ratio_before) < 0.9      # the hidden engine is slower
     assert float(error_after.rstrip("%")) < 0.1 and float(ratio_after) == pytest.approx(1.0, abs=1e-3)
+    cells, p90_before, p90_after, *worst = overall(printed, 1)
+    assert cells == str(15 * 7) and float(p90_before.rstrip("%")) > float(error_before.rstrip("%"))
+    assert float(p90_after.rstrip("%")) < 0.5
+    assert re.fullmatch(r"\S+ \S+ c=\d+ .+ \(\d\.\d{3}\) \S+ \S+ c=\d+ .+ \(\d\.\d{3}\)", " ".join(worst))
     lines = printed.splitlines()
     first = lines.index(next(x for x in lines if "sim / real before → after the profile per cell" in x))
     assert lines[first + 2].split()[:3] == ["text", "1024/128", "c=1"]           # the spec's order
@@ -51,6 +57,36 @@ def test_other_prompts_are_named(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "warning: prompts differ, text 4096/128 c=1: sim 4096, real 4000 tokens" in printed
     assert len(overall(printed)) == 3
+    assert "configurations" not in printed                           # one configuration: nothing to rank
+
+
+def test_several_configurations_are_named_and_judged_as_a_choice(tmp_path, capsys):
+    import pandas as pd
+
+    spec = load_spec("gpu-qwen25vl")
+    table = synthetic_truth(tmp_path / "truth.csv", spec, hidden={})    # the spec's own constants: sim = real
+    assert script().main(["--truth", str(table), "--spec", "gpu-qwen25vl"]) == 0
+    printed = capsys.readouterr().out
+    configs = [c.name for c in spec.configurations]
+    assert f"the {len(configs)} configurations ({', '.join(configs)}) per cell and metric" in printed
+    assert re.search(r"\n  epd text 1024/128 c=1 +1\.000 ", printed)               # each cell names its own
+    assert re.search(r"winner agreement: (\d+) of \1 judgements \(100\.0%\)", printed)
+    assert re.search(r"pairwise-order agreement: (\d+) of \1 judgements \(100\.0%\); [1-9]\d* pairs a tie",
+                     printed)                              # pd-nixl-tcp and epd serve text alike: a tie
+    assert "winner disagreements: none" in printed and "pairwise disagreements: none" in printed
+    frame = pd.read_csv(table)                             # epd's real TTFT at 1k, c=1 now half aggregated's
+    text = (frame["suite"] == "text") & (frame["concurrency"] == 1)
+    aggregated = frame.loc[text & (frame["config"] == "aggregated"), "ttft_p50_ms"].item()
+    frame.loc[text & (frame["config"] == "epd"), "ttft_p50_ms"] = aggregated / 2
+    frame.to_csv(table, index=False)
+    assert script().main(["--truth", str(table), "--spec", "gpu-qwen25vl"]) == 0
+    printed = capsys.readouterr().out
+    assert re.search(r"winner disagreements \(1\):\n    text 1024/128 c=1 TTFT p50: real epd 100\.0% ahead of "
+                     r"aggregated; sim aggregated first, \d+\.\d% ahead of epd", printed)
+    # epd against aggregated and against pd-nixl-tcp, which the simulator serves text alike (pd-mooncake-tcp, a
+    # little slower in the simulator, is behind epd on both sides)
+    assert re.search(r"pairwise disagreements \(2\):\n.*\n    text 1024/128 c=1 TTFT p50: real epd \d+\.\d% ahead of "
+                     r"pd-nixl-tcp; sim pd-nixl-tcp and epd even\n", printed)
 
 
 @pytest.mark.parametrize("argv, expected", [

@@ -12,6 +12,7 @@ import pytest
 
 from epdbench.analysis import dfo, fit
 from epdbench.specs.models import load_spec, select_configurations
+from epdbench.specs.workload import plan_cells
 
 # (suite, workload, input tokens, output tokens, concurrency, image megapixels): the smoke spec's fixed cells
 # and its image cell.
@@ -349,3 +350,15 @@ def test_constants_left_at_an_edge_of_the_search_range_are_named():
         "compute_efficiency": "upper", "hbm_efficiency": "lower", "tcp_gb_s": "upper"}
     # a latency at 1 µs is one too small to matter, not a bound hit
     assert fit.pinned({"step_overhead_ms": 1e-3, "request_hop_ms": 1e-3}) == {}
+
+
+def test_several_configurations_are_kept_and_each_ones_unplanned_cells_named():
+    spec = load_spec("gpu-qwen25vl")                    # aggregated, pd-mooncake-tcp, pd-nixl-tcp, epd
+    keys = [(c, cell.suite, cell.workload, cell.concurrency, cell.stream) for c in ("epd", "aggregated")
+            for cell in plan_cells(spec) if cell.suite == "text"]
+    keys.append(("epd", "text", "1024/128", 3, "main"))  # a concurrency the spec does not run
+    observed = pd.DataFrame({"ttft_p50_ms": 1.0}, index=pd.MultiIndex.from_tuples(keys, names=fit.MATCH_KEYS))
+    narrowed = fit.spec_for_cells(spec, observed)
+    assert [c.name for c in narrowed.configurations] == ["aggregated", "epd"]       # the spec's order
+    assert [s.name for s in narrowed.suites] == ["text"]
+    assert fit.unplanned(narrowed, observed) == [("epd", "text", "1024/128", 3, "main")]
