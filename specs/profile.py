@@ -50,6 +50,16 @@ def check_constant(name: str, value: float) -> float:
         raise ValueError(f"{name}: {e.errors()[0]['msg']}") from None
 
 
+class ErrorTail(Strict):
+    p90_error: float = Field(ge=0, title="90th percentile error",
+                             description="The 90th percentile over the cells of |predicted / observed − 1| "
+                                         "(numpy's linear interpolation: analysis.error_tail).")
+    worst_cell: str = Field(title="Worst cell", description="The cell of the largest |predicted / observed − 1|, in "
+                                                            "words: configuration, suite, workload, concurrency.")
+    worst_ratio: float = Field(title="Worst cell's ratio", description="Its predicted / observed: under 1, the "
+                                                                      "prediction was the lower.")
+
+
 class CalibrationProfile(Strict):
     spec: str | None = Field(title="Spec", description="Name of the spec the profile was fitted for; absent in a "
                                                         "profile of operator timings made without --spec.")
@@ -83,6 +93,11 @@ class CalibrationProfile(Strict):
     holdout_error: dict[str, float | None] = Field(default_factory=dict, title="Hold-out error",
                                                    description="Per metric: median relative error over the "
                                                                "held-out cells, fitting on the other half.")
+    holdout_tail: dict[str, ErrorTail] = Field(
+        default_factory=dict, title="Hold-out error past the median",
+        description="Per metric, over the same held-out cells as holdout_error: the 90th percentile of the error and "
+                    "the worst cell (analysis.error_tail), so that the error bar says how far off the worst cells "
+                    "are and not only the typical one. Absent in profiles written before it was recorded.")
     holdout_spec_error: dict[str, float | None] = Field(
         default_factory=dict, title="Hold-out error with the spec's constants",
         description="Per metric: median relative error over the same held-out cells with the spec's own "
@@ -228,7 +243,8 @@ def _error_bar(profile: dict, spec: ExperimentSpec | None) -> str:
         return ("operator timings, no fitted run: each operator within the measured laws' stated error of its "
                 "timing (docs/simulator.md, Operator laws); no served run's error measured")
     held = {k: v for k, v in (profile.get("holdout_error") or {}).items() if v is not None}
-    measured = ", ".join(f"{k} {v:.1%}" for k, v in held.items())
+    tails = profile.get("holdout_tail") or {}
+    measured = ", ".join(f"{k} {v:.1%}{_tail_text(tails.get(k))}" for k, v in held.items())
     moved = fitted_elsewhere(spec, profile) if spec is not None else []
     if moved:
         return (f"no measured error bar: the profile was fitted to a run on {' and '.join(moved)}"
@@ -257,10 +273,18 @@ def _error_bar(profile: dict, spec: ExperimentSpec | None) -> str:
         else:
             elsewhere = (f"; for {len(unfitted)} of this spec's {n} configuration-suite pairs ({shown}{more}) no "
                          "error was measured: their seed, suite, deployment or node differ from the run's")
-    return (f"its predictions' measured error on cells it was not fitted to (median |predicted/observed − 1|): "
+    past = "; p90 and the worst cell beside it" if any(k in tails for k in held) else ""
+    return (f"its predictions' measured error on cells it was not fitted to (median |predicted/observed − 1|{past}): "
             f"{measured}{unrecorded}"
             + (f"; on those cells the spec's own constants predicted better for {worse}" if worse else "")
             + elsewhere)
+
+
+def _tail_text(tail: dict | None) -> str:
+    """' (p90 12.0%, worst text 1024/128 c=8 at 0.870)' of a holdout_tail entry; '' without one."""
+    if not tail:
+        return ""
+    return f" (p90 {tail['p90_error']:.1%}, worst {tail['worst_cell']} at {tail['worst_ratio']:.3f})"
 
 
 def _worse_than_spec(profile: dict) -> str:

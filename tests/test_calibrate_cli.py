@@ -65,6 +65,9 @@ def test_calibration_recovers_the_hidden_constants(run, tmp_path, capsys):
     assert ("hold-out check: the fitted constants against the spec's on the held-out cells: too few cells to tell "
             "for ttft_p50_ms, ") in printed
     assert min(profile["holdout_spec_error"].values()) > 10 * max(profile["holdout_error"].values())
+    tails = profile["holdout_tail"]                # past the median, over the same 4 held-out cells
+    assert set(tails) == set(profile["holdout_error"])
+    assert all(tails[m]["p90_error"] >= profile["holdout_error"][m] for m in tails)
     smoke = load_spec("smoke")                     # the run's GPU and model, which the constants belong to
     assert (profile["gpu"], profile["model"]) == (smoke.hardware.gpu, smoke.model.name)
 

@@ -39,6 +39,7 @@ def test_the_lanes_lone_transfers_set_the_tcp_link_and_the_client_figures_check_
     assert set(profile["cells_fitted"]) == {"pd-nixl-tcp|text", "pd-nixl-tcp|image"}
     assert profile["holdout_error"]["ttft_p50_ms"] < profile["holdout_spec_error"]["ttft_p50_ms"] / 2
     assert profile["holdout_verdict"]["ttft_p50_ms"] == "too few cells"
+    assert profile["holdout_tail"]["ttft_p50_ms"]["worst_cell"].startswith("pd-nixl-tcp ")
     spec = load_spec("gpu-qwen25vl")
     assert apply_profile(spec, profile).hardware.tcp_gb_s == profile["hardware"]["tcp_gb_s"]
     assert error_bar(profile, spec).startswith("the KV link fitted to the connector's own transfer timings: its "

@@ -131,7 +131,7 @@ def cmd_calibrate_engine_steps(args) -> int:
         raise CliError("none of the engine constants moves the engine timings: nothing to fit")
     fit_error = fit.relative_errors(observed, full.predicted)
     errors = {"spec's constants": fit.relative_errors(observed, full.start_predicted), "fitted (lone)": fit_error}
-    checked, spec_error, fitted_error = check_batched(spec, batched, full.values)
+    checked, spec_error, fitted_error, fitted_tail = check_batched(spec, batched, full.values)
     if spec_error:
         errors[f"batched ({len(batched)}), spec's"] = spec_error
         errors[f"batched ({len(batched)}), fitted"] = fitted_error
@@ -144,7 +144,7 @@ def cmd_calibrate_engine_steps(args) -> int:
         spec=spec.name, spec_fingerprint=spec_fingerprint(spec), source=str(args.engine_steps),
         gpu=spec.hardware.gpu, model=spec.model.name, created=date.today(), hardware=full.values,
         left_as_in_spec=sorted(full.left), evaluations=full.evaluations, fit_error=fit_error,
-        holdout_error=fitted_error, holdout_spec_error=spec_error,
+        holdout_error=fitted_error, holdout_tail=fitted_tail, holdout_spec_error=spec_error,
         holdout_verdict={m: c["verdict"] for m, c in checked.items()}, fitted_figures="engine",
         cells_fitted={k: v for k, v in cell_fingerprints(spec).items() if tuple(k.split("|")) in pairs},
         op_laws=spec.hardware.op_laws,
@@ -152,19 +152,19 @@ def cmd_calibrate_engine_steps(args) -> int:
     return write_profile(out, profile, args.out)
 
 
-def check_batched(spec, batched, values: dict) -> tuple[dict, dict, dict]:
+def check_batched(spec, batched, values: dict) -> tuple[dict, dict, dict, dict]:
     """The batched cells' engine figures served in virtual time with the spec's and with the fitted constants:
-    (the hold-out check of the two, analysis.holdout; the spec's median errors; the fitted ones), all empty
-    without batched cells."""
+    (the hold-out check of the two, analysis.holdout; the spec's median errors; the fitted ones; the fitted ones'
+    90th percentile and worst cell, analysis.error_tail), all empty without batched cells."""
     import time
 
-    from epdbench.analysis import fit, holdout, truth
+    from epdbench.analysis import error_tail, fit, holdout, truth
     from epdbench.analysis.engine_steps import ENGINE_FIT_METRICS
     from epdbench.tasks.sim.engine_times import simulate_cells
 
     observed = batched[list(ENGINE_FIT_METRICS)]
     if observed.empty:
-        return {}, {}, {}
+        return {}, {}, {}, {}
     narrowed = fit.spec_for_cells(spec, observed)
     t0 = time.perf_counter()
     before, after = (truth.cells(truth.as_truth_table(simulate_cells(s), "", spec.model.name))
@@ -173,4 +173,5 @@ def check_batched(spec, batched, values: dict) -> tuple[dict, dict, dict]:
           f"({time.perf_counter() - t0:.1f} s)", flush=True)
     metrics = list(ENGINE_FIT_METRICS)
     return (holdout.compare_on_held_out(observed, before[metrics], after[metrics]),
-            fit.relative_errors(observed, before), fit.relative_errors(observed, after))
+            fit.relative_errors(observed, before), fit.relative_errors(observed, after),
+            error_tail.holdout_tails(observed, after))

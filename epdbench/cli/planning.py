@@ -11,7 +11,7 @@ def cmd_calibrate(args) -> int:
     """Fit the simulator's free constants to a run's summary, check them on held-out cells, write a profile."""
     from datetime import date
 
-    from epdbench.analysis import fit, holdout
+    from epdbench.analysis import error_tail, fit, holdout
     from epdbench.specs.models import spec_fingerprint
     from epdbench.specs.profile import CalibrationProfile, cell_fingerprints
     from epdbench.tasks.sim.vrun import simulate_summary
@@ -78,6 +78,7 @@ def cmd_calibrate(args) -> int:
               f"fitted ({len(cells)} cells)": fit_error}
     holdout_error: dict = {}
     holdout_spec_error: dict = {}
+    holdout_tail: dict = {}
     checks: dict = {}
     if held.any():
         half = calibrate_fit(f"hold-out check (seed {args.holdout_seed}): fit on {int((~held).sum())} cells, "
@@ -87,6 +88,7 @@ def cmd_calibrate(args) -> int:
         holdout_spec_error = errors[f"held out ({n_held}), spec's"] = fit.relative_errors(cells[held],
                                                                                          full.start_predicted)
         holdout_error = errors[f"held out ({n_held}), fitted"] = fit.relative_errors(cells[held], half.predicted)
+        holdout_tail = error_tail.holdout_tails(cells[held], half.predicted)
         checks = holdout.compare_on_held_out(cells[held], full.start_predicted, half.predicted)
     print_errors(errors)
     if checks:
@@ -102,7 +104,8 @@ def cmd_calibrate(args) -> int:
         gpu=run_spec.hardware.gpu, model=run_spec.model.name, source_target=target,
         created=date.today(), hardware=full.values, left_as_in_spec=sorted(full.left),
         evaluations=full.evaluations, fit_error=fit_error, holdout_seed=args.holdout_seed if holdout_error else None,
-        holdout_error=holdout_error, holdout_spec_error=holdout_spec_error, cells_fitted=fitted_pairs,
+        holdout_error=holdout_error, holdout_tail=holdout_tail, holdout_spec_error=holdout_spec_error,
+        cells_fitted=fitted_pairs,
         holdout_verdict={m: c["verdict"] for m, c in checks.items()}, op_laws=run_spec.hardware.op_laws,
         op_timings=run_spec.hardware.op_timings if run_spec.hardware.op_laws == "measured" else None)
     return write_profile(out, profile, args.out)

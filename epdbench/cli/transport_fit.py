@@ -206,7 +206,7 @@ def cmd_calibrate_transport(args) -> int:
     import time
     from datetime import date
 
-    from epdbench.analysis import fit, holdout
+    from epdbench.analysis import error_tail, fit, holdout
     from epdbench.cli.planning import print_errors, write_profile
     from epdbench.specs.models import spec_fingerprint
     from epdbench.specs.profile import CalibrationProfile, cell_fingerprints
@@ -240,7 +240,7 @@ def cmd_calibrate_transport(args) -> int:
     baseline = "profile's constants" if base is not None else "spec's constants"
     held = {"tcp": "tcp_latency_ms", "rdma": "rdma_latency_ms"}
     summary = records_summary(folder)
-    checked, spec_error, fitted_error, observed, errors = {}, {}, {}, None, {}
+    checked, spec_error, fitted_error, fitted_tail, observed, errors = {}, {}, {}, {}, None, {}
     if summary is None:
         print("no records.parquet beside the logs: no check on the run's client figures")
     else:
@@ -258,6 +258,7 @@ def cmd_calibrate_transport(args) -> int:
         print_cells(observed, before, after)
         checked = holdout.compare_on_held_out(observed, before, after)
         spec_error, fitted_error = fit.relative_errors(observed, before), fit.relative_errors(observed, after)
+        fitted_tail = error_tail.holdout_tails(observed, after)
     if spec_error:
         print_errors({**errors, baseline: spec_error,
                       "profile + fitted link" if base is not None else "fitted link": fitted_error})
@@ -271,7 +272,7 @@ def cmd_calibrate_transport(args) -> int:
         model=spec.model.name, source_target=target, created=date.today(),
         hardware={**(base["hardware"] if base is not None else {}), **values},
         left_as_in_spec=sorted(held[t] for t in links), evaluations=2 if spec_error else 0,
-        holdout_error=fitted_error, holdout_spec_error=spec_error,
+        holdout_error=fitted_error, holdout_tail=fitted_tail, holdout_spec_error=spec_error,
         holdout_verdict={m: c["verdict"] for m, c in checked.items()}, fitted_figures="transfers",
         cells_fitted={k: v for k, v in cell_fingerprints(spec).items() if tuple(k.split("|")) in pairs},
         op_laws=spec.hardware.op_laws,

@@ -147,6 +147,20 @@ def test_a_profile_whose_fit_predicted_held_out_cells_worse_than_the_spec_says_s
         parse_profile(a_profile(holdout_verdict={"ttft_p50_ms": "great"}))
 
 
+def test_the_error_bar_gives_the_p90_and_the_worst_cell_beside_the_median_where_the_profile_keeps_them():
+    from epdbench.specs.profile import error_bar
+
+    tail = {"ttft_p50_ms": {"p90_error": 0.12, "worst_cell": "aggregated fixed 512/64 c=8", "worst_ratio": 0.81}}
+    text = error_bar(a_profile(holdout_tail=tail))
+    assert ("(median |predicted/observed − 1|; p90 and the worst cell beside it): ttft_p50_ms 4.0% (p90 12.0%, "
+            "worst aggregated fixed 512/64 c=8 at 0.810)") in text
+    assert error_bar(a_profile()).count("p90") == 0                     # older profiles: the median alone
+    assert load_profile_dict(a_profile())["holdout_tail"] == {}
+    with pytest.raises(SpecError, match="p90_error"):
+        from epdbench.specs.profile import parse_profile
+        parse_profile(a_profile(holdout_tail={"ttft_p50_ms": {**tail["ttft_p50_ms"], "p90_error": -1}}))
+
+
 def test_a_profile_fitted_to_a_run_of_another_spec_says_its_error_was_measured_on_that_specs_cells():
     from epdbench.specs.profile import error_bar
 
