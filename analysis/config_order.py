@@ -10,9 +10,10 @@ configurations that have the figure on both sides:
 A real difference inside the noise is a tie, not a finding: a judgement is counted only where the real difference
 lies outside the metric's tie band — the winner's over the runner-up's, or the pair's — the larger figure over
 the smaller one minus 1 above the band. A truth table carries no spread of its own (one trial per cell, no
-interval), so the band is relative, TIE_BAND. The simulator, deterministic in virtual time, needs no band: its
-order is its figures' order, and a configuration it gives the same figure as another (relative difference under
-EXACT) it does not order — such a judgement disagrees with a real order outside the band.
+interval), so the band is relative, TIE_BAND. The simulator, deterministic in virtual time (every configuration
+served the same seeded requests), needs no noise band: its order is its figures' order, save that two figures under
+EVEN (0.1 %) apart it calls even and orders neither way, a margin that thin being no prediction of which is better
+— such a judgement disagrees with a real order outside the band.
 
 Ranked: the client's figures (RANKED), what a configuration is chosen by. The engine's own figures are left out:
 they time different engines in different topologies (the aggregated engine encodes and prefills, EPD's prefill
@@ -33,7 +34,7 @@ RANKED = ["ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "itl_p99_ms", "output_tok
 # median |ratio − 1| TTFT p50 4.5 %, TTFT p99 4.3 %, TPOT 2.9 %, ITL p99 5.4 %, output tok/s 2.8 %: 5 % for the
 # latencies, 6 % for ITL p99 (its spread is above 5 %), 3 % for throughput.
 TIE_BAND = {"ttft_p50_ms": 0.05, "ttft_p99_ms": 0.05, "tpot_p50_ms": 0.05, "itl_p99_ms": 0.06, "output_tok_s": 0.03}
-EXACT = 1e-9
+EVEN = 0.001
 CELL = ["suite", "workload", "concurrency", "stream"]
 SHORT = {"ttft_p50_ms": "TTFT p50", "ttft_p99_ms": "TTFT p99", "tpot_p50_ms": "TPOT p50", "itl_p99_ms": "ITL p99",
          "output_tok_s": "out tok/s"}
@@ -69,7 +70,7 @@ def judgements(real: pd.DataFrame, sim: pd.DataFrame, metrics: list[str] = RANKE
     one), `judged` (the real gap outside the band) and `agrees` (the simulator's best is the real one, ahead of its
     own runner-up).
     pairs: one row per such cell, metric and pair of configurations (`a`, `b` in the table's order): each side's
-    better one (`real_better`, `sim_better`: None where the simulator gives both the same figure), how far apart,
+    better one (`real_better`, `sim_better`: None where the simulator's two are under EVEN apart), how far apart,
     `judged` and `agrees`."""
     winners, pairs = [], []
     metrics = [m for m in metrics if m in real.columns and m in sim.columns]
@@ -88,11 +89,11 @@ def judgements(real: pd.DataFrame, sim: pd.DataFrame, metrics: list[str] = RANKE
             winners.append({**key, "metric": m, "configs": len(have), "real_best": rb, "real_next": rn,
                             "real_apart": ra, "sim_best": sb, "sim_next": sn, "sim_apart": sa,
                             "sim_over_real_best": apart(sf[sb], sf[rb]), "band": band,
-                            "judged": ra > band, "agrees": sb == rb and sa > EXACT})
+                            "judged": ra > band, "agrees": sb == rb and sa > EVEN})
             for a, b in combinations(rf, 2):
                 ra, sa = apart(rf[a], rf[b]), apart(sf[a], sf[b])
                 real_better = a if _better(m, rf[a], rf[b]) else b
-                sim_better = None if sa <= EXACT else a if _better(m, sf[a], sf[b]) else b
+                sim_better = None if sa <= EVEN else a if _better(m, sf[a], sf[b]) else b
                 pairs.append({**key, "metric": m, "a": a, "b": b, "real_better": real_better, "real_apart": ra,
                               "sim_better": sim_better, "sim_apart": sa, "band": band, "judged": ra > band,
                               "agrees": sim_better == real_better})
@@ -120,8 +121,8 @@ def _cell(row: dict) -> str:
 
 
 def _lead(who: str, other: str, gap: float) -> str:
-    """'a 12.0% ahead of b', or where the simulator gives both the same figure 'a and b even'."""
-    return f"{who} {gap:.1%} ahead of {other}" if gap > EXACT else f"{who} and {other} even"
+    """'a 12.0% ahead of b', or where the two are under EVEN apart 'a and b even'."""
+    return f"{who} {gap:.1%} ahead of {other}" if gap > EVEN else f"{who} and {other} even"
 
 
 def band_text(bands: dict[str, float] = TIE_BAND, metrics: list[str] = RANKED) -> str:
@@ -159,7 +160,7 @@ def _sim_winner(row: dict) -> str:
     """The simulator's winner against the real one: 'b first, 8.0% ahead of a', or 'a and b even'."""
     if row["sim_best"] == row["real_best"]:
         return _lead(row["sim_best"], row["sim_next"], row["sim_apart"])
-    if row["sim_over_real_best"] <= EXACT:
+    if row["sim_over_real_best"] <= EVEN:
         return _lead(row["real_best"], row["sim_best"], 0.0)
     return f"{row['sim_best']} first, {row['sim_over_real_best']:.1%} ahead of {row['real_best']}"
 
