@@ -340,11 +340,12 @@ def test_a_full_disk_is_one_line_and_resume_continues_once_space_is_back(tmp_pat
         spec = small_spec(tmp_path, ["aggregated", "pd-tcp"])
         proc, _ = run.start(spec, "[pd-tcp] serving at")
         filler = mount / "filler"
-        with open(filler, "wb") as fh:                      # take every byte left
+        # take every byte left; unbuffered, so closing the file has nothing left to write (a buffered file's close
+        # flushed its last block into the full disk once, raising outside the loop)
+        with open(filler, "wb", buffering=0) as fh:
             try:
                 while True:
                     fh.write(b"\0" * 65536)
-                    fh.flush()
             except OSError:
                 pass
         _, stderr = proc.communicate(timeout=300)
