@@ -11,54 +11,24 @@ import hashlib
 import json
 import math
 
-from epdbench.analysis.engine_steps import ENGINE_MEANS
-from epdbench.analysis.prom import counter_deltas, hit_rate, parse_prometheus
+from epdbench.analysis.prom import counter_deltas, hit_rate
 from epdbench.analysis.truth import COLUMNS, parse_workload
 
-# vLLM's own request histograms (vllm/v1/metrics/loggers.py, 0.26) behind the table's engine means
-# (analysis.engine_steps.ENGINE_MEANS): the engine core's view of each request, free of the client, the HTTP server
-# and the network.
-ENGINE_HISTOGRAMS = dict(zip(ENGINE_MEANS, ("vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds",
-                                            "vllm:request_decode_time_seconds", "vllm:time_to_first_token_seconds",
-                                            "vllm:request_time_per_output_token_seconds")))
-# vLLM's cache counters (same file; analysis.prom.DELTA_COUNTERS' keys): the share of the cell's prompt tokens its
-# prefix cache served, and of its images its encoder cache did. A truth row is meant to be cold;
+# vLLM's cache counters (analysis.prom.DELTA_COUNTERS' keys): the share of the cell's prompt tokens its prefix cache
+# served, and of its images its multi-modal processor cache did. A truth row is meant to be cold;
 # analysis.truth.usable leaves out a warm one.
 ENGINE_CACHES = {"engine_prefix_hit_pct": ("prefix_cache_hits", "prefix_cache_queries"),
                  "engine_mm_hit_pct": ("mm_cache_hits", "mm_cache_queries")}
 TRUTH_COLUMNS = COLUMNS
 
 
-def _histogram_totals(text: str, name: str) -> tuple[float, float] | None:
-    """(sum, count) of histogram `name` over all its label sets, or None when the text has no such histogram."""
-    total = count = None
-    for sample, _labels, value in parse_prometheus(text):
-        if math.isnan(value):
-            continue
-        if sample == name + "_sum":
-            total = (total or 0.0) + value
-        elif sample == name + "_count":
-            count = (count or 0.0) + value
-    return None if total is None or count is None else (total, count)
-
-
 def engine_means(before: str, after: str) -> dict[str, float | None]:
-    """Mean engine time (ms) per request of each histogram over the window between two /metrics texts, and the
-    window's cache hits in % of what was looked up (ENGINE_CACHES); None where the metric is missing or nothing
-    ended or was looked up in the window (never 0)."""
-    out: dict[str, float | None] = {}
-    for key, name in ENGINE_HISTOGRAMS.items():
-        a, b = _histogram_totals(after, name), _histogram_totals(before, name) or (0.0, 0.0)
-        if a is None or a[1] - b[1] <= 0:
-            out[key] = None
-            continue
-        out[key] = round((a[0] - b[0]) / (a[1] - b[1]) * 1e3, 4)
-    deltas = counter_deltas(before, after)
-    for key, (hits, queries) in ENGINE_CACHES.items():
-        looked_up = deltas.get(queries)
-        rate = hit_rate(deltas[hits], looked_up) if hits in deltas and looked_up and looked_up > 0 else None
-        out[key] = None if rate is None else round(rate * 100, 3)
-    return out
+    """Mean engine time (ms) per request of each of vLLM's own request histograms (analysis.prom.DELTA_COUNTERS'
+    engine_*_s sums and counts: the engine core's view of each request, free of the client, the HTTP server and the
+    network) over the window between one engine's two /metrics texts, and the window's cache hits in % of what was
+    looked up (ENGINE_CACHES); None where the metric is missing or nothing ended or was looked up in the window
+    (never 0)."""
+    return engine_means_of_deltas({"server": counter_deltas(before, after)})
 
 
 def _num(value) -> float | None:
@@ -165,7 +135,7 @@ _MEAN_FROM = {"engine_queue_ms_mean": ("engine_queue_s", PREFILL_SIDE),
 
 
 def engine_means_of_deltas(deltas: dict[str, dict[str, float]]) -> dict[str, float | None]:
-    """A window's engine means (ms per request, ENGINE_HISTOGRAMS' figures) and cache hits (%) from a run's per-role
+    """A window's engine means (ms per request, engine_means' figures) and cache hits (%) from a run's per-role
     counter deltas (tasks.evidence: role -> analysis.prom.DELTA_COUNTERS' keys over one suite). Queue and prefill
     from the engine that prefilled (aggregated's server or PD's prefill), the rest from the one that decoded; the
     prefix cache of the prefilling engine; the multi-modal cache of the engine that took the images in (EPD's
@@ -174,14 +144,14 @@ def engine_means_of_deltas(deltas: dict[str, dict[str, float]]) -> dict[str, flo
     for column, (key, roles) in _MEAN_FROM.items():
         got = next((deltas[r] for r in roles if r in deltas), {})
         total, count = got.get(f"{key}_sum"), got.get(f"{key}_count")
-        out[column] = round(total / count * 1e3, 4) if total is not None and count else None
+        out[column] = round(total / count * 1e3, 4) if total is not None and count is not None and count > 0 else None
     prefill = next((deltas[r] for r in PREFILL_SIDE if r in deltas), {})
     images = deltas.get("encode") or prefill
     for column, source in (("engine_prefix_hit_pct", prefill), ("engine_mm_hit_pct", images)):
         hits, queries = ENGINE_CACHES[column]
         looked_up = source.get(queries)
-        out[column] = (round(source.get(hits, 0.0) / looked_up * 100, 3)
-                       if looked_up and looked_up > 0 else None)
+        rate = hit_rate(source[hits], looked_up) if hits in source and looked_up and looked_up > 0 else None
+        out[column] = None if rate is None else round(rate * 100, 3)
     return out
 
 
