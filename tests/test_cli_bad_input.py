@@ -105,3 +105,21 @@ def test_a_local_run_without_vllms_interpreter_is_one_line_before_prefect_or_mlf
                                    "environment with vLLM (make one with: epdbench engine-env)")
     assert done.stdout.strip() == "[]"                   # neither Prefect nor MLflow was imported
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("given, looked_in", [("results/nope", "results/nope"), ("nope", "results/nope"),
+                                              ("elsewhere/nope", "elsewhere/nope")])
+def test_a_resume_of_no_run_names_the_folder_it_looked_in_once(in_tmp, capsys, compare_started, given, looked_in):
+    err = refused(capsys, "compare", "--resume", given)
+    assert err == f"error: {given}: no results directory with a spec.yaml (looked in {looked_in})"
+
+
+def test_cleanup_takes_the_run_as_readme_writes_it_or_as_run_flag(in_tmp, capsys):
+    (in_tmp / "results" / "r1").mkdir(parents=True)        # a run whose processes all ended: nothing to end
+    for argv in (["cleanup", "r1"], ["cleanup", "--run", "r1"], ["cleanup", "results/r1", "--run", "results/r1"]):
+        assert main(argv) == 0
+        assert "on this machine: 0 leftover process(es) ended" in capsys.readouterr().out
+    assert refused(capsys, "cleanup", "r1", "--run", "r2") == (
+        "error: cleanup: two runs given (r1 and --run r2); name one")
+    assert refused(capsys, "cleanup") == (
+        "error: cleanup: which run? epdbench cleanup RUN (or --run RUN), RUN as compare printed it")

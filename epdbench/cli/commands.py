@@ -157,6 +157,15 @@ def write_pool_manifests(pool, out: Path, version: str) -> None:
           f"run gets (flow-run-job.yaml), valid for Kubernetes {version}")
 
 
+def cleanup_run(positional: str | None, flag: str | None) -> str:
+    """The run `cleanup` is asked about: given as RUN or as --run RUN (both only when they agree)."""
+    if positional and flag and positional != flag:
+        raise CliError(f"cleanup: two runs given ({positional} and --run {flag}); name one")
+    if not (positional or flag):
+        raise CliError("cleanup: which run? epdbench cleanup RUN (or --run RUN), RUN as compare printed it")
+    return positional or flag
+
+
 def cmd_cleanup(args) -> int:
     """What a crashed run left: its processes on this machine (sim target, by the pids and start times
     the run registered) and, with a namespace or kubeconfig, its objects in the cluster."""
@@ -165,12 +174,13 @@ def cmd_cleanup(args) -> int:
     from epdbench.specs.models import KubernetesTargetSpec, describe_validation_error
     from epdbench.tasks.rundir.runstate import end_leftovers
 
-    local = Path(args.run) if Path(args.run).is_dir() else Path("results") / args.run
+    run = cleanup_run(args.run, args.run_flag)
+    local = Path(run) if Path(run).is_dir() else Path("results") / run
     cluster = any(getattr(args, f) for f in ("kube_context", "namespace", "kubeconfig")) or not local.is_dir()
     if local.is_dir():
         ended = end_leftovers(local)
         names = ", ".join(f"{e['what']} pid {e['pid']}" for e in ended)
-        print(f"run {args.run} on this machine: {len(ended)} leftover process(es) ended"
+        print(f"run {run} on this machine: {len(ended)} leftover process(es) ended"
               + (f" ({names})" if ended else ""))
     if not cluster:
         return EXIT_OK
@@ -182,11 +192,11 @@ def cmd_cleanup(args) -> int:
     except ValidationError as e:
         raise CliError(describe_validation_error(e, "cleanup")) from None
     try:
-        found, left = cleanup(target, Path(args.run).name)
+        found, left = cleanup(target, Path(run).name)
     except KubeApiError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_FAILURES
-    print(f"run {args.run} in namespace {target.namespace}: {found} objects found, {found - len(left)} gone"
+    print(f"run {run} in namespace {target.namespace}: {found} objects found, {found - len(left)} gone"
           + (f"; still there: {', '.join(left)}" if left else ""))
     return EXIT_FAILURES if left else EXIT_OK
 

@@ -206,7 +206,8 @@ def check_keep_fits(spec) -> None:
 
 
 def results_dir_of(run: str) -> Path:
-    path = Path(run) if Path(run).is_dir() else Path("results") / run
+    """A run's results folder: RUN as a path when it is one or has a folder in it, else results/RUN."""
+    path = Path(run) if Path(run).is_dir() or len(Path(run).parts) > 1 else Path("results") / run
     if not (path / "spec.yaml").exists():
         raise CliError(f"{run}: no results directory with a spec.yaml (looked in {path})")
     return path

@@ -161,8 +161,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write the Prefect work pool's objects (flows as Jobs: see 'up --work-pool')")
     add_pool_flags(m)
 
-    k = sub.add_parser("cleanup", help="delete every Kubernetes object of a run (leftovers of a crashed run)")
-    k.add_argument("--run", required=True, help="run id: the epdbench/run label, printed by compare")
+    k = sub.add_parser("cleanup", help="end what a killed run left: its processes on this machine (sim and local "
+                                       "targets) and its Kubernetes objects (kubernetes target)",
+                       description="End what a killed or crashed run left running. On this machine: the processes "
+                                   "its processes.json recorded (replicas, routers, load-generator workers), matched "
+                                   "by pid and start time, never by name, never those of a run still going. In a "
+                                   "cluster: every object labelled epdbench/run=RUN; the cluster is asked when "
+                                   "--namespace, --kubeconfig or --kube-context is given or no results folder of "
+                                   "RUN is here.")
+    k.add_argument("run", nargs="?", default=None, metavar="RUN",
+                   help="the run: results/RUN, a results path, or the epdbench/run label compare printed")
+    k.add_argument("--run", dest="run_flag", default=None, metavar="RUN", help="the same as RUN")
     add_kube_flags(k)
 
     u = sub.add_parser("up", help="start Prefect, MLflow and the epdbench deployments on this machine")
