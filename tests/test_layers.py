@@ -54,7 +54,7 @@ def test_every_package_of_the_source_tree_is_in_the_package_map():
 def test_the_layer_contract_holds(tree):
     out = lint_imports(tree)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "Contracts: 2 kept, 0 broken." in out.stdout
+    assert "Contracts: 3 kept, 0 broken." in out.stdout
 
 
 def test_an_upward_import_breaks_the_contract(tree):
@@ -64,6 +64,24 @@ def test_an_upward_import_breaks_the_contract(tree):
     assert out.returncode != 0
     assert "One way down through the layers BROKEN" in out.stdout
     assert "epdbench.analysis.metrics -> epdbench.flows" in out.stdout
+
+
+def test_a_calibrate_mode_calling_back_into_planning_breaks_the_contract(tree):
+    """The circle planning → ops → planning (each mode once took its helpers from planning) does not come back."""
+    module = tree / "epdbench" / "cli" / "ops.py"
+    module.write_text(module.read_text() + "\nfrom epdbench.cli.planning import cmd_calibrate  # back up\n")
+    out = lint_imports(tree)
+    assert out.returncode != 0
+    assert "The calibrate modes import their shared helpers, never planning or each other BROKEN" in out.stdout
+    assert "epdbench.cli.ops -> epdbench.cli.planning" in out.stdout
+
+
+def test_one_calibrate_mode_importing_another_breaks_the_contract(tree):
+    module = tree / "epdbench" / "cli" / "transport_fit.py"
+    module.write_text(module.read_text() + "\nfrom epdbench.cli.engine_steps import cmd_calibrate_engine_steps\n")
+    out = lint_imports(tree)
+    assert out.returncode != 0
+    assert "epdbench.cli.transport_fit -> epdbench.cli.engine_steps" in out.stdout
 
 
 def test_a_side_effect_library_in_a_pure_module_breaks_the_contract(tree):

@@ -85,7 +85,7 @@ def cmd_calibrate_engine_steps(args) -> int:
 
     from epdbench.analysis import fit, holdout, truth
     from epdbench.analysis.engine_steps import ENGINE_FIT_METRICS, lone_engine_cells
-    from epdbench.cli.planning import calibrate_fit, print_constants, print_errors, write_profile
+    from epdbench.cli.calibration import calibrate_fit, print_constants, print_errors, write_profile
     from epdbench.specs.models import spec_fingerprint
     from epdbench.specs.profile import ENGINE_CONSTANTS, FREE_CONSTANTS, CalibrationProfile, cell_fingerprints
 

@@ -48,7 +48,7 @@ def cmd_calibrate_ops(args) -> int:
     from epdbench.physics.oplaws import digest, law_rows
     from epdbench.specs.models import load_spec, spec_fingerprint
     from epdbench.specs.node import OperatorTimings
-    from epdbench.cli.planning import write_profile
+    from epdbench.cli.calibration import write_profile
     from epdbench.specs.profile import CalibrationProfile, apply_profile
 
     out = Path(args.out)

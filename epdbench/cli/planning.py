@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 
+from epdbench.cli.calibration import calibrate_fit, print_constants, print_errors, stored_spec, write_profile
 from epdbench.cli.common import INTERRUPTED_RUN, CliError, config_names
 
 
@@ -111,22 +112,6 @@ def cmd_calibrate(args) -> int:
     return write_profile(out, profile, args.out)
 
 
-def write_profile(out, profile: dict, flag: str) -> int:
-    """The profile written whole or not at all (even if stopped while writing), and how to use it; one line
-    naming --out when it cannot be written."""
-    from epdbench.specs.profile import profile_to_yaml
-
-    part = out.with_name(out.name + ".part")
-    try:
-        part.write_text(profile_to_yaml(profile))
-        part.replace(out)
-    except OSError as e:
-        part.unlink(missing_ok=True)
-        raise CliError(f"--out {flag}: cannot write it ({e.strerror})") from None
-    print(f"wrote {out}: use it with epdbench compare --profile {out} or epdbench whatif --profile {out}")
-    return 0
-
-
 def _calibration_spec(args):
     """(the spec the run used, where it ran: "sim", "kubernetes", "local" or None if unknown) for --from: the run's
     folder (the one holding --from) keeps its resolved spec.yaml."""
@@ -134,32 +119,6 @@ def _calibration_spec(args):
 
     return stored_spec(Path(args.source).parent / "spec.yaml", args.spec, f"--from {args.source}",
                        f"beside {args.source}")
-
-
-def stored_spec(kept, flag_spec: str | None, what: str, where: str):
-    """(the spec a run used, its target kind or None): the spec.yaml it kept (`kept`, a path or None) — without
-    --spec that is the spec; with --spec, the two must agree in all the virtual-time core reproduces (not the free
-    constants, where a fit starts, nor the target). A run without its spec.yaml needs --spec."""
-    from epdbench.specs.models import SpecError, load_spec
-    from epdbench.specs.profile import calibration_changes
-
-    stored = None
-    if kept is not None and kept.is_file():
-        try:
-            stored = load_spec(str(kept))
-        except SpecError as e:
-            if flag_spec is None:
-                raise CliError(f"{what}: cannot read the run's spec.yaml ({e}); give --spec") from None
-            print(f"note: cannot read {kept} ({e}): --spec {flag_spec} is not checked against it", flush=True)
-    if flag_spec is None:
-        if stored is None:
-            raise CliError(f"--spec: give the spec the run used (no spec.yaml {where})")
-        return stored, stored.target.kind
-    spec = load_spec(flag_spec)
-    if stored is not None and (changes := calibration_changes(stored, spec)):
-        raise CliError(f"--spec {flag_spec} is not the spec the run used ({'; '.join(changes)}, against {kept}); "
-                       "leave --spec out to fit the run's own")
-    return spec, stored.target.kind if stored is not None else None
 
 
 def _calibrate_flags(args):
@@ -219,56 +178,6 @@ def _read_run(source: str):
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise CliError(f"--from {source}: cannot read it ({first})") from None
     raise CliError(f"--from {source}: give a .csv summary or a .parquet of records or a summary")
-
-
-def calibrate_fit(title: str, spec, observed, predict, budget: int, cache: dict, constants=None):
-    """fit.fit_constants (of `constants`, by default those a run's client figures tell) with a progress line per
-    simulator run."""
-    import time
-
-    from epdbench.analysis import fit
-
-    print(f"{title} (at most {budget} simulator runs):", flush=True)
-    t0 = time.perf_counter()
-
-    def progress(n: int, total: int, loss: float, best: float) -> None:
-        print(f"  run {n:>3}/{total}  loss {loss:.3g}  best {best:.3g}  ({time.perf_counter() - t0:.0f} s)",
-              flush=True)
-
-    try:
-        result = fit.fit_constants(spec, observed, predict, budget, cache, progress,
-                                   fit.FREE_CONSTANTS if constants is None else constants)
-    except fit.FitInputError as e:
-        raise CliError(f"{e}") from None
-    print(f"  loss {result.start_loss:.3g} with the spec's constants, {result.loss:.3g} fitted "
-          f"({result.evaluations} simulator runs, {time.perf_counter() - t0:.0f} s)", flush=True)
-    return result
-
-
-def print_constants(spec, result) -> None:
-    names = list(result.values) + list(result.left)
-    width = max(len(n) for n in names)
-    print(f"\n{'constant':<{width}}  {'spec':>10}  {'fitted':>10}")
-    for name in result.values:
-        print(f"{name:<{width}}  {getattr(spec.hardware, name):>10.4g}  {result.values[name]:>10.4g}")
-    for name, why in result.left.items():
-        print(f"{name:<{width}}  {getattr(spec.hardware, name):>10.4g}  {'as in spec':>10}  ({why})")
-    from epdbench.analysis.fit import BOUNDS, pinned
-    if ends := pinned(result.values):
-        which = ", ".join(f"{n} ({BOUNDS[n][end == 'upper']:g}, its {end} bound)" for n, end in ends.items())
-        print(f"warning: {which} ended at the edge of the search range: the fit is the best the range allows, not "
-              "a match — check the table's units (…_ms in milliseconds, …_tok_s and req_s per second) and that the "
-              "spec is the run's (GPU, model)", flush=True)
-
-
-def print_errors(errors: dict[str, dict]) -> None:
-    metrics = list(next(iter(errors.values())))
-    width = max(len(m) for m in metrics)
-    print(f"\nmedian relative error over cells, per metric:\n{'metric':<{width}}  "
-          + "  ".join(f"{h:>22}" for h in errors))
-    for m in metrics:
-        cells = [errors[h][m] for h in errors]
-        print(f"{m:<{width}}  " + "  ".join(f"{'—' if v is None else f'{v:.1%}':>22}" for v in cells))
 
 
 DEFAULT_REPLICAS = [1, 2, 3, 4]     # whatif --replicas

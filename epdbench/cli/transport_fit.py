@@ -38,7 +38,7 @@ def _pod(path: Path) -> str:
 def run_spec(folder: Path, flag_spec: str | None):
     """(the spec of the run whose logs `folder` holds, its target kind or None): the run's spec.yaml, in the folder
     or two levels up from evidence/<config>/, checked against --spec as calibrate --from checks it."""
-    from epdbench.cli.planning import stored_spec
+    from epdbench.cli.calibration import stored_spec
 
     kept = next((p for p in (folder / "spec.yaml", folder.parent.parent / "spec.yaml") if p.is_file()), None)
     return stored_spec(kept, flag_spec, f"--transport {folder}", f"in {folder} or its run's folder")
@@ -207,7 +207,7 @@ def cmd_calibrate_transport(args) -> int:
     from datetime import date
 
     from epdbench.analysis import error_tail, fit, holdout
-    from epdbench.cli.planning import print_errors, write_profile
+    from epdbench.cli.calibration import print_errors, write_profile
     from epdbench.specs.models import spec_fingerprint
     from epdbench.specs.profile import CalibrationProfile, cell_fingerprints
 
