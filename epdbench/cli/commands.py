@@ -347,6 +347,7 @@ def cmd_verify_transport(args) -> int:
     from epdbench.analysis.mooncake_log import transport_of_pod
     from epdbench.analysis.transport import verify_transport
     from epdbench.analysis.ucx import has_nixl_evidence, nixl_of_pod, verify_nixl
+    from epdbench.reports.transport_lines import mooncake_pod_lines, nixl_pod_lines
     from epdbench.tasks.evidence import iter_lines
 
     missing = [p for p in args.logs if not Path(p).is_file()]
@@ -365,26 +366,10 @@ def cmd_verify_transport(args) -> int:
         result = verify_transport(args.expect, pods)
     if args.json:
         print(json.dumps(result, indent=2, sort_keys=True))
-    elif use_nixl:
-        print_reasons(result)
-        for name, pod in pods.items():
-            print(f"  {name}: UCX chose {pod['observed'] or '?'} (UCX {pod['ucx_version'] or '?'}, UCX_TLS asked "
-                  f"{pod['requested'] or '?'}" + (f", not available: {', '.join(pod['unavailable'])}"
-                                                  if pod["unavailable"] else "")
-                  + f"), {pod['successful_transfers']} successful transfers, {pod['ec_reads']} encoder-output reads")
-            for wname, w in sorted(pod["workers"].items()):
-                for c in w["configs"]:
-                    lanes = " ".join(f"{x['group']}({x['tl']}/{x['device']})" for x in c["lanes"]) or "no lanes"
-                    print(f"    {wname} {c['scope']} cfg#{c['cfg']}: {lanes}")
     else:
         print_reasons(result)
         for name, pod in pods.items():
-            devices = ", ".join(f"{d['name']} (LID {d['lid']})" for d in pod["rdma_devices"]) or "none"
-            print(f"  {name}: installed {pod['observed'] or '?'}, HCAs {pod['hcas']}, RDMA devices {devices}, "
-                  f"{len(pod['throughput_mb_s'])} throughput windows, ready ACKs {pod['ready_acks_received']}")
-            for wname, w in sorted(pod["workers"].items()):
-                windows = ", ".join(f"{t:.2f}" for t in w["throughput_mb_s"]) or "none attributed"
-                print(f"    {wname}: installed {w['observed'] or '?'}, HCAs {w['hcas']}, windows (MB/s) {windows}")
+            print("\n".join(nixl_pod_lines(name, pod) if use_nixl else mooncake_pod_lines(name, pod)))
     return EXIT_OK if result["verdict"] == "verified" else EXIT_FAILURES
 
 
