@@ -16,6 +16,7 @@ from pydantic import Field, ValidationError, model_validator
 from epdbench.physics.costmodel import image_tokens
 from epdbench.specs.gpu_share import gpu_shares
 from epdbench.specs.real_shapes import real_shapes_problem
+from epdbench.specs.field_names import did_you_mean
 from epdbench.specs.base import KvTransport, RoleName, Strict, Topology, dump_yaml
 from epdbench.specs.cost import CostSpec
 from epdbench.specs.node import CPU_BLOCK_TOKENS, GPU_BLOCK_TOKENS, EngineSpec, HardwareSpec, ModelSpec, VisionSpec
@@ -227,10 +228,13 @@ class SpecError(ValueError):
     """A spec that cannot be used; the message is one line naming the field and the fix."""
 
 
-def describe_validation_error(err: ValidationError, source: str) -> str:
+def describe_validation_error(err: ValidationError, source: str, model: type | None = None) -> str:
+    """The first error in one line naming its field; an unknown field close to one of `model`'s gets its name."""
     first = err.errors()[0]
     loc = ".".join(str(p) for p in first["loc"])
     msg = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden" and model is not None:
+        msg += did_you_mean(model, first["loc"])
     more = f" (+{len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
     where = f"field '{loc}': " if loc else ""
     return f"{source}: {where}{msg}{more}"
@@ -272,7 +276,7 @@ def parse_spec(data: dict, source: str = "spec") -> ExperimentSpec:
     try:
         return ExperimentSpec.model_validate(data)
     except ValidationError as e:
-        raise SpecError(describe_validation_error(e, source)) from None
+        raise SpecError(describe_validation_error(e, source, ExperimentSpec)) from None
 
 
 def select_configurations(spec: ExperimentSpec, names: list[str] | None) -> ExperimentSpec:

@@ -158,7 +158,7 @@ def parse_profile(data: dict, source: str = "profile") -> dict:
     try:
         return CalibrationProfile.model_validate(data).model_dump(mode="json")
     except ValidationError as e:
-        raise SpecError(describe_validation_error(e, source)) from None
+        raise SpecError(describe_validation_error(e, source, CalibrationProfile)) from None
 
 
 def load_profile(path: str | Path, option: str = "--profile") -> dict:

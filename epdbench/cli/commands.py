@@ -190,7 +190,7 @@ def cmd_cleanup(args) -> int:
     try:
         target = KubernetesTargetSpec(**kube_overrides(args))
     except ValidationError as e:
-        raise CliError(describe_validation_error(e, "cleanup")) from None
+        raise CliError(describe_validation_error(e, "cleanup", KubernetesTargetSpec)) from None
     try:
         found, left = cleanup(target, Path(run).name)
     except KubeApiError as e:
@@ -295,7 +295,7 @@ def cmd_up(args) -> int:
     try:
         target = KubernetesTargetSpec(**overrides)
     except ValidationError as e:
-        raise CliError(describe_validation_error(e, "up")) from None
+        raise CliError(describe_validation_error(e, "up", KubernetesTargetSpec)) from None
     settings = pool_settings(args, target)
     quiet_defaults()
     from epdbench.tasks.services import PoolPlan, up

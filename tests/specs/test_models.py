@@ -219,6 +219,25 @@ def test_unknown_field_is_rejected_naming_it(where, mutate):
     assert f"'{where}'" in msg and "Extra inputs are not permitted" in msg
 
 
+@pytest.mark.parametrize("mutate, where, meant", [
+    (lambda d: d.update(seeed=d.pop("seed", 0)), "seeed", "seed"),
+    (lambda d: d["hardware"].update(hbm_tbs=3.35), "hardware.hbm_tbs", "hbm_tb_s"),
+    (lambda d: d["configurations"][0]["roles"][0].update(replica=2), "configurations.0.roles.0.replica", "replicas"),
+    (lambda d: d["suites"][0].update(concurrency=[1]), "suites.0.fixed.concurrency", "concurrencies"),
+    (lambda d: d["suites"][0]["shapes"][0].update(input_token=8), "suites.0.fixed.shapes.0.input_token",
+     "input_tokens"),
+    (lambda d: d.setdefault("target", {}).setdefault("local", {}).update(devise="cpu"), "target.local.devise",
+     "device"),
+], ids=["top", "nested", "list", "union-member", "list-in-union", "target"])
+def test_a_misspelt_field_is_named_with_the_one_meant(mutate, where, meant):
+    assert _error(with_(mutate)).endswith(
+        f"field '{where}': Extra inputs are not permitted (did you mean '{meant}'?)")
+
+
+def test_a_field_close_to_none_gets_no_guess():
+    assert _error(with_(lambda d: d.update(bogus=1))) == "unit.yaml: field 'bogus': Extra inputs are not permitted"
+
+
 def test_select_configurations_keeps_named_ones_and_rejects_unknown():
     spec = parse_spec(with_(lambda d: d["configurations"].append(
         {"name": "pd-tcp", "topology": "pd", "kv_transport": "tcp",

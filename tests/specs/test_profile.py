@@ -50,6 +50,7 @@ def test_applying_a_profile_replaces_only_its_hardware_fields():
     ({"hardware": {"hbm_tb_s": 3.0}}, "'hbm_tb_s' is not a free constant"),
     ({"left_as_in_spec": ["gpu"]}, "not free constants: gpu"),
     ({"colour": "blue"}, "field 'colour': Extra inputs are not permitted"),
+    ({"sourse": "x.csv"}, "field 'sourse': Extra inputs are not permitted (did you mean 'source'?)"),
     ({"created": "yesterday"}, "field 'created'"),
 ])
 def test_a_bad_profile_is_one_line_naming_the_field(tmp_path, changes, message):
