@@ -77,6 +77,16 @@ def test_vllm_python_and_the_local_targets_limits_are_said_in_one_line(in_tmp, c
     assert err == "error: --vllm-python: applies to --target local only (this run's target is sim)"
     err = refused(capsys, "compare", "--target", "local", "--spec", "smoke")
     assert "MooncakeConnector does not start without an accelerator" in err and "use kv_connector nixl" in err
+    assert err.endswith("; for real engines on CPU take --spec cpu-tiny, the preset made for them")
+
+
+def test_only_a_spec_on_cpu_engines_other_than_cpu_tiny_is_pointed_at_cpu_tiny():
+    from epdbench.cli.common import local_spec_hint
+
+    assert local_spec_hint("local", "cpu", "smoke") == (
+        "; for real engines on CPU take --spec cpu-tiny, the preset made for them")
+    assert local_spec_hint("local", "cpu", "specs/cpu-tiny.yaml") == ""     # the preset itself: its own error
+    assert local_spec_hint("local", "cuda", "smoke") == local_spec_hint("sim", "cpu", "smoke") == ""
 
 
 def test_the_trace_collector_refuses_a_bad_port_a_bound_below_one_and_a_port_taken(capsys):

@@ -83,7 +83,17 @@ def with_target(spec, kind: str, overrides: dict, source: str):
     data = spec.model_dump(mode="json")
     data["target"]["kind"] = kind
     data["target"]["kubernetes"].update(overrides)
-    return parse_spec(data, source)
+    try:
+        return parse_spec(data, source)
+    except SpecError as e:
+        raise SpecError(f"{e}{local_spec_hint(kind, data['target']['local']['device'], source)}") from None
+
+
+def local_spec_hint(kind: str, device: str, source: str) -> str:
+    """What to run instead when a spec does not fit real engines on CPU: the preset made for them."""
+    if kind != "local" or device != "cpu" or Path(source).stem == "cpu-tiny":
+        return ""
+    return "; for real engines on CPU take --spec cpu-tiny, the preset made for them"
 
 
 def check_kubeconfig(target) -> None:
