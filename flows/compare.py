@@ -31,6 +31,7 @@ from epdbench.specs.profile import profile_to_yaml
 from epdbench.specs.workload import Cell, calibration_keys, plan_cells
 from epdbench.reports.goodput import throughput_goodput_gaps
 from epdbench.reports.pareto import pareto_lines
+from epdbench.reports.progress import starting_line
 from epdbench.reports.footing import gpu_footing
 from epdbench.reports.verdict import verdict_lines
 from epdbench.flows.outputs import prefect_summary_artifact, report_meta, verdict_view
@@ -108,8 +109,7 @@ def run_configuration(spec: ExperimentSpec, config: ConfigurationSpec, run: str,
     ev_dir = rdir / "evidence" / config.name
     log_dir = ev_dir  # raw process logs are evidence
     outcome = ConfigOutcome(config.name, ok=False)
-    gpus = spec.gpus_used(config)
-    say(f"[{config.name}] starting {roles_text(config)} ({gpus} GPU{'s' * (gpus != 1)}, KV {config.kv_transport})")
+    say(starting_line(spec, config, roles_text(config)))
     if spec.virtual:
         return _run_virtually(spec, config, run, rdir, ev_dir, outcome, skip, progress)
     dep = None

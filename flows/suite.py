@@ -14,6 +14,7 @@ from epdbench.analysis.labels import cell_label
 from epdbench.analysis.metrics import summarize
 from epdbench.analysis.noise import EMIT_LAG, emulation_lag_p99_ms, samples_p99_ms
 from epdbench.reports.live import LiveCell
+from epdbench.reports.progress import host_load_note
 from epdbench.specs.models import ExperimentSpec
 from epdbench.specs.workload import Calibration, Cell, build_requests, plan_cells
 from epdbench.tasks.load.loadgen import LoadGenerator, records_as_dicts
@@ -55,10 +56,7 @@ def cell_line(config: str, cell: Cell, trial: int, s: dict) -> str:
             f"trial {trial}: "
             f"{s['requests_ok']}/{s['requests_total']} ok, TTFT p50 {f(s['ttft_p50_ms'])}, "
             f"ITL p99 {f(s['itl_p99_ms'])}, {f(s['output_tok_s'], ' tok/s')}")
-    if s.get("contaminated"):
-        line += (f" — contaminated by host load (lag p99: emulation {f(s['emulation_lag_p99_ms'])}, "
-                 f"client {f(s['loop_lag_p99_ms'])})")
-    return line
+    return line + host_load_note(s)
 
 
 def announce_cell(config: str, cell: Cell, trial: int, summary: dict, status: str, reason: str) -> None:
