@@ -131,21 +131,46 @@ def spawn(cmd: list[str], log_path: Path, env: dict, what: str) -> subprocess.Po
     return p
 
 
+def group_members(pgid: int) -> list[int]:
+    """The live processes (zombies left out) of process group `pgid`, from /proc."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
 def stop_process(p: subprocess.Popen, grace_s: float = 5.0) -> None:
-    """SIGTERM the process group, SIGKILL it after `grace_s`."""
-    if p.poll() is None:
-        try:
-            os.killpg(p.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            p.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait(timeout=5)
+    """SIGTERM the process group, SIGKILL it after `grace_s`; return once the whole group is gone. The group, not
+    only its leader: a vLLM engine's API server leads its engine core, workers and resource tracker, which outlive
+    it when it dies first (killed, or crashed) and hold their memory (a GPU's) until someone ends them. The group
+    keeps its id while any of them lives, so no other process can have taken it meanwhile."""
+    deadline = time.monotonic() + grace_s
+    if p.poll() is None or group_members(p.pid):
+        _signal_group(p.pid, signal.SIGTERM)
+    try:
+        p.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        pass
+    while group_members(p.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if p.poll() is None or group_members(p.pid):
+        _signal_group(p.pid, signal.SIGKILL)
+        p.wait(timeout=5)
+        settle = time.monotonic() + 5
+        while group_members(p.pid) and time.monotonic() < settle:
+            time.sleep(0.05)
     _LIVE.discard(p)
 
 

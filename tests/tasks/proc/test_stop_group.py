@@ -1,0 +1,68 @@
+"""stop_process ends a process's whole group, also once its leader is dead: a vLLM engine's API server leads its
+engine core and workers, which outlive it when it is killed (seen on the real-engine lane: an engine core and its
+worker still spinning after their API server's SIGKILL and the configuration's teardown)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from epdbench.tasks.proc.processes import group_members, stop_process
+from epdbench.tasks.rundir.runstate import process_start_time
+
+# A leader that starts a child of its own group (as vLLM's API server starts its engine core), writes the child's
+# pid, then waits; the child ignores nothing and sleeps.
+LEADER = ("import subprocess, sys, time\n"
+          "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+          "open(sys.argv[1], 'w').write(str(c.pid))\n"
+          "time.sleep(300)\n")
+
+
+def start_leader(tmp_path: Path) -> tuple[subprocess.Popen, int]:
+    pid_file = tmp_path / "child.pid"
+    p = subprocess.Popen([sys.executable, "-c", LEADER, str(pid_file)], start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return p, int(pid_file.read_text())
+
+
+def test_a_dead_leaders_group_is_ended(tmp_path):
+    leader, child = start_leader(tmp_path)
+    os.kill(leader.pid, signal.SIGKILL)               # the API server killed; its engine core lives on
+    leader.wait(timeout=10)
+    assert group_members(leader.pid) == [child]
+    t0 = time.monotonic()
+    stop_process(leader, grace_s=5)
+    assert process_start_time(child) is None and group_members(leader.pid) == []
+    assert time.monotonic() - t0 < 5                  # SIGTERM ended it, no wait for the grace
+
+
+def test_a_live_leader_and_its_group_are_ended(tmp_path):
+    leader, child = start_leader(tmp_path)
+    stop_process(leader, grace_s=5)
+    assert leader.returncode == -signal.SIGTERM
+    assert process_start_time(child) is None and group_members(leader.pid) == []
+
+
+def test_a_member_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
+    pid_file = tmp_path / "child.pid"
+    stubborn = ("import signal, subprocess, sys, time\n"
+                "c = subprocess.Popen([sys.executable, '-c', 'import signal, sys, time; "
+                "signal.signal(signal.SIGTERM, signal.SIG_IGN); open(sys.argv[1], \"w\").write(\"ready\"); "
+                "time.sleep(300)', sys.argv[1] + '.ready'])\n"
+                "open(sys.argv[1], 'w').write(str(c.pid))\n"
+                "time.sleep(300)\n")
+    leader = subprocess.Popen([sys.executable, "-c", stubborn, str(pid_file)], start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not (Path(str(pid_file) + ".ready").exists() and pid_file.exists()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    t0 = time.monotonic()
+    stop_process(leader, grace_s=1)
+    took = time.monotonic() - t0
+    assert process_start_time(child) is None and group_members(leader.pid) == []
+    assert 1 <= took < 8
