@@ -4,7 +4,7 @@ Per matched cell and metric, the virtual figure agrees with the HTTP one when th
 the HTTP cell's own noise band (analysis.noise.band: its sample CI, floored by the run-to-run spread, and its
 lag) plus, for TTFT, what remains of the host path: the HTTP simulator's client, router and API-server hops run
 on the host in real time, which the virtual core models as hardware.request_hop_ms per exchange (HOST_PATH_MS:
-benchmarks/vtime_agreement.py on the smoke preset left −2 to +2.5 ms at concurrency 1 with it, 3–13 ms
+benchmarks/simulator/vtime_agreement.py on the smoke preset left −2 to +2.5 ms at concurrency 1 with it, 3–13 ms
 without). The virtual core has no
 measurement noise of its own (one seeded run is the answer). An HTTP cell contaminated by host load
 (analysis.noise.is_contaminated: its lag p99 above a share of what it reports) is no reference: its rows are

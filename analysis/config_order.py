@@ -1,7 +1,7 @@
 """Does the simulator order configurations as the real engines do? (pure)
 
-A truth table of several configurations (benchmarks/truth_from_run.py: aggregated, PD and EPD on one GPU) holds
-each cell (suite, workload, concurrency, stream) once per configuration. Per cell and ranked metric, with the
+A truth table of several configurations (benchmarks/simulator/truth_from_run.py: aggregated, PD and EPD on one GPU)
+holds each cell (suite, workload, concurrency, stream) once per configuration. Per cell and ranked metric, with the
 configurations that have the figure on both sides:
 
 - the winner: the best figure (lowest latency, highest output tok/s) on the real engines and on the simulator;

@@ -36,7 +36,7 @@ NOISE_COLUMNS = ["emulation_lag_p99_ms", "loop_lag_p99_ms"]
 
 # Relative run-to-run spread of a single trial's value, per metric: what two identical smoke runs on the idle
 # 2-core development machine differed by beyond what the cells' own sample CIs reach towards each other,
-# the largest over the 28 cells (`python benchmarks/noise.py --idle-twice`; 2026-12-01, half-widths: TTFT p50
+# the largest over the 28 cells (`python benchmarks/pipeline/noise.py --idle-twice`; 2026-12-01, half-widths: TTFT p50
 # 0.000 — the sample CIs covered a raw spread of up to 38% —, p95 0.045, p99 0.090, TPOT p50 0.000, ITL p99
 # 0.012, ITL max 0.059, throughput 0.079; 2026-12-02, CI bounds: 0.000, 0.011, 0.026, 0.000, 0.000, 9.55 — one
 # prefill meeting a decode or not —, 0.022), the larger, rounded up, at least 1% (2% for TTFT p50, the raw

@@ -1,5 +1,5 @@
 """A truth table: a real engine's figures on a spec's cells, one row per load generator (`tool`) and cell, beside
-which the simulator's are set (benchmarks/sim_vs_real.py) and to whose engine step timings it is fitted
+which the simulator's are set (benchmarks/simulator/sim_vs_real.py) and to whose engine step timings it is fitted
 (`epdbench calibrate --engine-steps`). Pure: checking, selecting and shaping the table; reading it is the caller's.
 
 Columns (benchmarks/data/README.md): gpu (the CUDA device name), vllm_version, model, tool, config, suite,

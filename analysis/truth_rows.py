@@ -2,8 +2,9 @@
 from the product's load generator's records or from `vllm bench serve`'s result file, each with the engine's own
 step timings over the cell read from its /metrics histograms (after − before, sum ÷ count).
 
-The benchmark that measures them is `benchmarks/vllm_truth.py`; what reads them is `benchmarks/sim_vs_real.py` and
-`epdbench calibrate --engine-steps`, through analysis/truth.py (the table's contract and checks).
+The benchmark that measures them is `benchmarks/simulator/vllm_truth.py`; what reads them is
+`benchmarks/simulator/sim_vs_real.py` and `epdbench calibrate --engine-steps`, through analysis/truth.py (the table's
+contract and checks).
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ asyncio wakes a sleeping task through epoll_wait, whose timeout has millisecond 
 `asyncio.sleep(0.00677)` ends on average 0.4 ms late on an idle host — 6% of a 6.8 ms decode step, every
 step. On Linux a timerfd armed at the absolute deadline (CLOCK_MONOTONIC, the clock of time.perf_counter)
 wakes the loop within the kernel's timer slack, which is set to 1 ns for the process. Measured on the 2-core
-development machine with `python benchmarks/sim_timing.py --timer`: overshoot mean/p99 0.40/0.53 ms with
+development machine with `python benchmarks/simulator/sim_timing.py --timer`: overshoot mean/p99 0.40/0.53 ms with
 asyncio.sleep, 0.13/0.28 ms with the timerfd. Elsewhere (or if the calls fail) asyncio.sleep is used.
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@
 
 Two laws, per TP:
 - measured, where hardware.op_laws is `measured` and a measurement has rows of op `allreduce` at that TP
-  (benchmarks/gpu_allreduce.py: NCCL, one process per GPU, NVLink multicast off; the CUDA-graph rows, as vLLM
+  (benchmarks/gpu/gpu_allreduce.py: NCCL, one process per GPU, NVLink multicast off; the CUDA-graph rows, as vLLM
   runs decode, else the eager ones): the time interpolated log-log in bytes between the measured sizes, the
   smallest size's time below them (NCCL's latency floor), and beyond the largest the last two sizes' slope (the
   link's bandwidth). Where from: hardware.op_timings when its CSV has such rows (a GPU of its own: taken as this

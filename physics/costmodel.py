@@ -3,7 +3,7 @@
 Pure functions of the model and hardware figures in the spec. The GPU operators (GEMMs, attention, decode steps,
 the vision tower) follow one of two laws, by hardware.op_laws:
 - measured (the default): interpolated from operator timings measured on a GPU, by default an H200's
-  (physics/data/gpu_ops_h200.csv, benchmarks/gpu_ops.py), scaled to the node's datasheet figures — for the
+  (physics/data/gpu_ops_h200.csv, benchmarks/gpu/gpu_ops.py), scaled to the node's datasheet figures — for the
   presets' H100 the same compute, memory-bound parts at 3.35 instead of 4.8 TB/s (physics.oplaws,
   physics.measured); a model the timings lack keeps the roofline below;
 - roofline, as follows.
@@ -127,7 +127,7 @@ def image_preprocess_seconds(hw: HardwareSpec, sizes: Iterable[tuple[int, int]],
     """API-server CPU time on images of these (width, height) before their request reaches the engine: per image,
     hardware.image_preprocess_ms plus image_preprocess_ms_per_mp per megapixel; for the `cached` ones, whose
     processed output vLLM's multimodal processor cache holds, image_decode_ms_per_mp instead (they are still
-    decoded and hashed). Figures from benchmarks/image_preprocess.py."""
+    decoded and hashed). Figures from benchmarks/serving/image_preprocess.py."""
     full = sum(hw.image_preprocess_ms + hw.image_preprocess_ms_per_mp * w * h / 1e6 for w, h in sizes)
     hits = sum(hw.image_preprocess_ms + hw.image_decode_ms_per_mp * w * h / 1e6 for w, h in cached)
     return (full + hits) / 1e3
@@ -135,14 +135,15 @@ def image_preprocess_seconds(hw: HardwareSpec, sizes: Iterable[tuple[int, int]],
 
 def tokenize_seconds(hw: HardwareSpec, text_tokens: int) -> float:
     """API-server CPU time to tokenize a prompt of `text_tokens` text tokens (image placeholders are expanded by
-    the multimodal processor, not the BPE): hardware.tokenize_us_per_token each, from benchmarks/tokenize_cost.py."""
+    the multimodal processor, not the BPE): hardware.tokenize_us_per_token each, from
+    benchmarks/serving/tokenize_cost.py."""
     return hw.tokenize_us_per_token * max(0, text_tokens) / 1e6
 
 
 def output_seconds(hw: HardwareSpec, tokens: int) -> float:
     """API-server CPU time to hand `tokens` generated tokens to their clients: per token, vLLM's output processor
     (incremental detokenization, the RequestOutput) and the OpenAI server's SSE chunk, hardware.output_us_per_token
-    each, from benchmarks/output_cost.py."""
+    each, from benchmarks/serving/output_cost.py."""
     return hw.output_us_per_token * max(0, tokens) / 1e6
 
 
@@ -343,9 +344,9 @@ class CostModel:
 # - Threads: one per engine (`install` starts `TcpTransport::worker`, running the engine's asio io_context): every
 #   lane's writes, and every accepted session's reads (`TcpContext::doAccept`, `ServerSession::readBody`), are
 #   handlers on that one thread, interleaved chunk by chunk.
-# benchmarks/mooncake_tcp.py measured it with the real engine (2026-12-01): a setup per transfer and per further
-# descriptor (HardwareSpec.tcp_setup_ms, tcp_descriptor_ms); transfers in flight neither add up nor serialise but
-# share (aggregate throughput flat, all end together after about N times one alone); to one peer only 4 at a time
+# benchmarks/transport/mooncake_tcp.py measured it with the real engine (2026-12-01): a setup per transfer and per
+# further descriptor (HardwareSpec.tcp_setup_ms, tcp_descriptor_ms); transfers in flight neither add up nor serialise
+# but share (aggregate throughput flat, all end together after about N times one alone); to one peer only 4 at a time
 # (the 5th waits for a lane), so two KV transfers of 56 descriptors to one peer go one after the other, and to
 # two peers share. RDMA (rdma_transport.cpp, worker_pool.cpp) cuts requests into 64 KiB slices posted over queue
 # pairs of endpoints kept per peer: one latency per transfer, no lanes; its transfers share the NICs.
@@ -355,9 +356,10 @@ KV_BLOCK_TOKENS = 16              # vLLM's KV cache block on CUDA: CacheConfig.D
 # NIXL over UCX (NixlConnector): the decode READs the prefill's blocks, one descriptor per region and block
 # (CostModel.nixl_descriptors), all posted as one transfer request. Over TCP UCX emulates each remote read with
 # active messages on its tcp lanes (the `rma_am` lanes its endpoint lines show): a setup per transfer, measured with
-# the real NIXL 1.5.1 / UCX 1.23.0 by benchmarks/nixl_ucx.py (HardwareSpec ucx_tcp_setup_ms); a cost per further
-# descriptor was not resolvable above the noise there (ucx_tcp_descriptor_ms 0: UCX pipelines them). Over RDMA each descriptor is a work request posted in the same batch:
-# one latency per transfer (rdma_latency_ms, as Mooncake's). UCX keeps no per-peer queue of transfers (no lanes).
+# the real NIXL 1.5.1 / UCX 1.23.0 by benchmarks/transport/nixl_ucx.py (HardwareSpec ucx_tcp_setup_ms); a cost per
+# further descriptor was not resolvable above the noise there (ucx_tcp_descriptor_ms 0: UCX pipelines them). Over RDMA
+# each descriptor is a work request posted in the same batch: one latency per transfer (rdma_latency_ms, as Mooncake's).
+# UCX keeps no per-peer queue of transfers (no lanes).
 
 
 def link_bytes_per_s(hw: HardwareSpec, transport: str, rdma_interfaces: int = 1) -> float:

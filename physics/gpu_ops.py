@@ -1,5 +1,5 @@
-"""Operator timings measured on a GPU by benchmarks/gpu_ops.py (and TP all-reduces across GPUs by
-benchmarks/gpu_allreduce.py): the shapes they measure and the CSV they write.
+"""Operator timings measured on a GPU by benchmarks/gpu/gpu_ops.py (and TP all-reduces across GPUs by
+benchmarks/gpu/gpu_allreduce.py): the shapes they measure and the CSV they write.
 
 The language models' layer shapes and the vision tower's are those of the presets' models (Hugging Face config.json
 of Qwen/Qwen3-32B and Qwen/Qwen2.5-VL-7B-Instruct; a test checks them against the presets' ModelSpec); the grids
@@ -143,7 +143,7 @@ GRIDS: dict[str, Grid] = {
 
 @dataclass(frozen=True)
 class AllReduceGrid:
-    """What benchmarks/gpu_allreduce.py times: one TP all-reduce of tokens × hidden bf16 activations (vLLM's
+    """What benchmarks/gpu/gpu_allreduce.py times: one TP all-reduce of tokens × hidden bf16 activations (vLLM's
     RowParallelLinear output, two per layer) for every LM_MODELS hidden size and each token count."""
     tokens: tuple[int, ...]
     repeats: int
@@ -173,7 +173,7 @@ OPS: dict[str, tuple[str, ...]] = {
     "vision.merger": ("image_px", "batch", "tokens"),
     "vision.attn_full": ("image_px", "batch", "tokens"),
     "vision.attn_window": ("image_px", "batch", "tokens"),
-    "allreduce": ("tp", "tokens"),                # benchmarks/gpu_allreduce.py: bytes = tokens × hidden × 2
+    "allreduce": ("tp", "tokens"),                # benchmarks/gpu/gpu_allreduce.py: bytes = tokens × hidden × 2
 }
 META_COLUMNS = ("gpu", "driver", "torch", "cuda", "date")
 SHAPE_COLUMNS = ("tp", "layers", "tokens", "batch", "context", "image_px")
@@ -185,7 +185,7 @@ def op_row(meta: dict, op: str, impl: str, times_ms: list[float], *, model: str 
            bytes_: float = 0, **shape) -> dict:
     """The CSV row (COLUMNS) of an operator timed once per repeat (`times_ms`, ms per call): the median as time_ms,
     the spread as time_min_ms and time_max_ms; shape columns not given are empty. What the benchmark scripts
-    write (benchmarks/gpu_ops.py, gpu_allreduce.py) and parse_ops_csv reads."""
+    write (benchmarks/gpu/gpu_ops.py, gpu_allreduce.py) and parse_ops_csv reads."""
     if not times_ms:
         raise ValueError(f"{op}: no timings")
     return {**meta, "op": op, "impl": impl, "model": model, **{c: "" for c in SHAPE_COLUMNS}, **shape,
@@ -302,14 +302,14 @@ def parse_ops_csv(text: str, source: str = "gpu_ops CSV") -> list[OpRow]:
         raise GpuOpsError(f"{source}, header: " + "; ".join(
             part for part in (f"missing {', '.join(missing)}" if missing else "",
                               f"unknown {', '.join(unknown)}" if unknown else "") if part)
-            + ": write benchmarks/gpu_ops.py's columns")
+            + ": write benchmarks/gpu/gpu_ops.py's columns")
     rows = []
     for line, cells in enumerate(reader, start=2):
         if None in cells or any(v is None for v in cells.values()):
             raise GpuOpsError(f"{source}, row {line}: {len(header)} cells expected: one per column of the header")
         rows.append(_row(cells, f"{source}, row {line}"))
     if not rows:
-        raise GpuOpsError(f"{source}: no rows: run benchmarks/gpu_ops.py to measure some")
+        raise GpuOpsError(f"{source}: no rows: run benchmarks/gpu/gpu_ops.py to measure some")
     return rows
 
 

@@ -1,7 +1,7 @@
 """The cost model's operator laws measured on a GPU: prefill, decode and encode times as functions of their shapes,
-interpolated from a gpu_ops CSV (benchmarks/gpu_ops.py) instead of one efficiency number.
+interpolated from a gpu_ops CSV (benchmarks/gpu/gpu_ops.py) instead of one efficiency number.
 
-The source by default is physics/data/gpu_ops_h200.csv: benchmarks/gpu_ops.py run on one NVIDIA H200 SXM on
+The source by default is physics/data/gpu_ops_h200.csv: benchmarks/gpu/gpu_ops.py run on one NVIDIA H200 SXM on
 2026-12-04 (benchmarks/data/README.md says how, and what differs from vLLM: PyTorch's FlashAttention-2, unfused
 elementwise kernels in the decode step). Each law keeps the measured time at every measured shape and, between
 and beyond them, the measured efficiency against the roofline of the shape at the measured GPU's datasheet

@@ -1,7 +1,7 @@
 """How closely the measured operator laws (physics.oplaws) reproduce a gpu_ops CSV: each row's time as the laws
 give it at the row's shape on the measured GPU, and each row left out of the laws it helps build (what the
 interpolation loses between measured shapes). Used by tests/physics/test_oplaws.py and
-benchmarks/gpu_ops_vs_model.py."""
+benchmarks/simulator/gpu_ops_vs_model.py."""
 from __future__ import annotations
 
 import math

@@ -5,7 +5,7 @@ A transfer first waits for its lanes to the peer (physics.costmodel.peer_lanes: 
 4; the peer's queue is first come first served), then spends its setup (physics.costmodel.setup_seconds), which
 takes no bandwidth, then moves its bytes: while k transfers move bytes, each gets 1/k of the link (processor
 sharing). So k equal transfers to different peers end together after k times one alone, and two KV transfers of
-2·layers descriptors to one peer go one after the other — what benchmarks/mooncake_tcp.py measured of the real
+2·layers descriptors to one peer go one after the other — what benchmarks/transport/mooncake_tcp.py measured of the real
 engine (see the notes next to physics.costmodel.setup_seconds). The HTTP simulator (sim.kv_handoff, sim.encoder)
 and the virtual-time core (sim.vcluster) both move bytes through this class, so they agree.
 """

@@ -11,7 +11,7 @@ The same `Engine` (sim.engine), cost model (physics.costmodel), prefix cache (si
 Each request's images are preprocessed on the API server of every replica on its path (each with its own
 processor cache), as in the HTTP simulator (sim.encoder.Encoder.preprocess).
 What the HTTP path spends on the host for each exchange (client, router and API-server hops) is charged as
-hardware.request_hop_ms per exchange (`hop`, `reach`); the agreement check (benchmarks/vtime_agreement.py)
+hardware.request_hop_ms per exchange (`hop`, `reach`); the agreement check (benchmarks/simulator/vtime_agreement.py)
 measures what remains between the two.
 
 A traced request (a TraceContext) gets the HTTP simulator's spans (sim.spans): an `llm_request` per leg from the

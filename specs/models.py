@@ -292,7 +292,8 @@ def select_configurations(spec: ExperimentSpec, names: list[str] | None) -> Expe
 
 
 NOT_COMPARED = {"tracking", "tracing", "description", "cost"}   # where results are logged, which requests are
-# traced (ingest within noise: benchmarks/loadgen.py --tracing), prose, and the price a report puts on a GPU-hour
+# traced (ingest within noise: benchmarks/loadgen/loadgen.py --tracing), prose, and the price a report puts on a
+# GPU-hour
 
 
 LOCAL_GPU_FIELDS = ("model_files", "gpu_share", "gpu_shares", "encode_vision_only", "router", "ec_shared_dir",

@@ -111,26 +111,26 @@ class ModelSpec(Strict):
         return self.params_b * 1e9 * self.dtype_bytes
 
 
-TOKENIZE_US_PER_TOKEN = 0.91   # benchmarks/tokenize_cost.py, see HardwareSpec.tokenize_us_per_token
+TOKENIZE_US_PER_TOKEN = 0.91   # benchmarks/serving/tokenize_cost.py, see HardwareSpec.tokenize_us_per_token
 # vLLM 0.33.0's own output path (msgpack decode of the engine core's outputs, OutputProcessor with incremental
 # detokenization, the chat stream generator with continuous usage, as epdbench asks) per generated token, measured
-# by benchmarks/output_cost.py on 2026-12-02 on this project's 2-core VM: 44.1, 33.6, 31.9, 36.1 µs at 1, 8, 64 and
-# 256 requests per step (median of 5 runs each); the median at 8 and more. Host CPUs differ: re-measure.
+# by benchmarks/serving/output_cost.py on 2026-12-02 on this project's 2-core VM: 44.1, 33.6, 31.9, 36.1 µs at 1, 8, 64
+# and 256 requests per step (median of 5 runs each); the median at 8 and more. Host CPUs differ: re-measure.
 OUTPUT_US_PER_TOKEN = 33.6
 # The HTTP simulator's host time per exchange of a request's path (vllm-router or the EPD proxy, aiohttp API
-# servers, loopback), from benchmarks/vtime_agreement.py on smoke (2026-12-02): TTFT over HTTP minus virtual at
-# concurrency 1, per exchange (aggregated 1, PD and text-only EPD 3, EPD with an image 5), median 3.3 ms.
+# servers, loopback), from benchmarks/simulator/vtime_agreement.py on smoke (2026-12-02): TTFT over HTTP minus virtual
+# at concurrency 1, per exchange (aggregated 1, PD and text-only EPD 3, EPD with an image 5), median 3.3 ms.
 REQUEST_HOP_MS = 3.3
 # Mooncake TCP's fixed costs, measured with the real transfer engine (mooncake-transfer-engine-non-cuda
-# 0.3.13.post1) over loopback by benchmarks/mooncake_tcp.py on 2026-12-01, on this project's 2-core AMD EPYC VM
-# (Linux 6.18, load average 0.7): the intercept of one transfer's time against its size (64 KiB to 512 MiB), and the
+# 0.3.13.post1) over loopback by benchmarks/transport/mooncake_tcp.py on 2026-12-01, on this project's 2-core AMD EPYC
+# VM (Linux 6.18, load average 0.7): the intercept of one transfer's time against its size (64 KiB to 512 MiB), and the
 # slope of a transfer's time against its number of descriptors (1 to 128, at 1 MiB and 16 MiB: 0.032, 0.035 ms).
 TCP_SETUP_MS = 0.064
 TCP_DESCRIPTOR_MS = 0.034
 # NIXL over UCX TCP's fixed costs, measured with the real NIXL 1.5.1 (nixl-cu12 wheel, bundling UCX 1.23.0) over
-# loopback by benchmarks/nixl_ucx.py (UCX_TLS=tcp) on 2026-12-01, same VM, three runs: the intercept of one READ's
-# time against its size (64 KiB to 256 MiB; fits 0.032, 0.022, 0.005 ms: the median), and the slope of a READ's time
-# against its descriptors (1 to 1024 at 16 and 64 MiB, 16 KiB to 64 KiB each): -0.033 to +0.015 ms, no cost
+# loopback by benchmarks/transport/nixl_ucx.py (UCX_TLS=tcp) on 2026-12-01, same VM, three runs: the intercept of one
+# READ's time against its size (64 KiB to 256 MiB; fits 0.032, 0.022, 0.005 ms: the median), and the slope of a READ's
+# time against its descriptors (1 to 1024 at 16 and 64 MiB, 16 KiB to 64 KiB each): -0.033 to +0.015 ms, no cost
 # resolvable above the noise (UCX pipelines the descriptors of one request), so none is modelled. Loopback moved
 # 460-540 MB/s per READ (Mooncake's engine 1.3-1.8 GB/s on the same host): a figure of this host's CPU, not of a
 # link; the link stays hardware.tcp_gb_s.
@@ -145,7 +145,7 @@ def _csv_gpus(text: str) -> tuple[str, ...]:
 
 
 class OperatorTimings(Strict):
-    """Operator timings measured on a GPU by benchmarks/gpu_ops.py, carried whole: the measured operator laws
+    """Operator timings measured on a GPU by benchmarks/gpu/gpu_ops.py, carried whole: the measured operator laws
     (hardware.op_laws) are derived from them (physics.oplaws). `epdbench calibrate --ops CSV` writes them into
     a profile."""
     source: str = Field(title="Source", description="The gpu_ops CSV the timings were read from.")
@@ -158,7 +158,7 @@ class OperatorTimings(Strict):
     hbm_tb_s: float | None = Field(None, gt=0, title="Measured GPU's HBM bandwidth (TB/s)",
                                    description="From its datasheet: the laws' memory-bound parts scale by this "
                                                "node's figure over it. Absent: the node's own (hbm_tb_s).")
-    csv: str = Field(title="CSV", description="The CSV's text, as benchmarks/gpu_ops.py wrote it.")
+    csv: str = Field(title="CSV", description="The CSV's text, as benchmarks/gpu/gpu_ops.py wrote it.")
 
     @model_validator(mode="after")
     def _csv_agrees(self) -> OperatorTimings:
@@ -228,7 +228,7 @@ class HardwareSpec(Strict):
                                               "roofline, or a model the measured laws lack).")
     step_overhead_ms: float = Field(1.0, ge=0, title="Per-step overhead (ms)",
                                     description="Scheduling and launch overhead of one engine step.")
-    # Measured by benchmarks/image_preprocess.py on the development host (AMD EPYC, one thread; Python 3.11,
+    # Measured by benchmarks/serving/image_preprocess.py on the development host (AMD EPYC, one thread; Python 3.11,
     # Pillow 13, numpy 2.4): the load generator's PNG and JPEG images of 224 to 2240 px, fitted on relative error,
     # 0 + 35.1 to 37.3 ms/Mpx over six runs (PNG alone 40-42, JPEG 32-35; no fixed part above 0 was found), of
     # which decode and hash 9.3 to 9.7 ms/Mpx over three (PNG 16-16.5, JPEG 7.7-8).
@@ -238,18 +238,18 @@ class HardwareSpec(Strict):
                                                    "engine, fixed part: base64 and image decode, the multimodal "
                                                    "hash, resize, rescale, normalise and patchify (vLLM's media "
                                                    "loader and the Qwen2-VL image processor). Measured with "
-                                                   "benchmarks/image_preprocess.py.")
+                                                   "benchmarks/serving/image_preprocess.py.")
     image_preprocess_ms_per_mp: float = Field(36.0, ge=0, title="Image preprocessing per megapixel (ms)",
                                               description="API-server CPU time per image that grows with its "
                                                           "pixels (as sent), per 10⁶ px. Measured with "
-                                                          "benchmarks/image_preprocess.py.")
+                                                          "benchmarks/serving/image_preprocess.py.")
     image_decode_ms_per_mp: float = Field(9.5, ge=0, title="Image decode and hash per megapixel (ms)",
                                           description="The part of image_preprocess_ms_per_mp an image still costs "
                                                       "when vLLM's multimodal processor cache holds its processed "
                                                       "output: base64 and image decode and the multimodal hash "
                                                       "(resize, normalise and patchify are skipped). Measured with "
-                                                      "benchmarks/image_preprocess.py.")
-    # Measured with benchmarks/tokenize_cost.py (2026-12-02, this 2-core machine, tokenizers 0.23.3, Qwen's
+                                                      "benchmarks/serving/image_preprocess.py.")
+    # Measured with benchmarks/serving/tokenize_cost.py (2026-12-02, this 2-core machine, tokenizers 0.23.3, Qwen's
     # 151,643-rank byte-level BPE with Qwen2's pre-tokenizer): 0.91–0.93 µs per token on the load generator's
     # prompts over three runs (fit over 128–8192 tokens; no fixed part above 0), 1.16 on English prose. Host CPUs
     # differ: re-measure.
@@ -259,14 +259,14 @@ class HardwareSpec(Strict):
                                                      "passes (each vLLM API server tokenizes what it is sent): "
                                                      "Hugging Face tokenizers' byte-level BPE, as vLLM runs it "
                                                      "for Qwen2/Qwen2.5. Measured with "
-                                                     "benchmarks/tokenize_cost.py.")
+                                                     "benchmarks/serving/tokenize_cost.py.")
     output_us_per_token: float = Field(OUTPUT_US_PER_TOKEN, ge=0, title="Output path per generated token (µs)",
                                        description="API-server CPU time per generated token on its way to the "
                                                    "client, on the replica that streams it: vLLM's output "
                                                    "handler (incremental detokenization, the RequestOutput) and "
                                                    "the OpenAI server's SSE chunk, one token after another on "
                                                    "the API server's event loop, each step's tokens after the "
-                                                   "step ends. Measured with benchmarks/output_cost.py running "
+                                                   "step ends. Measured with benchmarks/serving/output_cost.py running "
                                                    "vLLM's own code.")
     request_hop_ms: float = Field(REQUEST_HOP_MS, ge=0, title="Host time per HTTP exchange on the path (ms)",
                                   description="What one exchange of a request's path costs outside the engines: a "
@@ -274,34 +274,38 @@ class HardwareSpec(Strict):
                                               "HTTP, JSON, validation), or a KV or encoder-output pull's "
                                               "handshake. The virtual-time core charges it; the HTTP simulator "
                                               "and a real deployment spend it for real. Default measured on the "
-                                              "HTTP simulator's own path with benchmarks/vtime_agreement.py.")
+                                              "HTTP simulator's own path with benchmarks/simulator/vtime_agreement.py.")
     tcp_gb_s: float = Field(gt=0, title="KV transfer bandwidth over TCP (GB/s)",
                             description="Effective Mooncake TCP transport bandwidth out of one pod, a figure of "
                                         "the pod network: the pod's transfers in flight share it.")
     tcp_setup_ms: float = Field(TCP_SETUP_MS, ge=0, title="Mooncake TCP setup per transfer (ms)",
                                 description="What Mooncake's TCP transport spends on a transfer besides moving its "
                                             "bytes (submission, request header, the receiver's acknowledgement, "
-                                            "completion): measured on loopback by benchmarks/mooncake_tcp.py.")
+                                            "completion): measured on loopback by "
+                                            "benchmarks/transport/mooncake_tcp.py.")
     tcp_descriptor_ms: float = Field(TCP_DESCRIPTOR_MS, ge=0, title="Mooncake TCP setup per further descriptor (ms)",
                                      description="Added by each descriptor of a transfer after the first (each is a "
                                                  "request of its own on the peer's connection lanes): measured by "
-                                                 "benchmarks/mooncake_tcp.py. vLLM's MooncakeConnector sends a "
-                                                 "request's KV as one descriptor per layer and K/V.")
+                                                 "benchmarks/transport/mooncake_tcp.py. vLLM's MooncakeConnector "
+                                                 "sends a request's KV as one descriptor per layer and K/V.")
     ucx_tcp_setup_ms: float = Field(UCX_TCP_SETUP_MS, ge=0, title="UCX TCP setup per transfer (ms)",
                                     description="What NIXL over UCX's TCP transport spends on one READ besides moving "
-                                                "its bytes: measured on loopback by benchmarks/nixl_ucx.py.")
+                                                "its bytes: measured on loopback by "
+                                                "benchmarks/transport/nixl_ucx.py.")
     ucx_tcp_descriptor_ms: float = Field(UCX_TCP_DESCRIPTOR_MS, ge=0,
                                          title="UCX TCP cost per further descriptor (ms)",
                                          description="Added by each descriptor of a READ after the first (UCX "
                                                      "emulates remote reads over TCP with active messages): "
-                                                     "benchmarks/nixl_ucx.py resolved none above its noise (0). vLLM's "
-                                                     "NixlConnector reads one descriptor per layer, K/V and block.")
+                                                     "benchmarks/transport/nixl_ucx.py resolved none above its noise "
+                                                     "(0). vLLM's NixlConnector reads one descriptor per layer, K/V "
+                                                     "and block.")
     tcp_latency_ms: float = Field(0.0, ge=0, title="TCP network latency per transfer (ms)",
                                   description="What the pod network adds once per KV transfer over TCP beyond "
                                               "tcp_setup_ms and tcp_descriptor_ms, which loopback measured without "
                                               "a network. 0: between two pods of one node (veth pairs and a "
-                                              "bridge, as the CNI bridge plugin joins them) benchmarks/pod_network.py "
-                                              "resolved none (intercepts −0.013 to −0.009 ms against loopback). "
+                                              "bridge, as the CNI bridge plugin joins them) "
+                                              "benchmarks/transport/pod_network.py resolved none (intercepts −0.013 "
+                                              "to −0.009 ms against loopback). "
                                               "Across nodes, set it or let `epdbench calibrate` fit it (it probes a "
                                               "zero latency up to 1 s).")
     rdma_nic_gbit_s: float = Field(gt=0, title="RDMA NIC line rate (Gbit/s)",
@@ -310,13 +314,15 @@ class HardwareSpec(Strict):
                                    description="Applied to the sum of the interfaces of the sending pod. 0.73: "
                                                "the bandwidth fitted to the KV transfer times Mooncake published "
                                                "for vLLM between two H800 nodes (8 × ConnectX-7 RoCE, 200 Gbit/s "
-                                               "each), over their line rate (benchmarks/mooncake_rdma_published.py).")
+                                               "each), over their line rate "
+                                               "(benchmarks/transport/mooncake_rdma_published.py).")
     rdma_latency_ms: float = Field(0.38, ge=0, title="RDMA latency per transfer (ms)",
                                    description="Fixed cost once per KV transfer over RDMA (Mooncake's RDMA endpoints "
                                                "are kept per peer, so descriptors add none): posting its 64 KiB "
                                                "slices and the last completion. 0.38 (95 % interval 0.34–0.42): the "
                                                "intercept of the same fit, over transfers of 20 MiB to 4.5 GiB "
-                                               "(benchmarks/mooncake_rdma_published.py); calibrate it from a run.")
+                                               "(benchmarks/transport/mooncake_rdma_published.py); calibrate it from "
+                                               "a run.")
 
 
 GPU_BLOCK_TOKENS = 16     # vLLM's default KV cache block on GPUs (CacheConfig.block_size)

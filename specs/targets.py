@@ -130,7 +130,7 @@ class KubeRouterSpec(Strict):
     cpu: str | None = Field("2", pattern=K8S_CPU, title="Router CPU",
                             description="CPU request and limit of the router container; none: not set. "
                                         "vllm-router used 0.18 cores on average and 0.40 in the busiest 100 ms "
-                                        "(CFS) windows at 6.2k streamed chunks/s (benchmarks/router_cpu.py, "
+                                        "(CFS) windows at 6.2k streamed chunks/s (benchmarks/serving/router_cpu.py, "
                                         "concurrency 256): 2 leaves room for twice that rate unthrottled. "
                                         + GUARANTEED)
     memory: str | None = Field("1Gi", pattern=K8S_QUANTITY, title="Router memory",

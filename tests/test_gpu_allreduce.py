@@ -1,4 +1,4 @@
-"""benchmarks/gpu_allreduce.py: its measuring logic runs end to end over gloo in two CPU processes and writes rows
+"""benchmarks/gpu/gpu_allreduce.py: its measuring logic runs end to end over gloo in two CPU processes and writes rows
 that read back as physics/gpu_ops.py's CSV; its sizing helpers; bad input ends in one line and exit 2."""
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import pytest
 from epdbench.physics.gpu_ops import ALLREDUCE_GRIDS, LM_MODELS, read_ops_csv
 from tests.benchmark_scripts import load_benchmark
 
-pytest.importorskip("torch", reason="benchmarks/gpu_allreduce.py needs PyTorch (its CPU build will do)")
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "gpu_allreduce.py"
+pytest.importorskip("torch", reason="benchmarks/gpu/gpu_allreduce.py needs PyTorch (its CPU build will do)")
+SCRIPT = Path(__file__).parents[1] / "benchmarks" / "gpu" / "gpu_allreduce.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    return load_benchmark("gpu_allreduce")
+    return load_benchmark("gpu/gpu_allreduce")
 
 
 def test_multicast_is_off_in_the_environment_before_nccl_starts(bench):

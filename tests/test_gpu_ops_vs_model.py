@@ -1,6 +1,6 @@
-"""benchmarks/gpu_ops_vs_model.py: every operator class of the checked-in H200 CSV is set beside the cost model under
-both its operator laws, the model's figure for a case is the cost model's own, and a bad CSV ends in one line and
-exit 2."""
+"""benchmarks/simulator/gpu_ops_vs_model.py: every operator class of the checked-in H200 CSV is set beside the cost
+model under both its operator laws, the model's figure for a case is the cost model's own, and a bad CSV ends in one
+line and exit 2."""
 import math
 
 import pytest
@@ -12,7 +12,7 @@ from tests.benchmark_scripts import load_benchmark
 
 @pytest.fixture(scope="module")
 def bench():
-    return load_benchmark("gpu_ops_vs_model")
+    return load_benchmark("simulator/gpu_ops_vs_model")
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
-"""benchmarks/sim_vs_real.py: the simulator set beside a truth table — here one the simulator made with moved engine
-constants (tests/truth_tables.py) — is off by what the moves make before the profile calibrate --engine-steps fits,
-and matches it after, at the median, the 90th percentile and the worst cell; a table of several configurations is
+"""benchmarks/simulator/sim_vs_real.py: the simulator set beside a truth table — here one the simulator made with moved
+engine constants (tests/truth_tables.py) — is off by what the moves make before the profile calibrate --engine-steps
+fits, and matches it after, at the median, the 90th percentile and the worst cell; a table of several configurations is
 also judged as a choice between them; bad input is one line and exit 2."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from tests.truth_tables import synthetic_truth
 
 
 def script():
-    return load_benchmark("sim_vs_real")
+    return load_benchmark("simulator/sim_vs_real")
 
 
 def overall(printed: str, block: int = 0) -> list[str]:

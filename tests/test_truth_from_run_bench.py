@@ -1,4 +1,4 @@
-"""benchmarks/truth_from_run.py: a compare run's results folder (summary.csv, spec.yaml, evidence/<config>/
+"""benchmarks/simulator/truth_from_run.py: a compare run's results folder (summary.csv, spec.yaml, evidence/<config>/
 stages.json) written as a truth table, every configuration's cells and a mixed window's streams; bad input is one
 line and exit 2."""
 from __future__ import annotations
@@ -35,8 +35,9 @@ def results(tmp_path, kind: str = "local"):
 
 def test_a_local_run_becomes_a_truth_table(tmp_path, capsys):
     out = tmp_path / "truth.csv"
-    assert load_benchmark("truth_from_run").main([str(results(tmp_path)), "--gpu", "NVIDIA H100 80GB HBM3",
-                                                  "--vllm-version", "0.26.0", "--out", str(out)]) == 0
+    script = load_benchmark("simulator/truth_from_run")
+    assert script.main([str(results(tmp_path)), "--gpu", "NVIDIA H100 80GB HBM3", "--vllm-version", "0.26.0",
+                        "--out", str(out)]) == 0
     table = pd.read_csv(out)
     truth.check(table)
     assert list(zip(table["suite"], table["stream"])) == [("text-with-images", "text"),
@@ -49,7 +50,7 @@ def test_a_local_run_becomes_a_truth_table(tmp_path, capsys):
 
 
 def test_a_simulator_run_or_a_folder_without_evidence_is_one_line_and_exit_2(tmp_path, capsys):
-    script = load_benchmark("truth_from_run")
+    script = load_benchmark("simulator/truth_from_run")
     args = ["--gpu", "g", "--vllm-version", "v", "--out", str(tmp_path / "t.csv")]
     assert script.main([str(results(tmp_path, kind="sim")), *args]) == 2
     assert "a run on target sim, not on real engines" in capsys.readouterr().err

@@ -1,6 +1,6 @@
-"""benchmarks/vllm_truth.py against a running server (`--url`, here one simulator replica over loopback): a row per
-cell with the product's load generator; run again into the same --out it keeps the rows there and measures only the
-cells without one; with nothing left it starts nothing; --deadline-s stops before a cell, keeping what it has."""
+"""benchmarks/simulator/vllm_truth.py against a running server (`--url`, here one simulator replica over loopback): a
+row per cell with the product's load generator; run again into the same --out it keeps the rows there and measures only
+the cells without one; with nothing left it starts nothing; --deadline-s stops before a cell, keeping what it has."""
 from __future__ import annotations
 
 import csv
@@ -15,7 +15,7 @@ import yaml
 
 from epdbench.tasks.sim import target as sim_target
 
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "vllm_truth.py"
+SCRIPT = Path(__file__).parents[1] / "benchmarks" / "simulator" / "vllm_truth.py"
 pytestmark = pytest.mark.timeout(300)
 
 

@@ -1,6 +1,6 @@
-"""benchmarks/vllm_truth.py on a real vLLM engine (the CPU build serving cpu-tiny's tiny model, 512-token prompts:
-four of its 128-token KV blocks each): the product's load generator and `vllm bench serve` measure every cell on the
-same engine and the engine's own cache counters show that both found its prefix cache cold; a `vllm bench serve`
+"""benchmarks/simulator/vllm_truth.py on a real vLLM engine (the CPU build serving cpu-tiny's tiny model, 512-token
+prompts: four of its 128-token KV blocks each): the product's load generator and `vllm bench serve` measure every cell
+on the same engine and the engine's own cache counters show that both found its prefix cache cold; a `vllm bench serve`
 cell run as the script once ran it (one seed for every run, so the same prompts again) is served from that cache,
 and its row says so and is left out of what the simulator is held to."""
 from __future__ import annotations
@@ -26,7 +26,7 @@ from epdbench.tasks.local.target import model_to_serve
 from tests.benchmark_scripts import load_benchmark
 from tests.test_e2e_local import engine_python
 
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "vllm_truth.py"
+SCRIPT = Path(__file__).parents[1] / "benchmarks" / "simulator" / "vllm_truth.py"
 pytestmark = [pytest.mark.realengine, pytest.mark.timeout(900)]
 
 
@@ -37,7 +37,7 @@ def free_port() -> int:
 
 
 def script():
-    return load_benchmark("vllm_truth")
+    return load_benchmark("simulator/vllm_truth")
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
-"""benchmarks/vtime_speed.py: the figures it prints carry their noise, and its A/B verdict counts a difference only
-when every process of one version was faster than every process of the other."""
+"""benchmarks/simulator/vtime_speed.py: the figures it prints carry their noise, and its A/B verdict counts a difference
+only when every process of one version was faster than every process of the other."""
 import math
 
 import pytest
@@ -9,7 +9,7 @@ from tests.benchmark_scripts import load_benchmark
 
 @pytest.fixture(scope="module")
 def bench():
-    return load_benchmark("vtime_speed")
+    return load_benchmark("simulator/vtime_speed")
 
 
 def test_a_version_is_faster_only_when_all_its_processes_beat_all_of_the_others(bench):

@@ -7,7 +7,7 @@ the same prompt length (analysis.engine_steps.lone_engine_cells): exact, and a f
 batched cells (concurrency above 1), whose engine times also depend on how requests share steps, are then the
 check: the virtual-time core serves them with the spec's and with the fitted constants (tasks.sim.engine_times),
 and their engine figures are compared as a calibration's held-out cells are. Also the truth table's reading,
-shared with benchmarks/sim_vs_real.py (load_truth). Imports are deferred, as in commands."""
+shared with benchmarks/simulator/sim_vs_real.py (load_truth). Imports are deferred, as in commands."""
 from __future__ import annotations
 
 from epdbench.cli.common import CliError

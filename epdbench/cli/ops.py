@@ -1,4 +1,4 @@
-"""`calibrate --ops CSV`: a profile carrying operator timings measured on your GPU (benchmarks/gpu_ops.py), from
+"""`calibrate --ops CSV`: a profile carrying operator timings measured on your GPU (benchmarks/gpu/gpu_ops.py), from
 which the simulator derives its measured operator laws (physics.oplaws) wherever the profile is applied. Imports
 are deferred, as in commands."""
 from __future__ import annotations
@@ -18,7 +18,7 @@ def _checked_laws(rows, path: str, spec) -> list[str]:
     if not whole:
         lacking = "".join(f"; {m} lacks {', '.join(sorted(set(TEXT_LAWS) - have))}" for m, have in laws.items())
         raise CliError(f"--ops {path}: no model has rows of every law ({', '.join(TEXT_LAWS)}){lacking}; run "
-                       "benchmarks/gpu_ops.py whole (or with --quick)")
+                       "benchmarks/gpu/gpu_ops.py whole (or with --quick)")
     if spec is not None and spec.model.name not in whole:
         raise CliError(f"--spec: its model {spec.model.name} is not measured whole in {path} (it has "
                        f"{', '.join(whole)}); give a spec of one of those, or leave --spec out")
@@ -30,10 +30,10 @@ def _checked_laws(rows, path: str, spec) -> list[str]:
             tables = build_tables(rows, model, Peaks(1e15, 1e12))
         except (ValueError, ZeroDivisionError, ArithmeticError) as e:
             raise CliError(f"--ops {path}: the rows of {model.name} give no law ({e.__class__.__name__}: {e}); "
-                           "check their flops, bytes and time_ms against benchmarks/gpu_ops.py's") from None
+                           "check their flops, bytes and time_ms against benchmarks/gpu/gpu_ops.py's") from None
         if tables.missing:
             raise CliError(f"--ops {path}: {model.name} has no {' nor '.join(tables.missing)} at one TP; run "
-                           "benchmarks/gpu_ops.py whole (or with --quick)")
+                           "benchmarks/gpu/gpu_ops.py whole (or with --quick)")
     return whole
 
 

@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--from", dest="source", default=None,
                      help="the run's results folder, or its summary.csv or records.parquet, or a published table")
     cal.add_argument("--ops", default=None, metavar="CSV",
-                     help="a CSV of benchmarks/gpu_ops.py run on your GPU: the profile carries its operator laws "
+                     help="a CSV of benchmarks/gpu/gpu_ops.py run on your GPU: the profile carries its operator laws "
                           "instead of fitting a run")
     cal.add_argument("--engine-steps", default=None, metavar="CSV",
                      help="a truth table of a real engine's figures (benchmarks/data/README.md): fit the engine "

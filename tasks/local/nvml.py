@@ -20,7 +20,7 @@ from typing import Iterable
 from epdbench.analysis.gpu_telemetry import Sample, cell_telemetry, measured_window, samples_csv
 from epdbench.tasks.rundir.results import append_text
 
-INTERVAL_S = 0.2           # five readings a second, as benchmarks/vllm_truth.py samples nvidia-smi
+INTERVAL_S = 0.2           # five readings a second, as benchmarks/simulator/vllm_truth.py samples nvidia-smi
 FLUSH_S = 5.0              # how often the samples read since the last write are appended to the CSV
 KEEP = 200_000             # samples kept in memory (about 5.5 hours of one GPU at 0.2 s)
 SOURCE = "nvml"

@@ -6,8 +6,8 @@ in MLflow is left alone, one no longer in the folder is deleted.
 
 A cell's spans go to the store in one batch (MLflow's `log_spans`, which also derives the traces' token usage),
 then each trace's info in one call: built span by span through MLflow's client API, each span's end was a write
-of its own (77 against 29 ms a trace of four spans on a SQLite store: benchmarks/trace_publish.py). A store that
-cannot take spans (MLflow's file store, a server before 3.4) gets them span by span as before."""
+of its own (77 against 29 ms a trace of four spans on a SQLite store: benchmarks/pipeline/trace_publish.py). A store
+that cannot take spans (MLflow's file store, a server before 3.4) gets them span by span as before."""
 from __future__ import annotations
 
 import base64

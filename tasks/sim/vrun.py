@@ -4,7 +4,7 @@ loop, first-wave spread, bursts, open-loop arrivals, warm-up then measured, mixe
 results folder's record format and summarised by analysis.metrics — so its figures mean what a run's do.
 
 No HTTP, no sleeping, no host clock: deterministic for the spec's seed, and as fast as the host can step the
-engines. The HTTP simulator and this share the engine, cost model and caches (benchmarks/vtime_agreement.py
+engines. The HTTP simulator and this share the engine, cost model and caches (benchmarks/simulator/vtime_agreement.py
 measures how far they agree).
 
 With a span sink, the traced requests (spec.tracing, as a run samples them) get the client span a run's load

@@ -1,6 +1,6 @@
 """The Mooncake parsers on the real transfer engine's lines on a GPU host (benchmarks/data/h200-2026-12-07/
-mooncake-gpu-tcp/, `benchmarks/mooncake_gpu_tcp.py`: mooncake-transfer-engine-cuda13 0.3.14, two engines moving
-CUDA memory over TCP on one H200, both engines' glog lines in one stream): TCP forced (MC_FORCE_TCP=1, as the
+mooncake-gpu-tcp/, `benchmarks/transport/mooncake_gpu_tcp.py`: mooncake-transfer-engine-cuda13 0.3.14, two engines
+moving CUDA memory over TCP on one H200, both engines' glog lines in one stream): TCP forced (MC_FORCE_TCP=1, as the
 local target starts its Mooncake pair) and chosen by the engine itself on a host without HCAs. Real TCP lines are
 `verified` when TCP is expected and a `mismatch` when RDMA is; the metric windows are read as the engine printed
 them. The vLLM connector's own lines (its sends, `KV Transfer metrics`) wait for a PD pair on a GPU."""

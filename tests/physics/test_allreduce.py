@@ -1,4 +1,4 @@
-"""physics/allreduce.py: the all-reduce law fitted to benchmarks/gpu_allreduce.py's rows reproduces them, holds the
+"""physics/allreduce.py: the all-reduce law fitted to benchmarks/gpu/gpu_allreduce.py's rows reproduces them, holds the
 latency floor below them and the link's bandwidth above, is scaled by NVLink, and falls back to NCCL's constants
 for a TP the measurement lacks, under the roofline laws, and without a measurement."""
 from __future__ import annotations
@@ -163,7 +163,7 @@ def test_tp_one_and_no_bytes_cost_nothing(pd_text):
 
 
 def test_the_comparison_script_sets_nccls_constants_beside_the_rows_and_the_left_out_error(tmp_path, capsys):
-    bench = load_benchmark("allreduce_vs_model")
+    bench = load_benchmark("simulator/allreduce_vs_model")
     path = tmp_path / "rows.csv"
     path.write_text(as_csv(allreduce_rows() + allreduce_rows(impl="nccl 2.27.7 eager", scale=3.0)))
     cases = bench.comparisons(parse_ops_csv(path.read_text()))

@@ -1,5 +1,5 @@
-"""physics/gpu_ops.py: the shapes benchmarks/gpu_ops.py times agree with the presets, and its CSV reads back strictly
-(a bad cell: one line naming the row, the column and the fix)."""
+"""physics/gpu_ops.py: the shapes benchmarks/gpu/gpu_ops.py times agree with the presets, and its CSV reads back
+strictly (a bad cell: one line naming the row, the column and the fix)."""
 from __future__ import annotations
 
 import csv
@@ -115,7 +115,7 @@ def test_a_valid_csv_reads_back_typed():
 def test_the_checked_in_h200_csvs_are_valid_and_cover_every_op_and_model():
     for path in (SOURCE_CSV, DATA / "gpu_ops_h200_repeat.csv"):
         rows = read_ops_csv(path)
-        assert {r.op for r in rows} == set(OPS) - {"allreduce"}      # one GPU: benchmarks/gpu_ops.py's ops
+        assert {r.op for r in rows} == set(OPS) - {"allreduce"}      # one GPU: benchmarks/gpu/gpu_ops.py's ops
         assert {r.model for r in rows if r.model} == set(LM_MODELS) | set(VISION_MODELS)
         assert {r.gpu for r in rows} == {"NVIDIA H200"}
 

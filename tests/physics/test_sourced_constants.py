@@ -1,5 +1,5 @@
-"""The RDMA defaults are what their source gives: the fit of benchmarks/mooncake_rdma_published.py to the transfer
-times Mooncake published (a default edited by hand, or the table, would part from it)."""
+"""The RDMA defaults are what their source gives: the fit of benchmarks/transport/mooncake_rdma_published.py to the
+transfer times Mooncake published (a default edited by hand, or the table, would part from it)."""
 
 import pytest
 
@@ -9,7 +9,7 @@ from tests.benchmark_scripts import load_benchmark
 
 
 def published_fit() -> dict:
-    module = load_benchmark("mooncake_rdma_published")
+    module = load_benchmark("transport/mooncake_rdma_published")
     return module.fit(module.TABLE)
 
 

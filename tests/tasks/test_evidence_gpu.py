@@ -1,5 +1,5 @@
 """tasks/evidence.py on real engines on a GPU (benchmarks/data/h100-2026-12-0{6,7}/lane-*: vLLM 0.26.0, NIXL 1.5.1 for
-CUDA 13, Qwen2.5-VL-7B's real shapes on one H100, kept from `benchmarks/gpu_local_lane.py`): the KV verdict from the
+CUDA 13, Qwen2.5-VL-7B's real shapes on one H100, kept from `benchmarks/gpu/gpu_local_lane.py`): the KV verdict from the
 engines' UCX lanes and the decode's /metrics, the stages from their request lines, and EPD's encoder outputs through
 ECExampleConnector's folder, read again from the kept logs as the lane read them live."""
 import gzip
