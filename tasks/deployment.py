@@ -70,13 +70,30 @@ def probe_until_served(url: str, body: dict, headers: dict, deadline: float, int
     raise ProvisionError(f"router did not serve a probe request at {url} in time: {last}")
 
 
+TAIL_LINES = 3          # a process that died: its last log lines, in the one-line error
+TAIL_BYTES = 65536      # read from the end of its log: an engine's log grows to megabytes
+
+
+def log_tail(path: Path, n: int = TAIL_LINES) -> str:
+    """The last `n` non-empty lines of a log, joined by ' | ', each cut to 300 characters."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, 2) - TAIL_BYTES))
+            text = fh.read().decode(errors="replace")
+    except OSError:
+        text = ""
+    lines = [x for x in text.strip().splitlines() if x.strip()]
+    return " | ".join(x.strip()[:300] for x in lines[-n:]) or "(empty log)"
+
+
 def exited(processes: list[Process]) -> list[str]:
-    """Local processes that are no longer running, each with its exit code or signal."""
+    """Local processes that are no longer running, each with its exit code or signal and its log's last lines."""
     out = []
     for p in processes:
         code = p.popen.poll() if p.popen is not None else None
         if code is None:
             continue
         how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-        out.append(f"{p.name} (pid {p.popen.pid}) {how}, found at {time.strftime('%H:%M:%S')}")
+        out.append(f"{p.name} (pid {p.popen.pid}) {how}, found at {time.strftime('%H:%M:%S')} "
+                   f"(last lines of its log: {log_tail(p.log_path)})")
     return out

@@ -18,16 +18,14 @@ from collections import deque
 from pathlib import Path
 
 from epdbench.tasks.proc import lifeline
-from epdbench.tasks.deployment import Deployment, Process, ProvisionError, exited, probe_until_served
+from epdbench.tasks.deployment import Deployment, Process, ProvisionError, exited, log_tail, probe_until_served
 
 _LIVE: set[subprocess.Popen] = set()
-TAIL_LINES = 3          # an engine that dies at start: its last log lines, in the one-line error
 
 
 def stop_all() -> None:
     """Stop every process this module started and is still running (safety net)."""
-    for p in list(_LIVE):
-        stop_process(p, grace_s=2)
+    stop_processes(list(_LIVE), grace_s=2)
 
 
 atexit.register(stop_all)
@@ -152,26 +150,35 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 
 def stop_process(p: subprocess.Popen, grace_s: float = 5.0) -> None:
-    """SIGTERM the process group, SIGKILL it after `grace_s`; return once the whole group is gone. The group, not
-    only its leader: a vLLM engine's API server leads its engine core, workers and resource tracker, which outlive
-    it when it dies first (killed, or crashed) and hold their memory (a GPU's) until someone ends them. The group
-    keeps its id while any of them lives, so no other process can have taken it meanwhile."""
+    """SIGTERM the process group, SIGKILL it after `grace_s`; return once the whole group is gone (stop_processes)."""
+    stop_processes([p], grace_s)
+
+
+def stop_processes(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
+    """SIGTERM each process's group, all at once, SIGKILL what remains of them after `grace_s`; return once every
+    group is gone. The group, not only its leader: a vLLM engine's API server leads its engine core, workers and
+    resource tracker, which outlive it when it dies first (killed, or crashed) and hold their memory (a GPU's) until
+    someone ends them. A group keeps its id while any of them lives, so no other process can have taken it
+    meanwhile. All at once: n engines stop within one grace, not n."""
+    def running(p: subprocess.Popen) -> bool:
+        return p.poll() is None or bool(group_members(p.pid))
+
     deadline = time.monotonic() + grace_s
-    if p.poll() is None or group_members(p.pid):
-        _signal_group(p.pid, signal.SIGTERM)
-    try:
-        p.wait(timeout=max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        pass
-    while group_members(p.pid) and time.monotonic() < deadline:
+    for p in procs:
+        if running(p):
+            _signal_group(p.pid, signal.SIGTERM)
+    left = [p for p in procs if running(p)]
+    while left and time.monotonic() < deadline:
         time.sleep(0.05)
-    if p.poll() is None or group_members(p.pid):
+        left = [p for p in left if running(p)]
+    for p in left:
         _signal_group(p.pid, signal.SIGKILL)
-        p.wait(timeout=5)
-        settle = time.monotonic() + 5
-        while group_members(p.pid) and time.monotonic() < settle:
-            time.sleep(0.05)
-    _LIVE.discard(p)
+    settle = time.monotonic() + 5
+    while left and time.monotonic() < settle:
+        time.sleep(0.05)
+        left = [p for p in left if running(p)]
+    for p in procs:
+        _LIVE.discard(p)
 
 
 def _healthy(url: str) -> bool:
@@ -180,11 +187,6 @@ def _healthy(url: str) -> bool:
             return r.status == 200
     except (urllib.error.URLError, ConnectionError, OSError):
         return False
-
-
-def log_tail(path: Path, n: int = TAIL_LINES) -> str:
-    lines = [x for x in path.read_text(errors="replace").strip().splitlines() if x.strip()] if path.exists() else []
-    return " | ".join(x.strip()[:300] for x in lines[-n:]) or "(empty log)"
 
 
 def port_taken(host: str, port: int) -> bool:
@@ -246,11 +248,10 @@ def serve_through_router(dep: Deployment, cmd: list[str], env: dict, url: str, m
 
 
 def stop_deployment(dep: Deployment, grace_s: float = 5.0) -> None:
-    """Stop the router first, then the engines; never raises."""
-    for p in sorted(dep.processes, key=lambda p: p.role != "router"):
-        if p.popen is None:
-            continue
+    """Stop the router first, then every engine at once (each with its own processes); never raises."""
+    for routers in (True, False):
         try:
-            stop_process(p.popen, grace_s)
+            stop_processes([p.popen for p in dep.processes if p.popen is not None and (p.role == "router") == routers],
+                           grace_s)
         except Exception:  # noqa: BLE001 - teardown must reach every process
             pass

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from epdbench.tasks.proc.processes import group_members, stop_process
+from epdbench.tasks.proc.processes import group_members, stop_process, stop_processes
 from epdbench.tasks.rundir.runstate import process_start_time
 
 # A leader that starts a child of its own group (as vLLM's API server starts its engine core), writes the child's
@@ -48,21 +48,36 @@ def test_a_live_leader_and_its_group_are_ended(tmp_path):
     assert process_start_time(child) is None and group_members(leader.pid) == []
 
 
-def test_a_member_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
-    pid_file = tmp_path / "child.pid"
-    stubborn = ("import signal, subprocess, sys, time\n"
-                "c = subprocess.Popen([sys.executable, '-c', 'import signal, sys, time; "
-                "signal.signal(signal.SIGTERM, signal.SIG_IGN); open(sys.argv[1], \"w\").write(\"ready\"); "
-                "time.sleep(300)', sys.argv[1] + '.ready'])\n"
-                "open(sys.argv[1], 'w').write(str(c.pid))\n"
-                "time.sleep(300)\n")
-    leader = subprocess.Popen([sys.executable, "-c", stubborn, str(pid_file)], start_new_session=True)
+STUBBORN = ("import signal, subprocess, sys, time\n"
+            "c = subprocess.Popen([sys.executable, '-c', 'import signal, sys, time; "
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN); open(sys.argv[1], \"w\").write(\"ready\"); "
+            "time.sleep(300)', sys.argv[1] + '.ready'])\n"
+            "open(sys.argv[1], 'w').write(str(c.pid))\n"
+            "time.sleep(300)\n")
+
+
+def start_stubborn(pid_file: Path) -> tuple[subprocess.Popen, int]:
+    """A leader whose child ignores SIGTERM (as an engine core stuck in a kernel call outlasts its SIGTERM)."""
+    leader = subprocess.Popen([sys.executable, "-c", STUBBORN, str(pid_file)], start_new_session=True)
     deadline = time.monotonic() + 30
     while not (Path(str(pid_file) + ".ready").exists() and pid_file.exists()) and time.monotonic() < deadline:
         time.sleep(0.05)
-    child = int(pid_file.read_text())
+    return leader, int(pid_file.read_text())
+
+
+def test_a_member_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
+    leader, child = start_stubborn(tmp_path / "child.pid")
     t0 = time.monotonic()
     stop_process(leader, grace_s=1)
     took = time.monotonic() - t0
     assert process_start_time(child) is None and group_members(leader.pid) == []
     assert 1 <= took < 8
+
+
+def test_groups_stopped_together_take_one_grace_not_one_each(tmp_path):
+    started = [start_stubborn(tmp_path / f"child-{i}.pid") for i in range(3)]
+    t0 = time.monotonic()
+    stop_processes([leader for leader, _ in started], grace_s=2)
+    took = time.monotonic() - t0
+    assert all(process_start_time(child) is None and group_members(leader.pid) == [] for leader, child in started)
+    assert 2 <= took < 6          # one after another: 6 s at least
