@@ -41,6 +41,7 @@ NIXL_ERRORS = [re.compile(r"(?:getXferStatus|postXferReq|createXferReq|makeXferR
 NIXL_FAILURE = re.compile(r"NIXL transfer failure: ([a-z_]+)(?:\. .*?)? \| Context: \{.*\}")
 NIXL_FAILURE_OLD = re.compile(r"NIXL (?:transfer failed|transfer exception|send_notif failed|transfer setup/initiation "
                               r"failed) for request .*")
+NIXL_FAILED_REQUEST = re.compile(r"'request_id': '([^']+)'|for request (\S+)")   # None: a handshake's own line
 NIXL_INIT = re.compile(r"Initializing NIXL (?:wrapper|worker.*)")
 EC_READ_DONE = re.compile(r"EC (?:consumer|producer): NIXL READ completed mm_hash=\S+(?: key=\S+)?")
 EC_FAILURES = re.compile(r"EC (?:consumer: (?:failed to start NIXL xfer|NIXL xfer failed)|Connector: READ for "
@@ -80,7 +81,8 @@ def new_worker() -> dict:
 def new_pod() -> dict:
     return {"connector": "nixl", "observed": None, "workers": {}, "ucx_version": None, "requested": None,
             "unavailable": [], "backends": [], "emulated": False, "successful_transfers": 0, "failed_transfers": 0,
-            "expired_requests": 0, "bytes": 0.0, "transfer_mb_s": [], "transfer_failures": [], "nixl_errors": [],
+            "expired_requests": 0, "bytes": 0.0, "transfer_mb_s": [], "transfer_failures": [], "kv_lost_requests": [],
+            "nixl_errors": [],
             "ec_reads": 0, "ec_failures": 0, "nixl_init": 0, "lines": 0,
             # the keys the Mooncake verdict and report read, so one view shows both connectors
             "throughput_mb_s": [], "rdma_devices": [], "hcas": None, "force_tcp": False, "ready_acks_received": 0}
@@ -155,8 +157,10 @@ def _scan_vllm(pod: dict, line: LogLine) -> None:
         pod["emulated"] |= line.emulated
     elif m := NIXL_FAILURE.fullmatch(msg):
         pod["transfer_failures"].append(m.group(1))
+        _lost_request(pod, msg)
     elif NIXL_FAILURE_OLD.fullmatch(msg):
         pod["transfer_failures"].append("transfer_failed")
+        _lost_request(pod, msg)
     elif NIXL_INIT.fullmatch(msg):
         pod["nixl_init"] += 1
         pod["emulated"] |= line.emulated
@@ -165,6 +169,18 @@ def _scan_vllm(pod: dict, line: LogLine) -> None:
         pod["emulated"] |= line.emulated
     elif EC_FAILURES.fullmatch(msg):
         pod["ec_failures"] += 1
+
+
+def _lost_request(pod: dict, msg: str) -> None:
+    """The request a `NIXL transfer failure` line names (vLLM's id of it: `cmpl-<client id>-…`), once."""
+    if (m := NIXL_FAILED_REQUEST.search(msg)) and (rid := m.group(1) or m.group(2)) not in pod["kv_lost_requests"]:
+        pod["kv_lost_requests"].append(rid)
+
+
+def _failure_kinds(pod: dict) -> str:
+    """`handshake_failed ×2, handshake_setup_failed ×2`: NIXL's failure lines by kind."""
+    kinds = sorted(set(pod["transfer_failures"]), key=lambda k: (-pod["transfer_failures"].count(k), k))
+    return ", ".join(f"{k} ×{pod['transfer_failures'].count(k)}" for k in kinds)
 
 
 def has_nixl_evidence(pod: dict) -> bool:
@@ -264,7 +280,11 @@ def verify_nixl(expected: str, pods: dict[str, dict], roles: dict[str, str] | No
                                    ("nixl_errors", len(p["nixl_errors"]))) if v}
         if fails:
             mismatch = True
+            lost = p["kv_lost_requests"]
             reasons.append(f"{name}: transfers failed ({', '.join(f'{k}={v}' for k, v in fails.items())})"
+                           + (f"; NIXL's lines: {_failure_kinds(p)}" if p["transfer_failures"] else "")
+                           + (f"; KV never arrived for {len(lost)} request(s) ({', '.join(lost[:3])}"
+                              f"{', …' if len(lost) > 3 else ''})" if lost else "")
                            + (f"; first: {p['nixl_errors'][0]}" if p["nixl_errors"] else ""))
     readers = {n for n, r in (roles or {}).items() if r in set(movers) and n in pods}
     gaps = [f"{n}: UCX set up {pods[n]['observed'] or 'no'} lanes but no {label} transfer succeeded"

@@ -1,4 +1,6 @@
 """analysis.ucx: which transport NIXL's UCX chose, per pod, worker and lane, from the real line formats."""
+from pathlib import Path
+
 import pytest
 
 from epdbench.analysis.logformats import parse_line
@@ -7,6 +9,7 @@ from epdbench.analysis.ucx import lane_class, nixl_of_pod, parse_lanes, verify_n
 from epdbench.sim.logfmt import ucx_line
 from epdbench.sim.metrics import TransferWindow, nixl_stats_line
 
+DATA = Path(__file__).parents[1] / "data" / "logs" / "nixl"
 EP = "[1765333150.098983] [host-1:{pid}:{thr}]      ucp_worker.c:1912 UCX  INFO    ucp_context_0 {scope} cfg#2 {groups}"
 RDMA = "rma(rc_mlx5/mlx5_0:1)  amo(rc_mlx5/mlx5_0:1)  am(rc_mlx5/mlx5_0:1)  ka(rc_mlx5/mlx5_0:1)"
 TCP = "rma_am(tcp/eth1)  amo_am(tcp/eth1)  am(tcp/eth1 tcp/eth6)  ka(tcp/eth1)"
@@ -159,3 +162,18 @@ def test_endpoints_sharing_a_lane_set_make_one_reason_with_their_count():
         "expected rdma; 10 endpoints (decode-0: 6, prefill-0: 4): lanes rma_am(tcp/eth1), amo_am(tcp/eth1), "
         "am(tcp/eth1), am(tcp/eth6), ka(tcp/eth1) on TCP",
         "expected rdma; prefill-0 thread 703 inter-node cfg#2: lane am(tcp/eth7) on TCP"]
+
+
+def test_a_failed_handshake_names_the_requests_whose_kv_never_arrived():
+    """vLLM 0.32's own lines (CPU build, a side channel no one listened on): the lanes were tcp and transfers had
+    succeeded, yet the verdict is a mismatch that counts NIXL's failure lines by kind and names the request."""
+    lines = (DATA / "cpu-handshake-failed-decode.log").read_text().splitlines()
+    pod = nixl_of_pod(lines)
+    assert pod["observed"] == "tcp" and pod["successful_transfers"] >= 1
+    assert sorted(pod["transfer_failures"]) == ["handshake_failed"] * 2 + ["handshake_setup_failed"] * 2
+    lost = ["cmpl-epd-7-204832-m1-49da4e-0-bf5af7b3", "cmpl-epd-7-204832-m4-9f0648-0-b9ee56aa"]
+    assert pod["kv_lost_requests"] == lost                   # the handshake's own line names no request
+    out = verify_nixl("tcp", {"decode-0": pod}, roles={"decode-0": "decode"})
+    assert out["verdict"] == "mismatch" and out["failed_transfers"] == 6     # 2 in vLLM's metrics, 4 NIXL lines
+    assert (f"decode-0: transfers failed (failed_transfers=2, transfer_failures=4); NIXL's lines: "
+            f"handshake_failed ×2, handshake_setup_failed ×2; KV never arrived for 2 request(s) ({', '.join(lost)})" in out["reasons"])
