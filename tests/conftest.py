@@ -1,5 +1,6 @@
 import os
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,33 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
 
 DATA = Path(__file__).parent / "data"
+
+
+def pytest_sessionfinish(session):
+    """End Prefect's background work of this session while pytest's streams are still open, as Prefect's own test
+    harness does: send the events and logs still queued, then stop the temporary API server a flow run started in
+    this process. Left to their exit hooks, the server stops first (the events client then fails to reconnect) and
+    both log through Prefect's console handler, which holds the stream pytest captured when Prefect set up its
+    logging, closed by then: a "--- Logging error --- … I/O operation on closed file" after a green run. The
+    server's own line ("Stopping temporary server") tells a test run nothing: kept below WARNING."""
+    import logging
+
+    server = sys.modules.get("prefect.server.api.server")
+    if server is None:
+        return
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for worker in (APILogWorker, EventsWorker):
+        worker.drain_all(timeout=10)
+    logger = server.subprocess_server_logger
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        for instance in list(server.SubprocessASGIServer._instances.values()):
+            instance.stop()
+    finally:
+        logger.setLevel(level)
 
 
 @pytest.fixture(scope="session")
