@@ -214,17 +214,8 @@ def cmd_plan(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return EXIT_OK
-    from epdbench.analysis.labels import shape_label
-    width = max([len("load"), *(len(r["load"]) for r in rows)])
-    print(f"{'config':<12} {'suite':<12} {'workload':<22} {'load':<{width}} {'stream':<14} {'warm':>4} {'meas':>5} "
-          f"{'prompts':<16} {'est s':>7}")
-    for r in rows:
-        print(f"{r['config']:<12} {r['suite']:<12} {shape_label(r['workload']):<22} {r['load']:<{width}} "
-              f"{r['stream']:<14} {r['n_warmup']:>4} {r['n_measured']:>5} {r['prompt_set_hash']:<16} "
-              f"{r['est_seconds']:>7.1f}")
-    total = total_seconds(spec, rows)
-    print(f"{len(rows)} cells × {spec.trials} trial(s); estimated {total / 60:.1f} min on the simulator "
-          f"(cost model; real hardware differs)")
+    from epdbench.reports.plan_table import plan_lines
+    print("\n".join(plan_lines(rows, spec.trials, total_seconds(spec, rows))))
     return EXIT_OK
 
 

@@ -71,3 +71,13 @@ def test_rate_cells_are_planned_by_their_rate_and_in_flight_cap(capsys):
     text = capsys.readouterr().out
     assert f"4 req/s (≤{cap} in flight)" in text and f"concurrency {cap}" not in text
     assert "@4/s" not in text             # the rate is said once, in the load column
+
+
+def test_the_plan_says_what_its_columns_mean(capsys):
+    assert main(["plan", "--spec", "smoke", "--configs", "pd-tcp"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = lines[0].split()
+    legend = lines[lines.index("columns:") + 1:-1]
+    explained = {line.split("  ")[1].strip() for line in legend}
+    assert {"stream", "warm", "meas", "prompts", "est s"} <= explained and {"stream", "warm", "meas"} < set(header)
+    assert lines[-1].startswith(f"{len(lines) - 3 - len(legend)} cells × ")   # header, rows, "columns:", legend
