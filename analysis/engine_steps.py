@@ -21,14 +21,18 @@ import pandas as pd
 
 from epdbench.analysis.metrics import CELL_KEYS
 from epdbench.otlp import ROLE_ATTR
-from epdbench.physics.costmodel import CostModel, image_tokens
+from epdbench.physics.costmodel import (TOKENIZER_BATCH_WAIT_S, CostModel, image_preprocess_seconds, image_tokens,
+                                        output_seconds, tokenize_seconds)
 from epdbench.physics.lone import lone_request
 from epdbench.specs.models import ExperimentSpec
 
 ENGINE_MEANS = ("engine_queue_ms_mean", "engine_prefill_ms_mean", "engine_decode_ms_mean", "engine_ttft_ms_mean",
                 "engine_tpot_ms_mean")
-# The figures an engine-step fit compares: prefill time, and decode time per output token after the first.
-ENGINE_FIT_METRICS = ("engine_prefill_ms", "engine_decode_ms_per_token")
+# The figures an engine-step fit compares: prefill time, decode time per output token after the first, and the API
+# server's time between a request's arrival and its engine core queueing it (engine_preprocess_ms: the prompt's
+# rendering, tokenization and multimodal processing — vLLM takes `arrival_time` as rendering starts,
+# vllm/renderers/base.py `render_cmpl`, so its TTFT histogram holds it: TTFT − queue − prefill).
+ENGINE_FIT_METRICS = ("engine_prefill_ms", "engine_decode_ms_per_token", "engine_preprocess_ms")
 MATCH_KEYS = ["config", "suite", "workload", "concurrency", "stream"]    # analysis.fit's
 PREFILL_ROLES = ("aggregated", "prefill")      # the engine a request is queued and prefilled on
 DECODE_ROLES = ("aggregated", "decode")        # the engine that decodes and streams it
@@ -76,13 +80,18 @@ def engine_means(spans: list[dict], records: pd.DataFrame) -> pd.DataFrame:
 
 def engine_figures(frame: pd.DataFrame) -> pd.DataFrame:
     """The compared engine figures of a table with ENGINE_MEANS and `output_tokens` (tokens asked per request):
-    `engine_prefill_ms` (the mean prefill) and `engine_decode_ms_per_token` (the mean decode time over
-    output_tokens − 1, or where that is missing the mean time per output token); NaN where unknown."""
+    `engine_prefill_ms` (the mean prefill), `engine_decode_ms_per_token` (the mean decode time over
+    output_tokens − 1, or where that is missing the mean time per output token) and `engine_preprocess_ms` (the mean
+    TTFT less the mean queue and prefill times; NaN where it comes out negative, which no engine's clocks give);
+    NaN where unknown."""
     out = pd.DataFrame(index=frame.index)
     out["engine_prefill_ms"] = _column(frame, "engine_prefill_ms_mean")
     steps = _column(frame, "output_tokens") - 1
     per_token = _column(frame, "engine_decode_ms_mean") / steps.where(steps > 0)
     out["engine_decode_ms_per_token"] = per_token.fillna(_column(frame, "engine_tpot_ms_mean"))
+    before = (_column(frame, "engine_ttft_ms_mean") - _column(frame, "engine_queue_ms_mean")
+              - out["engine_prefill_ms"])
+    out["engine_preprocess_ms"] = before.where(before >= 0)
     return out
 
 
@@ -96,7 +105,10 @@ def lone_engine_cells(spec: ExperimentSpec, cells: pd.DataFrame) -> pd.DataFrame
     """The cost model's engine figures (ENGINE_FIT_METRICS) for cells served one request at a time: `cells` has
     MATCH_KEYS, `prompt_tokens` (per request, images' and template tokens included), `image_px` (0 or NaN: none)
     and `output_tokens`; each cell's configuration must be aggregated (one engine serves the whole request).
-    Returns MATCH_KEYS and the two figures per cell."""
+    Returns MATCH_KEYS and the figures per cell; the preprocessing is what the simulator's API server does before
+    its engine sees the request (sim.replica): tokenize the text (after the tokenizer's batch wait), then process the
+    image; and the first token's way through the output path, which vLLM's TTFT holds and its prefill time (the
+    engine core's clock) does not."""
     rows = []
     for cell in cells.to_dict("records"):
         config = spec.configuration(cell["config"])
@@ -106,6 +118,11 @@ def lone_engine_cells(spec: ExperimentSpec, cells: pd.DataFrame) -> pd.DataFrame
         times = lone_request(cost, spec.engine, int(round(cell["prompt_tokens"])),
                              [image_tokens(spec.model, px, px)] if px else [], out)
         per_token = times.decode_per_token_s(out)
+        text = int(round(cell["prompt_tokens"])) - (image_tokens(spec.model, px, px) if px else 0)
+        before = (TOKENIZER_BATCH_WAIT_S + tokenize_seconds(spec.hardware, text)
+                  + image_preprocess_seconds(spec.hardware, [(px, px)] if px else [])
+                  + output_seconds(spec.hardware, 1))
         rows.append({**{k: cell[k] for k in MATCH_KEYS}, "engine_prefill_ms": times.prefill_s * 1e3,
-                     "engine_decode_ms_per_token": math.nan if per_token is None else per_token * 1e3})
+                     "engine_decode_ms_per_token": math.nan if per_token is None else per_token * 1e3,
+                     "engine_preprocess_ms": before * 1e3})
     return pd.DataFrame(rows, columns=[*MATCH_KEYS, *ENGINE_FIT_METRICS])

@@ -60,6 +60,8 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "tcp_gb_s": (1e-3, 1e4),
     "image_preprocess_ms_per_mp": (1e-3, 1e4),
     "request_hop_ms": (1e-3, 1e3),
+    "tokenize_us_per_token": (1e-3, 1e3),
+    "request_render_ms": (1e-3, 1e3),
 }
 STEP_RATIO = 1.5      # first trust region and identifiability probe: each constant moved by 50 %,
 WIDE_RATIO = 10.0     # or, if that moved too little, 10-fold (a 0.05 ms latency hides in a 30 ms TTFT) ...

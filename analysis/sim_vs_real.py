@@ -20,7 +20,8 @@ from epdbench.specs.workload import plan_cells
 
 OVERALL = "overall"
 SHORT = {"ttft_p50_ms": "TTFT p50", "ttft_p99_ms": "TTFT p99", "tpot_p50_ms": "TPOT p50", "itl_p99_ms": "ITL p99",
-         "output_tok_s": "out tok/s", "engine_prefill_ms": "eng prefill", "engine_decode_ms_per_token": "eng decode/tok"}
+         "output_tok_s": "out tok/s", "engine_prefill_ms": "eng prefill", "engine_decode_ms_per_token": "eng decode/tok",
+         "engine_preprocess_ms": "eng preproc"}
 PROMPT_TOLERANCE = 0.02    # prompts whose mean length differs more than this are not the same cells
 
 

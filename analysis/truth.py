@@ -41,7 +41,7 @@ COLUMNS = ["gpu", "vllm_version", "model", "tool", "config", "suite", "workload"
 REQUIRED = [*KEYS, "input_tokens", "output_tokens"]
 # What sim_vs_real sets side by side: the client's figures and the engine's.
 COMPARED = ["ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "itl_p99_ms", "output_tok_s", "engine_prefill_ms",
-            "engine_decode_ms_per_token"]
+            "engine_decode_ms_per_token", "engine_preprocess_ms"]
 # A fixed shape's label, or a multimodal suite cell's, which its name leads (`reuse:1792px+400/64`)
 _WORKLOAD = re.compile(r"(?:[a-z0-9][a-z0-9-]*:)?(?:(\d+)px\+)?(\d+)/(\d+)")
 

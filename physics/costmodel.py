@@ -133,11 +133,17 @@ def image_preprocess_seconds(hw: HardwareSpec, sizes: Iterable[tuple[int, int]],
     return (full + hits) / 1e3
 
 
-def tokenize_seconds(hw: HardwareSpec, text_tokens: int) -> float:
-    """API-server CPU time to tokenize a prompt of `text_tokens` text tokens (image placeholders are expanded by
-    the multimodal processor, not the BPE): hardware.tokenize_us_per_token each, from
-    benchmarks/serving/tokenize_cost.py."""
-    return hw.tokenize_us_per_token * max(0, text_tokens) / 1e6
+# vLLM's API server tokenizes through AsyncMicrobatchTokenizer(batch_wait_timeout_s=0.002), vllm/utils/async_utils.py:
+# a prompt waits this long for others to batch with before its batch is tokenized (sim.apiserver)
+TOKENIZER_BATCH_WAIT_S = 0.002
+
+
+def tokenize_seconds(hw: HardwareSpec, text_tokens: int, prompts: int = 1) -> float:
+    """API-server CPU time to tokenize `prompts` prompts of `text_tokens` text tokens in all (image placeholders are
+    expanded by the multimodal processor, not the BPE): hardware.tokenize_us_per_token each, from
+    benchmarks/serving/tokenize_cost.py, and hardware.request_render_ms per prompt (0 unless fitted)."""
+    return (hw.tokenize_us_per_token * max(0, text_tokens) / 1e6
+            + hw.request_render_ms * max(0, prompts) / 1e3)
 
 
 def output_seconds(hw: HardwareSpec, tokens: int) -> float:

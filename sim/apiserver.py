@@ -14,9 +14,9 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-from epdbench.physics.costmodel import tokenize_seconds
+from epdbench.physics.costmodel import TOKENIZER_BATCH_WAIT_S, tokenize_seconds
 
-BATCH_WAIT_S = 0.002    # AsyncMicrobatchTokenizer(batch_wait_timeout_s=0.002), vllm/utils/async_utils.py
+BATCH_WAIT_S = TOKENIZER_BATCH_WAIT_S    # AsyncMicrobatchTokenizer(batch_wait_timeout_s=0.002)
 MAX_BATCH = 32          # AsyncMicrobatchTokenizer(max_batch_size=32)
 
 
@@ -72,7 +72,8 @@ class ApiServer:
         self.collecting = False
         self.current = [self.queue.popleft() for _ in range(min(MAX_BATCH, len(self.queue)))]
         r = self.replica
-        seconds = tokenize_seconds(r.spec.hardware, sum(n for n, _ in self.current)) * r.time_scale
+        seconds = tokenize_seconds(r.spec.hardware, sum(n for n, _ in self.current),
+                                   len(self.current)) * r.time_scale
         loop = asyncio.get_running_loop()
         self.timer = loop.call_at(loop.time() + max(0.0, seconds), self._tokenized)
 

@@ -260,6 +260,14 @@ class HardwareSpec(Strict):
                                                      "Hugging Face tokenizers' byte-level BPE, as vLLM runs it "
                                                      "for Qwen2/Qwen2.5. Measured with "
                                                      "benchmarks/serving/tokenize_cost.py.")
+    request_render_ms: float = Field(0.0, ge=0, title="Request rendering per prompt (ms)",
+                                     description="API-server CPU time per prompt besides its text tokens' BPE, in "
+                                                 "the same serial tokenizer batch: the chat template, the request's "
+                                                 "set-up and its hand-off to the engine core. 0 (not modelled) until "
+                                                 "fitted: `calibrate --engine-steps` fits it, with "
+                                                 "tokenize_us_per_token and image_preprocess_ms_per_mp, to an "
+                                                 "engine's own TTFT less its queue and prefill times "
+                                                 "(analysis.engine_steps).")
     output_us_per_token: float = Field(OUTPUT_US_PER_TOKEN, ge=0, title="Output path per generated token (µs)",
                                        description="API-server CPU time per generated token on its way to the "
                                                    "client, on the replica that streams it: vLLM's output "

@@ -29,11 +29,14 @@ HOLDOUT_VERDICTS = ("better", "worse", "no clear difference", "too few cells")  
 FREE_CONSTANTS = ("compute_efficiency", "hbm_efficiency", "measured_compute_factor", "measured_hbm_factor",
                   "step_overhead_ms", "allreduce_latency_us", "tcp_gb_s", "tcp_latency_ms", "rdma_efficiency",
                   "rdma_latency_ms", "image_preprocess_ms_per_mp", "request_hop_ms")
-# The free constants that act inside an engine, on its steps and vision passes: what `calibrate --engine-steps` fits
-# to the engines' own step timings. The vision tower's speed is among them alone: a client's TTFT cannot tell it
-# from the API server's image preprocessing and the hops, an engine's prefill time can.
+# The free constants that act inside an engine, on its steps and vision passes, and in its API server before the
+# engine core queues a request: what `calibrate --engine-steps` fits to the engines' own timings (vLLM's request
+# histograms: analysis.engine_steps). The vision tower's speed is among them alone: a client's TTFT cannot tell it
+# from the API server's image preprocessing and the hops, an engine's prefill time can; and its TTFT less queue and
+# prefill is the API server's tokenization and image processing alone, without the client's network.
 ENGINE_CONSTANTS = ("compute_efficiency", "hbm_efficiency", "measured_compute_factor", "measured_hbm_factor",
-                    "measured_vision_factor", "step_overhead_ms", "allreduce_latency_us")
+                    "measured_vision_factor", "step_overhead_ms", "allreduce_latency_us", "tokenize_us_per_token",
+                    "request_render_ms", "image_preprocess_ms_per_mp")
 # What a profile may set: every free constant of either fit.
 PROFILE_CONSTANTS = FREE_CONSTANTS + tuple(n for n in ENGINE_CONSTANTS if n not in FREE_CONSTANTS)
 

@@ -30,12 +30,13 @@ def test_the_fit_finds_the_engines_constants_and_the_batched_cells_confirm_them(
     assert (profile["fitted_figures"], profile["spec"], profile["gpu"]) == ("engine", "vllm-truth", "H100-SXM5-80GB")
     assert max(profile["fit_error"].values()) < 1e-3 and max(profile["holdout_error"].values()) < 1e-3
     assert min(profile["holdout_spec_error"].values()) > 0.05           # the preset's constants were off
-    assert profile["holdout_verdict"] == {"engine_prefill_ms": "better", "engine_decode_ms_per_token": "better"}
+    assert profile["holdout_verdict"] == {"engine_prefill_ms": "better", "engine_decode_ms_per_token": "better",
+                                          "engine_preprocess_ms": "better"}
     assert set(profile["holdout_tail"]) == set(profile["holdout_error"])     # the batched cells' p90 and worst
     assert all(t["p90_error"] < 1e-3 and " c=" in t["worst_cell"] for t in profile["holdout_tail"].values())
     assert "6 lone cells (concurrency 1) fitted, 9 batched cells to check" in printed
     assert ("not fitted here, outside the engine: tcp_gb_s, tcp_latency_ms, rdma_efficiency, rdma_latency_ms, "
-            "image_preprocess_ms_per_mp, request_hop_ms") in printed
+            "request_hop_ms") in printed
     assert "no role of the run is tensor-parallel" in printed and "batched (9), fitted" in printed
     assert "engine step timings" in profile_origin(profile)
     assert error_bar(profile).startswith("fitted to engine step timings (its errors are of the engines' prefill")

@@ -242,3 +242,6 @@ def test_tokenizing_a_prompt_costs_its_text_tokens_at_the_measured_rate():
     assert hw.tokenize_us_per_token == TOKENIZE_US_PER_TOKEN
     assert tokenize_seconds(hw, 4096) == pytest.approx(4096 * TOKENIZE_US_PER_TOKEN / 1e6)
     assert tokenize_seconds(hw, 0) == tokenize_seconds(hw, -5) == 0.0
+    # a fitted rendering cost per prompt (calibrate --engine-steps) adds to each prompt of the batch
+    fitted = hw.model_copy(update={"request_render_ms": 3.0})
+    assert tokenize_seconds(fitted, 4096, prompts=4) == pytest.approx(4096 * TOKENIZE_US_PER_TOKEN / 1e6 + 0.012)
