@@ -228,7 +228,8 @@ def capacity_row(variant: Variant, points: list[Point]) -> dict:
         note = f"fails at the lowest rate tried ({ordered[0].rate:g} req/s)"
     blurred = [p.rate for p in ordered if p.uncertain]
     if blurred:
-        note = (note + "; " if note else "") + "within noise at " + ", ".join(f"{r:.3g}" for r in blurred) + " req/s"
+        note = ((note + "; " if note else "") + "too close to the SLO to call at "
+                + ", ".join(f"{r:.3g}" for r in blurred) + " req/s")
     return {"configuration": variant.family, "variant": variant.config.name, "roles": variant.roles,
             "kv_transport": variant.config.kv_transport, "gpus": gpus, "goodput_req_s": best,
             "goodput_req_s_per_gpu": best / gpus if best is not None else None, "fails_at_req_s": fails,
@@ -271,8 +272,8 @@ def best_per_configuration(rows: list[dict]) -> list[dict]:
         rivals = [o["roles"] for o in rows if o["configuration"] == r["configuration"]
                   and o["variant"] != r["variant"] and not surely_beats(r, o)]
         r["variants_within_noise"] = "; ".join(rivals)
-        notes = ([f"tie with {r['tie_with']} within noise"] if ties else []) + \
-            ([f"{len(rivals)} other variant{'s' if len(rivals) > 1 else ''} of it within noise"] if rivals else []) + \
+        notes = ([f"tied with {r['tie_with']} (neither surely better)"] if ties else []) + \
+            ([f"{len(rivals)} other variant{'s' if len(rivals) > 1 else ''} may do as well"] if rivals else []) + \
             ([r["note"]] if r["note"] else [])
         r["note"] = "; ".join(notes)
     return best
@@ -281,6 +282,14 @@ def best_per_configuration(rows: list[dict]) -> list[dict]:
 def slo_suites(spec: ExperimentSpec) -> list[RateSuite]:
     """The spec's open-loop suites with an SLO: what capacity is planned for."""
     return [s for s in spec.suites if isinstance(s, RateSuite) and s.slo is not None]
+
+
+TABLE_LEGEND = ("noise range: from the highest rate surely held to the lowest surely failed; surely: the SLO's "
+                "attainment (and ITL p99) clear of its target beyond the sampling noise of the requests measured "
+                "(95 % interval), where a rate closer than that is too close to call. One configuration beats "
+                "another only when it surely holds a rate per GPU at which the other surely fails; else they are "
+                "tied, and other variants of a configuration that the best does not surely beat may do as well "
+                "(capacity.csv names them).")
 
 
 def table_lines(rows: list[dict]) -> list[str]:

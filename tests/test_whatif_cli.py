@@ -54,6 +54,8 @@ def test_whatif_prints_the_capacity_table_and_writes_tables_and_plots(tiny_spec_
             assert r["holds_surely_req_s"] <= r["goodput_req_s"]
             assert mine[mine["rate"] <= r["holds_surely_req_s"]]["sustained"].all()
     assert "noise range" in text and "tie_with" in best.columns
+    assert "\nnoise range: from the highest rate surely held to the lowest surely failed; surely: " in text
+    assert "within noise" not in text          # the notes say it in words: too close to call, tied, may do as well
     assert (out / "whatif-goodput-per-gpu.png").stat().st_size > 1000
     assert (out / "whatif-capacity-attainment-vs-rate.png").exists()
     assert "not a measurement" in text and "6 variants" in text

@@ -200,7 +200,7 @@ def cmd_whatif(args) -> int:
     from pathlib import Path
 
     from epdbench.analysis.goodput import slo_text
-    from epdbench.analysis.whatif import slo_suites, table_lines, tp_problem, variants
+    from epdbench.analysis.whatif import TABLE_LEGEND, slo_suites, table_lines, tp_problem, variants
     from epdbench.specs.models import load_spec, select_configurations
 
     from epdbench.specs.profile import error_bar, fitted_elsewhere, profile_origin
@@ -302,6 +302,7 @@ def cmd_whatif(args) -> int:
         print(f"\nCapacity within the SLO, suite {suite} {shape} — best variant per configuration, by goodput per GPU:")
         for line in table_lines(g.to_dict("records")):
             print("  " + line)
+    print(f"\n{TABLE_LEGEND}")
     print(f"\nModel error: {model_error}; the noise ranges are the workload's sampling noise only.")
     print(f"\n{len(found)} variants in {time.perf_counter() - t0:.1f} s; tables and plots in {out}/ "
           "(variants.csv, capacity.csv, points.csv, *.png; what they are: whatif.json, spec.yaml)")

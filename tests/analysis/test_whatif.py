@@ -123,7 +123,7 @@ def test_capacity_carries_its_noise_range_and_names_the_blurred_rates():
     row = capacity_row(_variant(), points)
     assert row["goodput_req_s"] == 2.5 and row["fails_at_req_s"] == 3.0
     assert row["holds_surely_req_s"] == 2.0 and row["fails_surely_req_s"] == 3.0
-    assert "within noise at 2.5 req/s" in row["note"]
+    assert "too close to the SLO to call at 2.5 req/s" in row["note"]
     assert noise_range(row) == "2–3"
     # nothing surely held: no lower end; nothing surely failed: no upper end
     row = capacity_row(_variant(), [Point(1.0, 20, 19, 0.9), Point(2.0, 20, 17, 0.9), Point(4.0, 20, 0, 0.9)])
@@ -145,7 +145,7 @@ def test_one_configuration_beats_another_only_beyond_the_noise():
     best = {r["configuration"]: r for r in best_per_configuration(rows)}
     assert best["pd-rdma"]["tie_with"] == "" and best["pd-tcp"]["tie_with"] == ""    # 1.19/GPU surely > 0.943
     assert best["epd"]["tie_with"] == "epd-rdma" and best["epd-rdma"]["tie_with"] == "epd"
-    assert best["epd"]["note"].startswith("tie with epd-rdma within noise")
+    assert best["epd"]["note"].startswith("tied with epd-rdma (neither surely better)")
     assert rows[2]["tie_with"] == ""                                    # the caller's rows are left as they were
     # a capacity with no rate surely failed cannot be beaten: its upper end is unknown
     open_ended = _row("aggregated", 3, 2.0, 2.0, None)
@@ -163,7 +163,7 @@ def test_the_best_variant_names_the_variants_of_its_configuration_it_does_not_su
             _row("pd-tcp", 8, 6.73, 6.73, 7.34, "p3 d1")]
     [best] = best_per_configuration(rows)
     assert best["roles"] == "p2 d1" and best["variants_within_noise"] == "p3 d1"
-    assert best["note"] == "1 other variant of it within noise"
+    assert best["note"] == "1 other variant may do as well"
 
 
 def test_a_failure_within_noise_is_followed_up_until_one_surely_fails():
