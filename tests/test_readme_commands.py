@@ -116,3 +116,52 @@ def test_a_flag_the_parser_lacks_is_caught():
         test_each_command_the_readme_writes_out_parses("epdbench cleanup --runn r")
     assert code_commands("```\nepdbench plan [--spec S]   # what\n   [--json]\nepdbench sync R\n```\n") == [
         "epdbench plan [--spec S] [--json]", "epdbench sync R"]
+
+
+DOCUMENTED = README + (ROOT / "docs" / "reports.md").read_text()
+
+
+def documented_keys(prefix: str) -> list[str]:
+    """The MLflow key patterns README and docs/reports.md write in code spans, e.g. `wins.<metric>.<config>`."""
+    return sorted({m for m in re.findall(r"`([^`\s]+)`", DOCUMENTED) if m.startswith(prefix)})
+
+
+def as_regex(pattern: str) -> re.Pattern:
+    """`a.<x>[.<y>].b` or `a.*` as a regex: <x> one dotless segment, [.<y>] an optional one, * the rest."""
+    r = re.escape(pattern)
+    r = re.sub(r"\\\[\\\.<\w+>\\\]", r"(?:\\.[^.]+)?", r)
+    r = re.sub(r"<\w+>", r"[^.]+", r).replace(r"\*", r".+")
+    return re.compile(r)
+
+
+def the_keys_of_a_mixed_and_a_fixed_cell(tmp_path) -> dict[str, list[str]]:
+    """The keys the comparison run gets: verdict tags, win counts, goodput metrics (tasks.publishing)."""
+    from epdbench.analysis.compare import VERDICT_METRICS, Comparison
+    from epdbench.reports.mlflow_view import verdict_tags, verdict_wins
+    from epdbench.tasks.publishing.publish import goodput_metrics
+
+    cells = [Comparison("mixed", "2048-4096/32", 2, "burst", VERDICT_METRICS[0], {}, "pd-tcp", "epd", 1.5, "pd-tcp"),
+             Comparison("fixed", "512/64", 8, "main", VERDICT_METRICS[0], {}, None, None, None, "tie")]
+    (tmp_path / "goodput.csv").write_text("config,suite,shape,goodput_req_s,goodput_req_s_per_gpu\n"
+                                          "epd,capacity,1260px+400/128,4.0,0.5\n")
+    logged: dict = {}
+    tracker = type("Tracker", (), {"log_metrics": lambda self, run, metrics: logged.update(metrics)})()
+    goodput_metrics(tracker, "parent", tmp_path / "goodput.csv")
+    counts = verdict_wins(cells, ["pd-tcp", "epd"])
+    return {"epdbench.verdict.": list(verdict_tags(cells)),
+            **{prefix: [k for k in counts if k.startswith(prefix)] for prefix in ("wins.", "ties.", "contaminated.")},
+            "goodput_req_s.": [k for k in logged if k.startswith("goodput_req_s.")]}
+
+
+def test_the_mlflow_names_the_docs_show_are_the_ones_published(tmp_path):
+    keys = the_keys_of_a_mixed_and_a_fixed_cell(tmp_path)
+    assert any(k.endswith(".c2.burst.ttft_p50_ms") for k in keys["epdbench.verdict."])   # a mixed stream's segment
+    for prefix, published in keys.items():
+        patterns = documented_keys(prefix)
+        assert patterns and published, prefix
+        for pattern in patterns:                       # each name shown fits what is published...
+            assert any(as_regex(pattern).fullmatch(k) for k in published), (pattern, published)
+        for key in published:                          # ...and each name published is shown
+            assert any(as_regex(p).fullmatch(key) for p in patterns), (key, patterns)
+    verdict = [as_regex(p) for p in documented_keys("epdbench.verdict.")]
+    assert all(all(r.fullmatch(k) for k in keys["epdbench.verdict."]) for r in verdict)   # main and burst alike
