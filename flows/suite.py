@@ -17,11 +17,15 @@ from epdbench.reports.live import LiveCell
 from epdbench.reports.progress import host_load_note
 from epdbench.specs.models import ExperimentSpec
 from epdbench.specs.workload import Calibration, Cell, build_requests, plan_cells
-from epdbench.tasks.load.loadgen import LoadGenerator, records_as_dicts
+from epdbench.tasks.load.loadgen import LoadGenerator, records_as_dicts, unfinished_record
 from epdbench.tasks.load.looplag import LoopLag
 from epdbench.tasks.rundir.results import append_records
 from epdbench.tasks.proc import stoppable
 from epdbench.tasks.rundir.resume import record_attempt
+
+
+HEALTH_POLL_S = 0.5     # how often a running cell looks for a dead process of its deployment
+NO_NOISE = {"loop_lag_p99_ms": None, "emulation_lag_p99_ms": None, "emit_lag_p99_ms": None}   # a cell cut short
 
 
 def say(msg: str) -> None:
@@ -76,7 +80,9 @@ def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run:
     cell (after each mixed window), and each cell attempt's end written to the ledger (ok, degraded or
     failed). Never retried: a measured cell is not repeated behind the user's back. A cell past
     spec.cell_timeout_s (or the configuration's deadline, monotonic) keeps the requests that finished and
-    raises CellTimeout; a process of the deployment found dead after a cell raises DeploymentDied.
+    raises CellTimeout; a process of the deployment found dead (`health`, looked at every HEALTH_POLL_S while a
+    cell runs, and after it) raises DeploymentDied, the cell stopped at once: what finished is kept, every other
+    request of it recorded failed naming the process, and the attempt is failed in the ledger.
     Each cell's noise goes to its ledger entry: the load generator's event-loop lag and, with `lag_probe`
     (every simulator process's /metrics), the emulation lag over the cell (analysis.noise). With `traces` (a
     tasks.load.otlp_receiver.TraceCollector), the traced requests' spans are appended after their records. With
@@ -134,20 +140,41 @@ def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run:
                         "emulation_lag_p99_ms": emulation_lag_p99_ms(before, after) if lag_probe else None,
                         "emit_lag_p99_ms": (emulation_lag_p99_ms(before, after, EMIT_LAG) if lag_probe else None)}
 
-    async def bounded(label: str, requests: list, work, finished: list, on_timeout):
+    async def first_death() -> list[str]:
+        """What of the deployment died, once something has (cancelled with its cell: bounded by the cell's end)."""
+        while not (dead := await asyncio.to_thread(health)):
+            await asyncio.sleep(HEALTH_POLL_S)
+        return dead
+
+    async def bounded(label: str, requests: list, work, finished: list, on_timeout, on_death):
         """Run `work` (of `requests`); past the limit, the requests that finished (collected in `finished`) are
-        kept."""
+        kept. A process of the deployment found dead meanwhile stops the work at once (every request after it would
+        fail too, each still costing the live engines its legs): `on_death` keeps what finished and records the rest
+        failed, naming the process."""
         cell_limit = spec.cell_timeout_s and spec.cell_timeout_s * scale
         limits = [x for x in (cell_limit, deadline and deadline - time.monotonic()) if x]
         warmup = sum(1 for r in requests if r.phase == "warmup")
         live.reset(f"[{config}] {label}", len(requests) - warmup, warmup)
+        task = asyncio.ensure_future(work)
+        watch = asyncio.ensure_future(first_death()) if health else None
         try:
-            return await asyncio.wait_for(work, timeout=min(limits) if limits else None)
-        except asyncio.TimeoutError:
+            done, _ = await asyncio.wait([t for t in (task, watch) if t is not None],
+                                         timeout=min(limits) if limits else None,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if task in done:
+                return task.result()
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            if watch in done:
+                on_death(list(finished), watch.result())      # raises DeploymentDied
             on_timeout(list(finished))
             raise CellTimeout(f"{label} did not finish within {min(limits):.0f} s "
                               "(cell_timeout_s / configuration_timeout_s)") from None
         finally:
+            for t in (task, watch):
+                if t is not None and not t.done():
+                    t.cancel()
+                    await asyncio.gather(t, return_exceptions=True)
             live.stop()
 
     def collector():
@@ -173,6 +200,23 @@ def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run:
                 record_attempt(rdir, config, c.cell_id, trial, "failed", f"timed out; {n} finished requests kept")
         return keep
 
+    def fail_unfinished(batch: list[tuple[Cell, list]], trial: int):
+        """What a cell (or mixed window) keeps when a process of its deployment died while it ran: every request
+        that finished, and every other one (in flight, or not sent) recorded failed naming the dead process; the
+        attempt then ends failed (finish raises DeploymentDied)."""
+        def fail(recs, dead: list[str]) -> None:
+            why = "not completed: " + "; ".join(dead)
+            done_keys = {(r.phase, r.index, r.prompt_hash) for r in recs}
+            rows = []
+            for c, requests in batch:
+                hashes = {r.prompt_hash for r in requests}
+                mine = [r for r in recs if r.prompt_hash in hashes]     # told apart by prompt hash (keep_partial)
+                mine += [unfinished_record(r, run[-8:], why) for r in requests
+                         if (r.phase, r.index, r.prompt_hash) not in done_keys]
+                rows.append((c, rows_of(c, trial, sorted(mine, key=lambda r: (r.phase != "warmup", r.index)))))
+            finish(rows, trial, NO_NOISE)
+        return fail
+
     async def go():
         async with LoadGenerator(endpoint, spec.model.name, spec.request_timeout_s, run_tag=run[-8:],
                                  time_scale=scale, processes=spec.client_processes) as lg:
@@ -189,7 +233,8 @@ def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run:
                     recs, noise = await measured(bounded(
                         f"{suite} (mixed) trial {trial}", [r for rs in requests for r in rs],
                         lg.run_streams([(r, c.concurrency) for r, c in zip(requests, cells)], on_record), finished,
-                        keep_partial(list(zip(cells, requests)), trial)))
+                        keep_partial(list(zip(cells, requests)), trial), fail_unfinished(list(zip(cells, requests)),
+                                                                                         trial)))
                     finish([(c, rows_of(c, trial, rs)) for c, rs in zip(cells, recs)], trial, noise)
                     continue
                 for cell in cells:
@@ -203,7 +248,7 @@ def run_suite(endpoint: str, spec: ExperimentSpec, suite: str, config: str, run:
                         f"{suite} {cell_label(cell.workload, cell.concurrency, cell.stream, short=True)} "
                         f"trial {trial}", requests,
                         lg.run_cell(requests, cell.concurrency, on_record), finished,
-                        keep_partial([(cell, requests)], trial)))
+                        keep_partial([(cell, requests)], trial), fail_unfinished([(cell, requests)], trial)))
                     finish([(cell, rows_of(cell, trial, recs))], trial, noise)
 
     stoppable.run(go())   # a SIGTERM meanwhile stops it at once (tasks.proc.stoppable)

@@ -279,6 +279,15 @@ class LoadGenerator:
         return out
 
 
+def unfinished_record(req: RequestSpec, run_tag: str, error: str) -> Record:
+    """A failed Record for a request the load generator was stopped before it finished (in flight or not sent):
+    a process of the deployment died. Its id is new: a request id is never used twice."""
+    now = time.perf_counter_ns()
+    return Record(f"epd-{run_tag}-u{req.index}-{uuid.uuid4().hex[:6]}", req.index, req.phase, req.api,
+                  req.target_prompt_tokens, req.max_tokens, req.prompt_hash, req.image_px, req.image_hash, now, now,
+                  time.time(), ok=False, error=error[:300])
+
+
 def records_as_dicts(records: list[Record]) -> list[dict]:
     """Each record's fields (its chunk lists shared, not copied: records are not changed once finished)."""
     return [dict(r.__dict__) for r in records]
