@@ -111,7 +111,10 @@ def wins(comparisons: list[Comparison]) -> dict[str, dict[str, int]]:
 
 
 def verdict_table(comparisons: list[Comparison], metrics: list[str] = VERDICT_METRICS) -> list[dict]:
-    """Per matched cell, in order: its keys and, per metric, the winner, "tie", "contaminated" or None."""
+    """Per matched cell, in order: its keys and, per metric, the winner, "tie", "contaminated" or None (`verdicts`),
+    the winner's margin over the runner-up (`margins`), the configurations tied ahead of the rest (`leaders`, when
+    some configuration is worse beyond the noise), every configuration of a tie (`tied`: the best value's and
+    those within its noise) and whether that is every configuration with a value (`all_tied`)."""
     rows: dict[tuple, dict] = {}
     for c in comparisons:
         if c.metric not in metrics:
@@ -122,4 +125,7 @@ def verdict_table(comparisons: list[Comparison], metrics: list[str] = VERDICT_ME
         row["verdicts"][c.metric] = c.verdict
         row.setdefault("margins", {})[c.metric] = c.margin
         row.setdefault("leaders", {})[c.metric] = c.leaders if c.separated else ()
+        present = {name for name, v in c.values.items() if v is not None}
+        row.setdefault("tied", {})[c.metric] = c.leaders if c.verdict == TIE else ()
+        row.setdefault("all_tied", {})[c.metric] = c.verdict == TIE and bool(c.leaders) and set(c.leaders) >= present
     return list(rows.values())

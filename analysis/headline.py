@@ -3,7 +3,9 @@ aggregated configuration, else the first), the largest improvements and regressi
 traded for it.
 
 Values are trial means (analysis.trials.aggregate_trials); a tail percentile resting on too few
-samples of a single trial (†) is never a headline.
+samples of a single trial (†) is never a headline. A headline says what the Verdict (analysis.compare) says: no
+cell host load contaminated, and an improvement only of the configuration with the best value of its cell and
+metric, with the others within its noise named beside it.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from statistics import median
 
 import pandas as pd
 
-from epdbench.analysis.compare import MATCH_KEYS
+from epdbench.analysis.compare import CONTAMINATED, MATCH_KEYS, Comparison
 from epdbench.analysis.metrics import LOWER_IS_BETTER
 from epdbench.analysis.noise import distinct
 from epdbench.analysis.trials import low_support
@@ -54,6 +56,7 @@ class Change:
 class Finding:
     change: Change
     counterpart: Change | None     # an improvement's worst regression, or a regression's best improvement
+    tied: tuple = ()               # an improvement's (config, value) within its noise in the Verdict: no winner
 
 
 def baseline_config(configurations: list[dict]) -> str | None:
@@ -73,20 +76,17 @@ def _usable(row, metric: str) -> float | None:
 
 def changes_vs_baseline(agg: pd.DataFrame, baseline: str, metrics: list[str] = HEADLINE_METRICS) -> list[Change]:
     """Every (cell, configuration, metric) whose value differs from the baseline's in that cell by more than
-    their noise (analysis.noise.distinct); cells contaminated by host load on either side are left out."""
+    their noise (analysis.noise.distinct); a cell host load contaminated in any configuration is left out, as the
+    Verdict leaves it (analysis.compare)."""
     out: list[Change] = []
     if agg.empty or baseline not in set(agg["config"]):
         return out
     for key, cell in agg.groupby(MATCH_KEYS, sort=False):
         base = cell[cell["config"] == baseline]
-        if base.empty:
+        if base.empty or ("contaminated" in cell and cell["contaminated"].fillna(False).astype(bool).any()):
             continue
         base = base.iloc[0]
-        if base.get("contaminated"):
-            continue
         for _, row in cell[cell["config"] != baseline].iterrows():
-            if row.get("contaminated"):
-                continue
             for metric in metrics:
                 b, v = _usable(base, metric), _usable(row, metric)
                 if b is not None and v is not None and b != v and distinct(base, row, metric):
@@ -109,11 +109,38 @@ def counterpart(change: Change, changes: list[Change]) -> Change | None:
     return max(others, key=lambda c: c.factor, default=None)
 
 
-def headline(changes: list[Change], n_improvements: int = 3, n_regressions: int = 2) -> list[Finding]:
-    """The largest improvements (one per metric), then the largest regressions, each with its trade-off."""
-    picks = (_largest_per_metric([c for c in changes if c.better], n_improvements)
-             + _largest_per_metric([c for c in changes if not c.better], n_regressions))
-    return [Finding(c, counterpart(c, changes)) for c in picks]
+def _verdict_of(comparisons: list[Comparison]) -> dict[tuple, Comparison]:
+    return {(c.suite, c.workload, c.concurrency, c.stream, c.metric): c for c in comparisons}
+
+
+def stands(change: Change, verdict: Comparison | None) -> bool:
+    """Whether the Verdict's comparison of the change's cell and metric lets a headline say it: a judged cell (not
+    contaminated); for an improvement, the configuration has the best value there and the baseline is beyond its
+    noise (a configuration that others beat, inside the noise or beyond it, is no headline improvement)."""
+    if verdict is None or verdict.verdict in (None, CONTAMINATED):
+        return False
+    if not change.better:
+        return True
+    return bool(verdict.leaders) and verdict.leaders[0] == change.config and change.baseline_config not in verdict.leaders
+
+
+def headline(changes: list[Change], comparisons: list[Comparison], n_improvements: int = 3,
+             n_regressions: int = 2) -> list[Finding]:
+    """The largest improvements (one per metric), then the largest regressions, each with its trade-off; only
+    changes the Verdict (`comparisons`, analysis.compare over the same summary) stands behind (`stands`). An
+    improvement whose configuration leads inside the noise of others names them (Finding.tied)."""
+    verdict = _verdict_of(comparisons)
+    kept = [c for c in changes if stands(c, verdict.get((*c.cell, c.metric)))]
+    picks = (_largest_per_metric([c for c in kept if c.better], n_improvements)
+             + _largest_per_metric([c for c in kept if not c.better], n_regressions))
+    out = []
+    for c in picks:
+        tied = ()
+        if c.better:
+            v = verdict[(*c.cell, c.metric)]
+            tied = tuple((other, v.values[other]) for other in v.leaders[1:])
+        out.append(Finding(c, counterpart(c, changes), tied))
+    return out
 
 
 @dataclass(frozen=True)

@@ -46,9 +46,19 @@ def short_movement(c: Change) -> str:
             f"{value_text(c.metric, c.value)} ({factor_text(c.factor)} {'lower' if verb == 'fell' else 'higher'})")
 
 
+def tied_text(f: Finding) -> str:
+    """', tied within the noise with B (value)[ and C (value)]' for an improvement the Verdict calls a tie."""
+    if not f.tied:
+        return ""
+    names = [f"{config} ({value_text(f.change.metric, value)})" for config, value in f.tied]
+    listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + f" and {names[-1]}"
+    return f", tied within the noise with {listed}"
+
+
 def headline_sentence(f: Finding) -> str:
     c = f.change
-    text = f"In suite {c.suite}, at {cell_label(c.workload, c.concurrency, c.stream)}, {movement(c)}, {size(c)}"
+    text = (f"In suite {c.suite}, at {cell_label(c.workload, c.concurrency, c.stream)}, {movement(c)}, {size(c)}"
+            f"{tied_text(f)}")
     if c.better:
         tail = (f"; the trade-off: {short_movement(f.counterpart)}" if f.counterpart
                 else "; no other headline metric got worse in that cell")

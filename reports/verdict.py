@@ -34,22 +34,34 @@ def contamination_line(summary: pd.DataFrame, meta: dict) -> str | None:
 VERDICT_TEXT = {TIE: "tie", CONTAMINATED: "contaminated", None: "—"}
 
 
+def margin_text(margin: float) -> str:
+    """A winner's margin over the runner-up: two decimals below 1.1× (a 3 % win is no "1.0×"), else one."""
+    return f"{margin:.2f}×" if margin < 1.1 else f"{margin:.1f}×"
+
+
+def tie_text(tied: tuple, everyone: bool) -> str:
+    """Who tied: the best value's configuration first, then those within its noise; `(all)` when that is every
+    configuration with a value; plain "tie" when not known."""
+    if not tied:
+        return VERDICT_TEXT[TIE]
+    return f"tie: {', '.join(tied)}" + (" (all)" if everyone else "")
+
+
 def verdict_view(comparisons: list[Comparison]) -> dict:
     """The report's opening table: per suite and matched cell, who wins TTFT p50, ITL p99 and throughput per GPU
-    (by how much against the runner-up), or tie / contaminated."""
+    (by how much against the runner-up), or who tied (tie_text), or contaminated."""
     rows = []
     for r in verdict_table(comparisons):
         cells = []
         for m in VERDICT_METRICS:
             v = r["verdicts"].get(m)
             margin = r["margins"].get(m)
-            leaders = r["leaders"].get(m) or ()
-            if v == TIE and leaders:
-                cells.append({"text": f"tie: {', '.join(leaders)}", "winner": False})
+            if v == TIE:
+                cells.append({"text": tie_text(r["tied"].get(m) or (), r["all_tied"].get(m, False)), "winner": False})
             elif v in VERDICT_TEXT:
                 cells.append({"text": VERDICT_TEXT[v], "winner": False})
             else:
-                cells.append({"text": f"{v} ({margin:.1f}× {'lower' if m in LOWER_IS_BETTER else 'higher'})"
+                cells.append({"text": f"{v} ({margin_text(margin)} {'lower' if m in LOWER_IS_BETTER else 'higher'})"
                               if margin else v, "winner": True})
         rows.append({"suite": r["suite"], "cell": cell_label(r["workload"], r["concurrency"], r["stream"]),
                      "cells": cells})
@@ -63,17 +75,20 @@ TERMINAL_NAMES = {"ttft_p50_ms": "TTFT p50", "itl_p99_ms": "ITL p99", "output_to
 
 def metric_tally(rows: list[dict], metric: str) -> str | None:
     """One metric over a suite's Verdict rows: each configuration that wins it and in how many cells, then the
-    cells where a group tied ahead of the rest (the group seen most often named), ties and contaminated cells;
-    None when no cell judged it. At most one entry per configuration and four more, however many cells."""
+    cells where a group tied ahead of the rest (the group seen most often named), the cells where every
+    configuration tied, other ties and contaminated cells; None when no cell judged it. At most one entry per
+    configuration and five more, however many cells."""
     wins: Counter = Counter()
     groups: Counter = Counter()
-    ties = spoilt = judged = 0
+    ties = everyone = spoilt = judged = 0
     for r in rows:
         v = r["verdicts"].get(metric)
-        leaders = r["leaders"].get(metric) or ()
+        tied = r.get("tied", {}).get(metric) or ()
         judged += v is not None
-        if v == TIE and leaders:
-            groups[" ≈ ".join(sorted(leaders))] += 1      # the same group, whichever of it led by a hair
+        if v == TIE and r.get("all_tied", {}).get(metric):
+            everyone += 1
+        elif v == TIE and tied:
+            groups[" ≈ ".join(sorted(tied))] += 1      # the same group, whichever of it led by a hair
         elif v == TIE:
             ties += 1
         elif v == CONTAMINATED:
@@ -87,7 +102,8 @@ def metric_tally(rows: list[dict], metric: str) -> str | None:
         group, n = groups.most_common(1)[0]
         often = f" ({group} in {n})" if len(groups) > 1 else f" ({group})"
         parts.append(f"tied ahead {sum(groups.values())}{often}")
-    parts += [f"tie {ties}"] * bool(ties) + [f"contaminated {spoilt}"] * bool(spoilt)
+    parts += [f"all tied {everyone}"] * bool(everyone) + [f"tie {ties}"] * bool(ties)
+    parts += [f"contaminated {spoilt}"] * bool(spoilt)
     parts += [f"no data {len(rows) - judged}"] * (len(rows) > judged)
     return f"{TERMINAL_NAMES.get(metric, METRIC_NAMES[metric][0])}: " + "; ".join(parts)
 
