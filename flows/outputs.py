@@ -25,8 +25,10 @@ def prefect_summary_artifact(outcome: dict, summary) -> None:
     except ImportError:
         return
     lines = [f"# epdbench {outcome['run']}", ""]
-    if outcome.get("mlflow_url"):
-        lines += [f"MLflow comparison run: [{outcome['mlflow_run_id']}]({outcome['mlflow_url']})", ""]
+    url = outcome.get("mlflow_url")
+    if url:      # a local store's is the `mlflow ui` command and the address it serves: no link of its own
+        run = f"[{outcome['mlflow_run_id']}]({url})" if url.startswith("http") else f"`{url}`"
+        lines += [f"MLflow comparison run: {run}", ""]
     lines += ["| configuration | ok | transport | stages |", "|---|---|---|---|"]
     lines += [f"| {n} | {'yes' if c['ok'] else 'FAILED: ' + (c['error'] or '')} | {c['transport']} | {c['stages']} |"
               for n, c in outcome["configs"].items()]

@@ -53,7 +53,7 @@ def print_summary(outcome: dict, console: Console | None = None) -> None:
         what = ", ".join(pending) if isinstance(pending, list) else "some of it"
         console.print(f"MLflow:  not published yet ({what}); publish with: epdbench sync {rdir}")
     else:
-        console.print(f"MLflow:  {outcome['mlflow_url']}")
+        console.print(Text(f"MLflow:  {outcome['mlflow_url']}"), soft_wrap=True)    # its address whole
     console.print(Text(f"results: {rdir}/ (summary.csv, records.parquet, evidence/)"), soft_wrap=True)
     for line in outcome.get("winners") or []:      # the terminal wraps them, whole words and paths intact
         console.print(Text(line), soft_wrap=True)

@@ -195,7 +195,7 @@ def test_mlflow_holds_comparison_configuration_and_cell_runs(run):
     _, out, work = run
     client = MlflowClient(tracking_uri=f"sqlite:///{work / 'mlflow.db'}")
     exp = client.get_experiment_by_name("epdbench")
-    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"     # MLflow 3's UI: the runs table
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"     # earlier MLflow 3 UIs: the runs table
     runs = client.search_runs([exp.experiment_id], max_results=1000)
     kinds = {}
     for r in runs:
@@ -224,6 +224,39 @@ def test_mlflow_holds_comparison_configuration_and_cell_runs(run):
     assert sum(wins.values()) == decided
     for r in kinds["configuration"]:           # every configuration run points at the comparison's report
         assert r.data.tags["epdbench.report"] == f"runs:/{parent.info.run_id}/report.html"
+
+
+def test_mlflow_ui_opens_the_printed_addresses_on_the_runs_table_with_the_comparison_first(run, tmp_path):
+    """In a fresh browser, MLflow 3.17 opens the experiment's runs table (Model training), the comparison run its
+    first row with the rest folded under it, and the comparison run's page at the address compare printed; not
+    GenAI's Overview, where a fresh browser opens it from MLflow's own experiment list whatever its tags."""
+    from mlflow.tracking import MlflowClient
+
+    from epdbench.tasks.publishing.tracking import LOCAL_UI, ui_url
+    from tests.devtools import Browser
+    from tests.mlflow_ui import GENAI, RUN_PAGE, RUNS_TABLE, drawn, mlflow_server
+    from tests.reports.browser import ARTIFACTS, chromium
+    chromium()
+    proc, _, work = run
+    client = MlflowClient(tracking_uri=f"sqlite:///{work / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("epdbench").experiment_id
+    parent = client.search_runs([exp], "tags.`epdbench.kind` = 'comparison'")[0].info
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("MLflow:"))
+    assert f"run mlflow ui --backend-store-uri sqlite:///{work / 'mlflow.db'} --port 5000 and open " in line, line
+    printed = line.rsplit(" and open ", 1)[1]
+    assert printed == ui_url(LOCAL_UI, exp, parent.run_id)
+    with mlflow_server(work / "mlflow.db") as base, Browser(tmp_path / "fresh-profile") as browser:
+        page = drawn(browser, ui_url(base, exp), RUNS_TABLE)
+        browser.screenshot(ARTIFACTS / "mlflow-runs-table.png")
+        assert f"/experiments/{exp}/runs?workflowType=machine_learning" in page["href"], page["href"]
+        assert "Run Name" in page["text"] and parent.run_name in page["text"]
+        assert page["runs"][0].endswith(f"/runs/{parent.run_id}"), page["runs"]     # the first row
+        assert not [g for g in GENAI if g in page["text"]], page["text"][:1500]
+        page = drawn(browser, printed.replace(LOCAL_UI, base), RUN_PAGE)
+        browser.screenshot(ARTIFACTS / "mlflow-comparison-run-page.png")
+        assert f"/runs/{parent.run_id}" in page["href"] and parent.run_name in page["text"]
+        assert "epdbench: tiny" in page["text"] and "Artifacts" in page["text"]  # its description: the report's opening
+        assert not [g for g in GENAI if g in page["text"]], page["text"][:1500]
 
 
 def test_report_rerenders_from_results_dir(run):

@@ -43,12 +43,24 @@ PARENT_TAG = "mlflow.parentRunId"
 CHANGED_PARAM_TAG = "epdbench.param."
 PUBLISH_ERROR_TAG = "epdbench.publish_error"
 EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"   # MLflow 3's UI mode
+# MLflow 3.17's UI picks GenAI or "Model training" per browser, not per experiment: the URL's `workflowType`, else
+# the sidebar switch remembered in the browser's local storage (`mlflow.workflowType`), else GenAI, whose landing
+# tab is Overview and whose runs sit under "Evaluations"; the experiment's kind tag is no longer read there
+# (WorkflowTypeContext and useExperimentKind in MLflow's UI source). Every link epdbench prints carries the parameter.
+MODEL_TRAINING = "workflowType=machine_learning"
+LOCAL_UI = "http://127.0.0.1:5000"        # where `mlflow ui` serves a local store by default
 
 
 def default_tracking_uri(base: Path | None = None) -> str:
     d = (base or Path.cwd()) / DEFAULT_STORE_DIR
     d.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{(d / 'mlflow.db').resolve()}"
+
+
+def ui_url(base: str, experiment_id: str, run_id: str | None = None) -> str:
+    """The MLflow UI's address of an experiment (its runs table) or of one run, opening in Model training."""
+    page = f"{base.rstrip('/')}/#/experiments/{experiment_id}"
+    return f"{page}/runs/{run_id}?{MODEL_TRAINING}" if run_id else f"{page}/runs?{MODEL_TRAINING}"
 
 
 def _num(v) -> float:
@@ -96,8 +108,8 @@ class Tracker:
             if tracking_uri.startswith("sqlite:///"):
                 db = Path(tracking_uri[len("sqlite:///"):])
                 artifact_location = (db.parent / "mlartifacts").resolve().as_uri()
-            # MLflow 3's UI opens an experiment without a kind in GenAI mode, where runs sit under
-            # "Evaluations"; epdbench's runs are model-serving measurements: the classic runs table
+            # the kind: model-serving measurements, the classic runs table. Earlier MLflow 3 releases open an
+            # experiment by this tag; 3.17 by the browser's mode (MODEL_TRAINING, in the links epdbench prints)
             self.experiment_id = self.client.create_experiment(experiment, artifact_location=artifact_location,
                                                                tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
         else:
@@ -293,6 +305,11 @@ class Tracker:
         self.client.delete_run(run_id)
 
     def run_url(self, run_id: str) -> str:
+        """Where a person opens the run: its page in the UI, or for a local store the `mlflow ui` command first."""
         if self.tracking_uri.startswith("http"):
-            return f"{self.tracking_uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{run_id}"
-        return f"{self.tracking_uri} (experiment {self.experiment_id}, run {run_id})"
+            return ui_url(self.tracking_uri, self.experiment_id, run_id)
+        where = f"{self.tracking_uri} (experiment {self.experiment_id}, run {run_id})"
+        if self.tracking_uri.startswith("sqlite:///"):
+            return (f"{where}; to browse it run mlflow ui --backend-store-uri {self.tracking_uri} --port 5000 and "
+                    f"open {ui_url(LOCAL_UI, self.experiment_id, run_id)}")
+        return where

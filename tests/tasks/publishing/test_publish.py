@@ -20,7 +20,7 @@ from epdbench.tasks.publishing import publish
 from epdbench.tasks.publishing import publish_state
 from epdbench.tasks.rundir.results import append_records, read_records, write_json, write_summary
 from epdbench.tasks.publishing.mlflow_quiet import MlflowUnreachable, QuietClient
-from epdbench.tasks.publishing.tracking import KEY_TAG, Tracker
+from epdbench.tasks.publishing.tracking import KEY_TAG, Tracker, ui_url
 from tests.reports.synthetic_run import synthetic_records
 
 DATA = Path(__file__).parents[2] / "data"
@@ -118,6 +118,17 @@ def test_keys_are_deterministic_and_documented():
     assert publish.cell_key(RUN, "pd-tcp", "fixed", "4096/32", 4, "main", 0) == f"{RUN}/pd-tcp/fixed/4096/32/c4/main/t0"
     for fragment in ("<run>/<config>/<suite>/<workload>/c<concurrency>/<stream>/t<trial>", "fingerprint"):
         assert fragment in publish_state.__doc__
+
+
+def test_the_printed_addresses_open_mlflow_in_model_training(uri):
+    """MLflow 3.17 opens GenAI unless the address asks for Model training (a browser test: test_e2e_compare)."""
+    assert ui_url("http://h:5000/", "3") == "http://h:5000/#/experiments/3/runs?workflowType=machine_learning"
+    assert ui_url("http://h", "3", "r1") == "http://h/#/experiments/3/runs/r1?workflowType=machine_learning"
+    tracker = Tracker(uri, "epdbench")
+    assert tracker.run_url("r1") == (f"{uri} (experiment {tracker.experiment_id}, run r1); to browse it run mlflow ui "
+                                     f"--backend-store-uri {uri} --port 5000 and open "
+                                     f"http://127.0.0.1:5000/#/experiments/{tracker.experiment_id}/runs/r1"
+                                     "?workflowType=machine_learning")
 
 
 # --- one run per key -------------------------------------------------------------------------------------
