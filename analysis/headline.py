@@ -121,7 +121,8 @@ def stands(change: Change, verdict: Comparison | None) -> bool:
         return False
     if not change.better:
         return True
-    return bool(verdict.leaders) and verdict.leaders[0] == change.config and change.baseline_config not in verdict.leaders
+    leaders = verdict.leaders
+    return bool(leaders) and leaders[0] == change.config and change.baseline_config not in leaders
 
 
 def headline(changes: list[Change], comparisons: list[Comparison], n_improvements: int = 3,

@@ -137,13 +137,20 @@ def breakdown_view(table: pd.DataFrame | None, configs: list[str], tracing: bool
 
 
 def breakdown_lines(table: pd.DataFrame | None) -> list[str]:
-    """One terminal line per cell: the typical request's parts and whether they add up to the median TTFT."""
+    """One terminal line per configuration and cell: the typical request's parts and whether they add up to the
+    median TTFT, from the cell's first trial with spans (the report's section has every trial)."""
     if table is None or table.empty:
         return []
     lines = []
-    for r in table.to_dict("records"):
+    seen: set[tuple] = set()
+    rows = table.sort_values("trial", kind="stable") if "trial" in table else table
+    for r in rows.to_dict("records"):
         if r["typical_ttft_ms"] is None or pd.isna(r["typical_ttft_ms"]):
             continue
+        key = (r["config"], r["suite"], r["workload"], r["concurrency"], r["stream"])
+        if key in seen:
+            continue
+        seen.add(key)
         parts = " + ".join(f"{SHORT_TITLES[p]} {_ms(r[f'typical_{p}_ms'])}" for p in PARTS
                            if r[f"typical_{p}_ms"] and not pd.isna(r[f"typical_{p}_ms"]))
         where = f"{r['config']} {r['suite']} {cell_label(r['workload'], r['concurrency'], r['stream'], short=True)}"

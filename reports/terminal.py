@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from epdbench.analysis.labels import load_label, shape_label
+from epdbench.analysis.trials import aggregate_trials
 from epdbench.reports.findings import regression_line
 from epdbench.reports.verdict import contamination_line
 from epdbench.reports.fmt import fmt, matched_order
@@ -24,9 +25,13 @@ def print_summary(outcome: dict, console: Console | None = None) -> None:
     summary = pd.read_csv(rdir / "summary.csv") if (rdir / "summary.csv").exists() else pd.DataFrame()
     virtual = (outcome.get("meta") or {}).get("clock") == "virtual"
     clock = " — virtual time: the simulator's cost model, not a measurement" if virtual else ""
-    if not summary.empty:
-        for suite, sdf in summary.groupby("suite", sort=False):
-            t = Table(title=f"suite {suite} (ms unless noted){clock}", show_lines=False)
+    trials = int(summary["trial"].nunique()) if "trial" in summary and not summary.empty else 1
+    # one row per configuration and cell: with several trials their means, as the report's tables
+    table = aggregate_trials(summary) if trials > 1 else summary
+    mean = f", mean of {trials} trials" if trials > 1 else ""
+    if not table.empty:
+        for suite, sdf in table.groupby("suite", sort=False):
+            t = Table(title=f"suite {suite} (ms unless noted{mean}){clock}", show_lines=False)
             for col in ["config", "workload", "load", "ok"] + [t_ for _, t_ in TERMINAL_METRICS]:
                 t.add_column(col, justify="left" if col in ("config", "workload", "load") else "right")
             for _, r in matched_order(sdf).iterrows():

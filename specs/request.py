@@ -30,10 +30,11 @@ class RunRequest(BaseModel):
     seed: int | None = Field(None, ge=0, title="Seed", description="Prompt/image seed; empty: the preset's.")
     target: Literal["sim", "kubernetes"] = Field("sim", title="Target",
                                                  description="sim: embedded simulator; kubernetes: the cluster.")
-    clock: Literal["real", "virtual"] = Field(
-        "real", title="Simulator clock",
+    clock: Literal["real", "virtual"] | None = Field(
+        None, title="Simulator clock",
         description="real: simulator processes over HTTP; virtual: the same model in virtual time, every preset "
-                    "in seconds, its figures labelled virtual (sim target only).")
+                    "in seconds, its figures labelled virtual (sim target only); empty: the preset's (smoke: "
+                    "virtual, the others: real).")
     model: str | None = Field(None, min_length=1, title="Model override",
                               description="Serve another model id (same architecture figures as the preset).")
     engine_image: str | None = Field(None, min_length=1, title="Engine image override",
@@ -84,10 +85,10 @@ def resolve_request(req: RunRequest, profile: dict | None = None) -> ExperimentS
     if req.model:
         data["model"]["name"] = req.model
     data["target"]["kind"] = req.target
-    if req.clock == "virtual":
-        if req.target != "sim":
-            raise SpecError(f"clock: virtual time is the simulator's; target {req.target} runs in real time")
-        data["target"]["sim"]["clock"] = "virtual"
+    if req.clock == "virtual" and req.target != "sim":
+        raise SpecError(f"clock: virtual time is the simulator's; target {req.target} runs in real time")
+    if req.clock:
+        data["target"]["sim"]["clock"] = req.clock
     if req.engine_image:
         data["target"]["kubernetes"]["engine"]["image"] = req.engine_image
     if req.namespace:
@@ -103,5 +104,6 @@ def resolve_request(req: RunRequest, profile: dict | None = None) -> ExperimentS
 
 def run_name(req: RunRequest, date: str) -> str:
     """Flow-run and results-folder name, e.g. pd-text-sim-2026-11-29."""
-    where = "sim-virtual" if req.clock == "virtual" and req.target == "sim" else req.target
+    clock = req.clock or load_spec(req.preset).target.sim.clock     # the preset's when the form leaves it empty
+    where = "sim-virtual" if clock == "virtual" and req.target == "sim" else req.target
     return req.run_key or re.sub(r"[^A-Za-z0-9._-]", "-", f"{req.preset}-{where}-{date}")

@@ -111,7 +111,7 @@ def test_up_adhoc_run_from_the_prefect_api_and_down(tmp_path):
             profile.write_text(profile_to_yaml(a_profile()))
             run = run_deployment("adhoc-comparison/adhoc-comparison", timeout=0, parameters={
                 "request": {"preset": "smoke", "configurations": ["pd-tcp"], "suites": ["mm-context"],
-                            "profile": str(profile)}})
+                            "clock": "real", "trials": 1, "profile": str(profile)}})
             with get_client(sync_client=True) as client:
                 fr = wait_final(client, run.id, 300)
                 assert fr.state_name == "Completed", fr.state

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from epdbench.analysis.agreement import METRICS, agreement
-from epdbench.specs.models import load_spec
+from epdbench.specs.models import load_spec, parse_spec, spec_to_yaml
 from epdbench.tasks.sim.vrun import simulate_summary
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]       # the smoke preset over HTTP: about two minutes
@@ -33,9 +33,14 @@ TWO_MODES = {("aggregated", "fixed", "4096/64", 8): {"ttft_p50_ms", "tpot_p50_ms
 
 
 def http_summary(tmp_path, name: str, configs: list[str] | None = None) -> pd.DataFrame:
-    """The smoke preset (only `configs` when given) on the HTTP simulator: its summary."""
+    """The smoke preset (only `configs` when given) on the HTTP simulator, one trial: its summary."""
     out = tmp_path / name
-    proc = subprocess.run([sys.executable, "-m", "epdbench.cli", "compare", "--spec", "smoke", "--out", str(out),
+    data = load_spec("smoke").model_dump(mode="json")
+    data["trials"] = 1
+    data["target"]["sim"]["clock"] = "real"
+    spec = tmp_path / "smoke.yaml"
+    spec.write_text(spec_to_yaml(parse_spec(data)))
+    proc = subprocess.run([sys.executable, "-m", "epdbench.cli", "compare", "--spec", str(spec), "--out", str(out),
                            "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
                            *(["--configs", ",".join(configs)] if configs else [])], cwd=tmp_path,
                           capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(ROOT)})

@@ -215,7 +215,7 @@ def cmd_plan(args) -> int:
         print(json.dumps(rows, indent=2))
         return EXIT_OK
     from epdbench.reports.plan_table import plan_lines
-    print("\n".join(plan_lines(rows, spec.trials, total_seconds(spec, rows))))
+    print("\n".join(plan_lines(rows, spec.trials, total_seconds(spec, rows), spec.virtual)))
     return EXIT_OK
 
 
@@ -242,6 +242,13 @@ def cmd_report(args) -> int:
     return EXIT_OK
 
 
+def preset_clock(name: str) -> str:
+    """The simulator clock of preset `name` (smoke: virtual), real for a name that is no preset."""
+    from epdbench.specs.models import PRESET_DIR, load_spec
+
+    return load_spec(name).target.sim.clock if (PRESET_DIR / f"{name}.yaml").is_file() else "real"
+
+
 def cmd_history(args) -> int:
     """Print one metric over the past runs of a spec (oldest first) and where the newest stands."""
     from epdbench.analysis.metrics import METRIC_KEYS
@@ -253,6 +260,7 @@ def cmd_history(args) -> int:
     if args.metric not in METRIC_KEYS:
         raise CliError(f"--metric {args.metric}: not a cell metric; choose one of {', '.join(METRIC_KEYS)}")
     settings = regression_settings(args)
+    args.clock = args.clock or preset_clock(args.spec)
     quiet_defaults()
     client = mlflow_client(tracking_uri_of(args))
     exp_id = experiment_id(client, args.experiment)

@@ -21,7 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "'epdbench engine-env' makes)")
     c.add_argument("--clock", choices=["real", "virtual"], default=None,
                    help="simulator clock: real (processes over HTTP) or virtual (the same model in virtual time, "
-                        "seconds per preset; figures labelled virtual) (default: spec's, real)")
+                        "seconds per preset; figures labelled virtual) (default: the spec's: virtual for smoke, the "
+                        "quick start; real for the other presets)")
     c.add_argument("--configs", default=None, help="comma-separated configuration names (default: all)")
     c.add_argument("--out", default=None, help="results directory (default: results/<run>)")
     c.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: sqlite under .epdbench/)")
@@ -112,8 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--spec", required=True, help="spec name (e.g. smoke, pd-text)")
     h.add_argument("--target", choices=["sim", "local", "kubernetes"], default="sim",
                    help="target of the runs (default: sim)")
-    h.add_argument("--clock", choices=["real", "virtual"], default="real",
-                   help="simulator clock of the runs (default: real; virtual: compare --clock virtual's runs)")
+    h.add_argument("--clock", choices=["real", "virtual"], default=None,
+                   help="simulator clock of the runs (default: the preset's clock, virtual for smoke; real for a "
+                        "spec that is no preset)")
     h.add_argument("--metric", default="itl_p99_ms", help="cell metric (default: itl_p99_ms)")
     h.add_argument("--config", default=None, help="configuration name (default: all)")
     h.add_argument("--workload", default=None, help="workload, e.g. 8192/128 (default: all)")

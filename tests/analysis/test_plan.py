@@ -51,12 +51,22 @@ def test_plan_json_cli(capsys):
 def test_a_dilated_simulator_is_estimated_that_much_slower():
     from epdbench.specs.models import parse_spec
     data = load_spec("smoke").model_dump(mode="json")
+    data["target"]["sim"]["clock"] = "real"          # simulator processes: virtual time has no dilation
+    real = parse_spec(data)
     data["target"]["sim"]["time_scale"] = 3
-    plain, dilated = plan(load_spec("smoke")), plan(parse_spec(data))
+    plain, dilated = plan(real), plan(parse_spec(data))
     assert all(abs(d["est_seconds"] - 3 * p["est_seconds"]) <= 0.2 for d, p in zip(dilated, plain))   # rounding
-    startup = STARTUP_S * len(load_spec("smoke").configurations)
-    measured = total_seconds(load_spec("smoke"), plain) - startup
-    assert abs(total_seconds(load_spec("smoke"), dilated) - startup - 3 * measured) < 2.0
+    startup = STARTUP_S * len(real.configurations)
+    measured = total_seconds(real, plain) - startup
+    assert abs(total_seconds(real, dilated) - startup - 3 * measured) < 2.0
+
+
+def test_plan_says_a_virtual_spec_runs_in_virtual_time_and_what_the_real_clock_would_take(capsys):
+    assert main(["plan"]) == 0                      # the quick start: smoke, in virtual time
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("28 cells × 3 trial(s) in virtual time: seconds of simulation") and "--clock real" in last
+    assert main(["plan", "--spec", "pd-text"]) == 0
+    assert "on the simulator (cost model; real hardware differs)" in capsys.readouterr().out
 
 
 def test_rate_cells_are_planned_by_their_rate_and_in_flight_cap(capsys):

@@ -61,8 +61,8 @@ def off_loopback_dials(texts: dict[str, str]) -> list[str]:
 @pytest.fixture(scope="module")
 def run(control_plane, tmp_path_factory):
     work = tmp_path_factory.mktemp("cluster-compare")
-    spec = cluster_spec(work / "smoke-cluster.yaml", "smoke", NAMESPACE, ready_timeout_s=120, teardown_timeout_s=60,
-                        poll_interval_s=0.5)
+    spec = cluster_spec(work / "smoke-cluster.yaml", "smoke", NAMESPACE, lambda d: d.update(trials=1),
+                        ready_timeout_s=120, teardown_timeout_s=60, poll_interval_s=0.5)
     kubeconfig, token = flow_account_kubeconfig(control_plane, work / "flow.kubeconfig")
     player = PodPlayer(control_plane, work / "pods", spec, NAMESPACE, env_overrides=FAST_METRICS).start()
     out = work / "results"

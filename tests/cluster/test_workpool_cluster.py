@@ -45,7 +45,8 @@ def test_up_with_a_kubernetes_work_pool_runs_an_adhoc_flow_as_a_job(control_plan
         assert status == 200, body
         with temporary_settings({PREFECT_API_URL: f"http://127.0.0.1:{pp}/api"}):
             run = run_deployment("adhoc-comparison/adhoc-comparison", timeout=0, parameters={"request": {
-                "preset": "smoke", "configurations": ["pd-tcp"], "suites": ["mm-context"], "target": "sim"}})
+                "preset": "smoke", "configurations": ["pd-tcp"], "suites": ["mm-context"], "target": "sim",
+                "clock": "real", "trials": 1}})
             with get_client(sync_client=True) as client:
                 fr = wait_final(client, run.id, 360)
                 worker_log = (data / "logs" / "worker.log").read_text(errors="replace")[-3000:]

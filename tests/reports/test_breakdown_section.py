@@ -82,3 +82,10 @@ def test_terminal_lines_name_each_cell_and_its_parts():
     pd_line = next(line for line in lines if line.startswith("TTFT pd-rdma"))
     assert "125.0 ms p50 = prefill 100.0 + KV transfer 4.00 + first decode 9.00 + rest 12.0 ms" in pd_line
     assert breakdown_lines(None) == [] and set(PARTS) >= {"rest"}
+
+
+def test_terminal_lines_show_each_cell_once_from_its_first_trial():
+    first = table()
+    again = first.assign(trial=1, ttft_p50_ms=first["ttft_p50_ms"] + 50.0)
+    lines = breakdown_lines(pd.concat([again, first], ignore_index=True))
+    assert lines == breakdown_lines(first) and len(lines) == 2

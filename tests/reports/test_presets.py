@@ -82,4 +82,5 @@ def test_environment_and_limitations_come_from_the_spec(rendered):
     gpus = {c.gpus for c in spec.configurations}
     limits = report.split("## Benefits, trade-offs and limitations", 1)[1]
     assert ("Unequal GPU budgets" in limits) == (len(gpus) > 1)
-    assert "A single trial per cell" in limits and "Simulator run:" in limits
+    trials = "A single trial per cell" if spec.trials == 1 else f"{spec.trials} trials per cell"
+    assert trials in limits and "Simulator run:" in limits

@@ -37,3 +37,21 @@ def test_rate_cells_show_their_rate_and_cap_not_a_concurrency(tmp_path):
     for rate in RATES:
         assert f"{rate:g} req/s (≤{CAP} in flight)" in text
     assert f"concurrency {CAP}" not in text and "@" not in text.split("MLflow:")[0]
+
+
+def test_repeated_trials_print_one_row_per_configuration_and_cell_with_their_means(tmp_path):
+    import pandas as pd
+    one = rate_summary()
+    two = one.assign(trial=1, ttft_p50_ms=one["ttft_p50_ms"] + 10.0)
+    pd.concat([one, two], ignore_index=True).to_csv(tmp_path / "summary.csv", index=False)
+    outcome = {"results_dir": str(tmp_path), "mlflow_url": "http://127.0.0.1:5000/#/runs/x", "winners": [],
+               "configs": {n: {"ok": True, "transport": "emulated", "stages": "emulated"} for n in GPUS}}
+    out = io.StringIO()
+    print_summary(outcome, Console(file=out, width=200))
+    text = out.getvalue()
+    assert "(ms unless noted, mean of 2 trials)" in text
+    rows = [line for line in text.splitlines() if line.startswith("│ ")]
+    assert len(rows) == len(one)                                       # not one row per trial
+    first = one.iloc[0]
+    ok = f"{2 * int(first['requests_ok'])}/{2 * int(first['requests_total'])}"
+    assert any(ok in line and f"{first['ttft_p50_ms'] + 5.0:.1f}" in line for line in rows), rows

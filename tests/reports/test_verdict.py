@@ -101,7 +101,8 @@ def test_a_tie_names_who_tied_and_a_tie_of_everyone_says_all():
                      "tie: pd-tcp, epd, pd-rdma",                # ahead of aggregated beyond the noise
                      "tie: pd-rdma, aggregated, pd-tcp, epd (all)"]   # 1 % apart inside an 8 % run-to-run floor
     lines = verdict_lines(compare(summary))
-    assert lines[-3:] == ["    TTFT p50: aggregated 1", "    ITL p99: no winner; tied ahead 1 (epd ≈ pd-rdma ≈ pd-tcp)",
+    assert lines[-3:] == ["    TTFT p50: aggregated 1",
+                          "    ITL p99: no winner; tied ahead 1 (epd ≈ pd-rdma ≈ pd-tcp)",
                           "    tok/s per GPU: no winner; all tied 1"]
 
 

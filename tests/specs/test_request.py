@@ -42,9 +42,14 @@ def test_a_profile_that_cannot_apply_is_one_line_before_anything_runs(tmp_path):
 def test_the_form_runs_a_preset_in_virtual_time_on_the_simulator_only():
     spec = resolve_request(RunRequest(preset="smoke", clock="virtual"))
     assert spec.virtual and spec.target.sim.clock == "virtual"
-    assert not resolve_request(RunRequest(preset="smoke")).virtual
+    assert resolve_request(RunRequest(preset="smoke")).virtual            # the quick start's preset is virtual
+    assert not resolve_request(RunRequest(preset="smoke", clock="real")).virtual
+    assert not resolve_request(RunRequest(preset="pd-text")).virtual
     from epdbench.specs.request import run_name
     assert run_name(RunRequest(preset="smoke", clock="virtual"), "2026-12-04") == "smoke-sim-virtual-2026-12-04"
+    assert run_name(RunRequest(preset="smoke"), "2026-12-04") == "smoke-sim-virtual-2026-12-04"
+    assert run_name(RunRequest(preset="smoke", clock="real"), "2026-12-04") == "smoke-sim-2026-12-04"
+    assert run_name(RunRequest(preset="smoke", target="kubernetes"), "2026-12-04") == "smoke-kubernetes-2026-12-04"
     with pytest.raises(SpecError, match="clock: virtual time is the simulator's; target kubernetes runs in real"):
         resolve_request(RunRequest(preset="smoke", clock="virtual", target="kubernetes"))
 
@@ -61,3 +66,8 @@ def test_the_form_prices_a_gpu_hour_and_scales_to_a_gpu_budget():
         resolve_request(RunRequest(preset="epd-multimodal", configurations=["aggregated", "pd-tcp"], gpu_budget=1))
     with pytest.raises(ValueError):
         RunRequest(gpu_hour_usd=-1)
+
+
+def test_history_reads_a_preset_on_its_own_clock():
+    from epdbench.cli.commands import preset_clock
+    assert [preset_clock(n) for n in ("smoke", "pd-text", "tiny", "nope")] == ["virtual", "real", "real", "real"]
