@@ -13,12 +13,16 @@ MAX_BODY = 64 << 20
 
 def reply(handler: BaseHTTPRequestHandler, status: int, body: bytes = b"",
           content_type: str = "application/x-protobuf") -> None:
-    """An empty body with 200 is an empty ExportTraceServiceResponse: every span accepted."""
-    handler.send_response(status)
-    handler.send_header("Content-Type", content_type)
-    handler.send_header("Content-Length", str(len(body)))
-    handler.end_headers()
-    handler.wfile.write(body)
+    """An empty body with 200 is an empty ExportTraceServiceResponse: every span accepted. An exporter gone before
+    its answer (an engine killed, or stopped, while it exported) is no error of the receiver's: nothing is said."""
+    try:
+        handler.send_response(status)
+        handler.send_header("Content-Type", content_type)
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+    except (BrokenPipeError, ConnectionResetError):
+        handler.close_connection = True
 
 
 def read_export(handler: BaseHTTPRequestHandler) -> list[dict] | int:

@@ -81,3 +81,31 @@ def test_without_a_receiver_spans_handed_over_join_their_records_and_discarded_o
     assert sorted(df[df["request_id"] == "epd-0"]["name"]) == ["client.request", "llm_request"]
     assert list(df[df["request_id"] == "epd-1"]["name"]) == ["client.request"]
     assert set(df[df["name"] == "llm_request"]["role"]) == {"prefill"}
+
+
+def test_an_exporter_gone_before_its_answer_is_no_traceback(tmp_path, capfd):
+    """An engine killed (or stopped) while it exports resets its connection: the receiver keeps its spans and says
+    nothing (socketserver printed a BrokenPipeError traceback on the run's console)."""
+    import socket
+    import struct
+    import time
+    from urllib.parse import urlsplit
+
+    col = TraceCollector(tmp_path / "traces" / "pd-tcp.parquet", quiet_s=0.05)
+    endpoint = urlsplit(col.start())
+    try:
+        body = encode_spans([engine_span(new_trace_id(), new_span_id())], {"service.name": "decode-0"})
+        for _ in range(20):
+            s = socket.create_connection((endpoint.hostname, endpoint.port))
+            s.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+                      + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))   # close with a reset
+            s.close()
+        deadline = time.monotonic() + 5
+        while col.received < 20 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.2)
+    finally:
+        col.close()
+    assert col.received == 20
+    assert "Traceback" not in capfd.readouterr().err
