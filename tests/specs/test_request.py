@@ -71,3 +71,10 @@ def test_the_form_prices_a_gpu_hour_and_scales_to_a_gpu_budget():
 def test_history_reads_a_preset_on_its_own_clock():
     from epdbench.cli.commands import preset_clock
     assert [preset_clock(n) for n in ("smoke", "pd-text", "tiny", "nope")] == ["virtual", "real", "real", "real"]
+
+
+def test_the_quick_start_is_smoke_in_virtual_time_with_three_trials_and_the_processes_one_flag_away(started_with):
+    quick = started_with()
+    assert (quick.name, quick.virtual, quick.trials) == ("smoke", True, 3)
+    real = started_with("--clock", "real")
+    assert (real.name, real.virtual, real.trials, real.target.kind) == ("smoke", False, 3, "sim")
