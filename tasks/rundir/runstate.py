@@ -105,6 +105,19 @@ def carriers_of(tokens: set[str]) -> list[int]:
     return out
 
 
+def sessions_of(sids: set[int]) -> list[tuple[int, int, int]]:
+    """(pid, session id, start time) of every live process (zombies left out) in one of the sessions `sids`."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[3]) in sids:
+            out.append((int(stat.parent.name), int(fields[3]), int(fields[19])))
+    return out
+
+
 def command_of(pid: int) -> str:
     try:
         args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -289,7 +302,20 @@ def leftovers(rdir: Path) -> list[dict]:
     for pid in carriers_of(over) if over and GUARDED else []:
         start = process_start_time(pid)
         if pid not in seen and start is not None:
+            seen.add(pid)
             found.append({"pid": pid, "start": start, "what": f"unregistered ({command_of(pid)})"})
+    # The sessions the run's processes lead (each starts in a session of its own): what they started stays in them,
+    # also once their leader is dead, and a process may hide the run's token (vLLM's engine core and workers rename
+    # themselves with setproctitle, which writes over their environment in /proc). A session keeps its leader's pid
+    # while any member lives, so no other process can have taken that pid meanwhile; a member older than the leader
+    # registered, or a leader's pid that is another process now, is not the run's.
+    leaders = {e["pid"]: e for e in entries if {"pid", "start"} <= e.keys() and e["pid"] not in mine
+               and e.get("token") not in live}
+    for pid, sid, start in sessions_of(set(leaders)) if leaders and GUARDED else []:
+        leader = leaders[sid]
+        if pid not in seen and start >= leader["start"] and process_start_time(sid) in (None, leader["start"]):
+            seen.add(pid)
+            found.append({"pid": pid, "start": start, "what": f"{leader['what']}'s {command_of(pid)}"})
     return found
 
 

@@ -88,3 +88,40 @@ def test_a_holder_that_gives_the_folder_up_leaves_its_processes_to_a_later_clean
     finally:
         for pid in running(sleeps):
             os.kill(pid, 9)
+
+
+# A holder whose registered process (a session leader, as an engine's API server) starts a child that carries no
+# token (vLLM's engine core writes over its environment when it renames itself), then dies before the holder.
+HIDDEN = """
+import subprocess, sys, time
+from pathlib import Path
+from epdbench.tasks.rundir.runstate import RunFolder
+hold = RunFolder(Path(sys.argv[1])).acquire()
+leader = subprocess.Popen([sys.executable, "-c", "import subprocess, time; "
+                           "c = subprocess.Popen(['sleep', '60'], env={}); print(c.pid, flush=True); time.sleep(60)"],
+                          start_new_session=True, stdout=subprocess.PIPE, text=True)
+hold.register([leader.pid], "pd-tcp/prefill-0")
+child = int(leader.stdout.readline())
+print(leader.pid, child, flush=True)
+time.sleep(60)
+"""
+
+
+def test_the_guard_ends_what_a_dead_leader_left_in_its_session_though_it_hides_the_token(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", HIDDEN, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    leader, child = (int(p) for p in holder.stdout.readline().split())
+    orphan = [(child, process_start_time(child))]
+    try:
+        assert b"EPDBENCH_RUN_TOKENS" not in Path(f"/proc/{child}/environ").read_bytes()
+        os.kill(leader, 9)                              # the engine's API server dies first
+        holder.kill()                                   # then the run
+        holder.wait(timeout=10)
+        deadline = time.monotonic() + 15
+        while (running(orphan) or guards_of(tmp_path)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert running(orphan) == []
+        assert f"pd-tcp/prefill-0's sleep 60 pid {child}" in (tmp_path / "guard.log").read_text()
+    finally:
+        for pid in running(orphan):
+            os.kill(pid, 9)
