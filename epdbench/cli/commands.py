@@ -52,6 +52,10 @@ def cmd_compare(args) -> int:
     INTERRUPTED_RUN["dir"] = out
     try:
         outcome = _run_compare(args, spec, out, run_name, settings, profile)
+    except Exception:
+        if compare_flow.INTERRUPTED.is_set():   # the interrupt became another error on its way out: a terminal's
+            raise KeyboardInterrupt from None   # Ctrl-C also ends Prefect's temporary server, which then refuses
+        raise                                   # the flow's crash report (httpx.ConnectError), and the run hung
     finally:   # the run ends in any way but death: its guard leaves, ending nothing (a death, its guard handles)
         compare_flow.RUN_FOLDER = None
         hold.release()
