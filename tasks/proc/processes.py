@@ -18,6 +18,7 @@ from collections import deque
 from pathlib import Path
 
 from epdbench.tasks.proc import lifeline
+from epdbench.tasks.rundir.runstate import TRACKER_GRACE_S, is_resource_tracker, process_start_time
 from epdbench.tasks.deployment import Deployment, Process, ProvisionError, exited, log_tail, probe_until_served
 
 _LIVE: set[subprocess.Popen] = set()
@@ -142,6 +143,13 @@ def group_members(pgid: int) -> list[int]:
     return out
 
 
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
 def _signal_group(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
@@ -171,6 +179,17 @@ def stop_processes(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
     while left and time.monotonic() < deadline:
         time.sleep(0.05)
         left = [p for p in left if running(p)]
+    trackers = [pid for p in left for pid in group_members(p.pid) if is_resource_tracker(pid)]
+    for p in left:       # a resource tracker last: it unlinks its clients' shared memory once they are gone
+        for pid in group_members(p.pid):
+            if pid not in trackers:
+                _signal(pid, signal.SIGKILL)
+        if p.poll() is None:
+            _signal(p.pid, signal.SIGKILL)
+    settle = time.monotonic() + TRACKER_GRACE_S
+    while trackers and time.monotonic() < settle:
+        time.sleep(0.05)
+        trackers = [pid for pid in trackers if process_start_time(pid) is not None]
     for p in left:
         _signal_group(p.pid, signal.SIGKILL)
     settle = time.monotonic() + 5

@@ -319,20 +319,43 @@ def leftovers(rdir: Path) -> list[dict]:
     return found
 
 
+RESOURCE_TRACKER = b"multiprocessing.resource_tracker"   # in the command line of Python's resource tracker
+TRACKER_GRACE_S = 3.0     # a resource tracker's own exit once its last client died: it unlinks what they leaked
+
+
+def is_resource_tracker(pid: int) -> bool:
+    """Python's multiprocessing resource tracker (vLLM's engines start one each): it ignores SIGTERM and SIGINT and
+    leaves when its last client has died, unlinking the shared memory they left (vLLM's message queues: hundreds of
+    MiB each in /dev/shm). SIGKILLed with them, it leaves those segments in memory for good."""
+    try:
+        return RESOURCE_TRACKER in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 def end_leftovers(rdir: Path, grace_s: float = STOP_GRACE_S) -> list[dict]:
-    """SIGTERM what a killed run left running, SIGKILL what remains after `grace_s`; returns what was found."""
+    """SIGTERM what a killed run left running, SIGKILL what remains after `grace_s` — resource trackers last, once
+    their clients are gone and they have had TRACKER_GRACE_S to leave by themselves; returns what was found."""
     found = leftovers(rdir)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        alive = [e for e in found if process_start_time(e["pid"]) == e["start"]]
-        for e in alive:
+
+    def alive(entries: list[dict]) -> list[dict]:
+        return [e for e in entries if process_start_time(e["pid"]) == e["start"]]
+
+    def signal_and_wait(entries: list[dict], sig: int | None, wait_s: float) -> list[dict]:
+        for e in alive(entries) if sig is not None else []:
             try:
                 os.kill(e["pid"], sig)
             except ProcessLookupError:
                 pass
-        deadline = time.monotonic() + grace_s
-        while alive and time.monotonic() < deadline:
+        left, deadline = alive(entries), time.monotonic() + wait_s
+        while left and time.monotonic() < deadline:
             time.sleep(0.1)
-            alive = [e for e in alive if process_start_time(e["pid"]) == e["start"]]
-        if not alive:
-            break
+            left = alive(left)
+        return left
+
+    left = signal_and_wait(found, signal.SIGTERM, grace_s)
+    trackers = [e for e in left if is_resource_tracker(e["pid"])]
+    signal_and_wait([e for e in left if e not in trackers], signal.SIGKILL, grace_s)
+    if signal_and_wait(trackers, None, TRACKER_GRACE_S):     # still there once their clients are gone
+        signal_and_wait(trackers, signal.SIGKILL, grace_s)
     return found

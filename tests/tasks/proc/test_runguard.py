@@ -125,3 +125,34 @@ def test_the_guard_ends_what_a_dead_leader_left_in_its_session_though_it_hides_t
     finally:
         for pid in running(orphan):
             os.kill(pid, 9)
+
+
+def test_a_leftovers_resource_tracker_ends_last_and_unlinks_the_shared_memory_it_tracks(tmp_path):
+    """A killed run's engine left with its resource tracker (which ignores SIGTERM): the engine is SIGKILLed first,
+    the tracker then leaves by itself, unlinking the engine's shared memory (hundreds of MiB of /dev/shm per vLLM
+    engine, kept for good when the tracker was SIGKILLed with it)."""
+    from epdbench.tasks.rundir.runstate import RunFolder, is_resource_tracker, sessions_of
+    from tests.tasks.proc.test_stop_group import SHM_HOLDER
+
+    hold = RunFolder(tmp_path / "run").acquire(guard=False)
+    name_file = tmp_path / "shm.name"
+    leader = subprocess.Popen([sys.executable, "-c", SHM_HOLDER, str(name_file)], start_new_session=True)
+    segment = None
+    try:
+        hold.register([leader.pid], "aggregated/server-0")
+        deadline = time.monotonic() + 30
+        while not (name_file.exists() and name_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        segment = Path("/dev/shm") / name_file.read_text()
+        tracker = [pid for pid, _, _ in sessions_of({leader.pid}) if is_resource_tracker(pid)]
+        assert segment.exists() and len(tracker) == 1
+        hold.release()                                   # the run is over; its engine is a leftover
+        ended = end_leftovers(tmp_path / "run", grace_s=1)
+        assert {e["pid"] for e in ended} >= {leader.pid, tracker[0]}
+        assert process_start_time(tracker[0]) is None and not segment.exists()
+    finally:
+        hold.release()
+        leader.kill()
+        leader.wait(timeout=10)
+        if segment is not None:
+            segment.unlink(missing_ok=True)

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from epdbench.tasks.proc.processes import group_members, stop_process, stop_processes
-from epdbench.tasks.rundir.runstate import process_start_time
+from epdbench.tasks.rundir.runstate import is_resource_tracker, process_start_time
 
 # A leader that starts a child of its own group (as vLLM's API server starts its engine core), writes the child's
 # pid, then waits; the child ignores nothing and sleeps.
@@ -81,3 +81,34 @@ def test_groups_stopped_together_take_one_grace_not_one_each(tmp_path):
     took = time.monotonic() - t0
     assert all(process_start_time(child) is None and group_members(leader.pid) == [] for leader, child in started)
     assert 2 <= took < 6          # one after another: 6 s at least
+
+
+# A leader that ignores SIGTERM and holds a shared memory segment: Python starts its resource tracker (a child in
+# the leader's group, as in every vLLM engine), which unlinks the segment when its last client is gone.
+SHM_HOLDER = ("import signal, sys, time\n"
+              "from multiprocessing import shared_memory\n"
+              "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+              "shm = shared_memory.SharedMemory(create=True, size=1 << 20)\n"
+              "open(sys.argv[1], 'w').write(shm.name)\n"
+              "time.sleep(300)\n")
+
+
+def start_shm_holder(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    name_file = tmp_path / "shm.name"
+    leader = subprocess.Popen([sys.executable, "-c", SHM_HOLDER, str(name_file)], start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not (name_file.exists() and name_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    segment = Path("/dev/shm") / name_file.read_text()
+    assert segment.exists() and any(is_resource_tracker(p) for p in group_members(leader.pid))
+    return leader, segment
+
+
+def test_a_resource_tracker_is_killed_last_so_the_shared_memory_it_tracks_is_unlinked(tmp_path):
+    leader, segment = start_shm_holder(tmp_path)
+    try:
+        stop_process(leader, grace_s=1)                 # the leader needs its SIGKILL
+        assert group_members(leader.pid) == []
+        assert not segment.exists()                     # SIGKILLed with the group, the tracker left it in memory
+    finally:
+        segment.unlink(missing_ok=True)
