@@ -89,8 +89,27 @@ def _run_compare(args, spec, out: str, run_name: str | None, settings, profile) 
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    start_prefect_server_deaf_to_ctrl_c()
     return compare_flow.compare(spec, out_dir=out, tracking_uri=args.tracking_uri, trigger="cli", run_name=run_name,
                                 resume=bool(args.resume), regression=settings, profile=profile)
+
+
+def start_prefect_server_deaf_to_ctrl_c() -> None:
+    """Start Prefect's temporary server (when no Prefect API is configured) with SIGINT blocked, a mask its uvicorn
+    inherits and never lifts: a terminal's Ctrl-C goes to the whole foreground process group, and the server, ended by
+    it at once, left the interrupted flow retrying its crash report for minutes. It still stops on SIGTERM (Prefect's
+    own stop at exit, the interrupt's teardown) and with the run's guard."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
+
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        return
+    from prefect.server.api.server import SubprocessASGIServer
+
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        SubprocessASGIServer().start()     # the one instance Prefect's clients use when no API is configured
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def _console_filter(record: logging.LogRecord) -> bool:
