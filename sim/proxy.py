@@ -14,6 +14,7 @@ import copy
 import itertools
 import os
 import random
+import socket
 import sys
 import time
 import uuid
@@ -30,6 +31,24 @@ from epdbench.sim.server import access_log_middleware, log, until_signalled
 from epdbench.sim.spans import SpanExporter, epoch_ns, router_span, span_resource
 
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "content-encoding"}
+# Fault injection (the real-engine fault tests): every Nth decode leg of NIXL's PD protocol names, in its
+# kv_transfer_params, a prefill engine the decode has never met at a side-channel port no one listens on — the
+# decode's NIXL handshake cannot reach it, and the request's KV never arrives (its own `NIXL transfer failure` lines).
+FAULT_KV_UNREACHABLE_EVERY = "EPDBENCH_FAULT_KV_UNREACHABLE_EVERY"
+
+
+def unreachable_side_channel(kv_params: dict, n: int, port: int) -> dict:
+    """NixlConnector's kv_transfer_params pointed at an engine id of its own (so no handshake already made is
+    reused) on `port` of the same host."""
+    return {**kv_params, "remote_engine_id": f"{kv_params.get('remote_engine_id')}-unreachable-{n}",
+            "remote_port": port}
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then closed)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def has_images(body: dict) -> bool:
@@ -55,6 +74,7 @@ class Proxy:
         self.session: aiohttp.ClientSession | None = None
         self.spans = SpanExporter.from_env(span_resource("proxy"))
         self.mooncake = Bootstraps(mooncake) if mooncake is not None else None
+        self.kv_fault_every = int(os.environ.get(FAULT_KV_UNREACHABLE_EVERY) or 0)
 
     @property
     def mode(self) -> str:
@@ -140,6 +160,10 @@ class Proxy:
             if kv_params is None:
                 self.info(f"request {rid}: the prefill on {pre} stopped before its length cap and holds no KV: "
                           f"{dec} prefills it itself")
+        elif kv_params and self.kv_fault_every and self.legs["decode"] % self.kv_fault_every == 0:
+            kv_params = unreachable_side_channel(kv_params, self.legs["decode"], closed_port())
+            self.info(f"request {rid}: FAULT kv_transfer_params name an unreachable NIXL side channel "
+                      f"(port {kv_params['remote_port']})")
         decode_body = {**body, "kv_transfer_params": kv_params}
         decode_body.pop("ec_transfer_params", None)
         return await self.relay(request, dec + path, decode_body, headers)
