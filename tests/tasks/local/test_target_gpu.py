@@ -28,7 +28,14 @@ class FakePopen:
         return None
 
 
-def start_faked(monkeypatch, tmp_path: Path, config: str, **local) -> tuple:
+@pytest.fixture(scope="module")
+def cache_home(tmp_path_factory) -> Path:
+    """One cache folder for the module's starts: the real-shapes model's tokenizer is converted once (seconds on 2
+    cores), not in every test."""
+    return tmp_path_factory.mktemp("cache")
+
+
+def start_faked(monkeypatch, tmp_path: Path, config: str, cache: Path | None = None, **local) -> tuple:
     """target.start of gpu-qwen25vl's `config` with its processes faked: the deployment, what happened in order
     (spawn with its command line and environment, healthy, router with its command line, stop) and the run folder."""
     events: list = []
@@ -43,13 +50,13 @@ def start_faked(monkeypatch, tmp_path: Path, config: str, **local) -> tuple:
     run = tmp_path / "run"
     run.mkdir()
     spec = gpu_spec(tmp_path / "shm", **local)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache or tmp_path / "cache"))
     return target.start(spec, spec.configuration(config), run / "spec.yaml", run / "logs"), events, run
 
 
 @pytest.fixture(params=[True, False], ids=["together", "one-after-another"])
-def started(monkeypatch, tmp_path, request):
-    return *start_faked(monkeypatch, tmp_path, "epd", start_together=request.param), request.param
+def started(monkeypatch, tmp_path, request, cache_home):
+    return *start_faked(monkeypatch, tmp_path, "epd", cache_home, start_together=request.param), request.param
 
 
 def test_engines_sharing_a_gpu_start_together_once_sized_else_one_after_another(started):
