@@ -53,7 +53,9 @@ def assert_published_virtual_run(proc, out: Path, db: Path, spec_path: str) -> N
     for name, c in outcome["configs"].items():
         assert c["transport"] in ("emulated", "not-applicable") and c["stages"] == "emulated", (name, c)
     assert "in virtual time: every figure is the cost model's, no process runs" in proc.stdout
-    assert "(ms unless noted) — virtual time: the simulator's cost model, not a measurement" in proc.stdout
+    trials = "" if spec.trials == 1 else f", mean of {spec.trials} trials"    # one row per cell over its trials
+    assert (f"(ms unless noted{trials}) — virtual time: the simulator's cost model, not a measurement"
+            in " ".join(proc.stdout.split())), proc.stdout[-3000:]
     report = (out / "report.md").read_text()
     assert "on simulator in virtual time (emulated hardware)" in report.splitlines()[0]
     assert "> **Simulator run in virtual time.**" in report and "clock **virtual**" in report

@@ -29,6 +29,10 @@ from epdbench.tasks.proc.processes import (free_port, port_taken, private_port_b
 from epdbench.tasks.local.wheelhouse_pins import DEFAULT_VENV
 
 STOP_GRACE_S = 30               # vLLM shuts its engine core down on SIGTERM; a CPU engine takes a few seconds
+# A start that failed or was interrupted: vLLM's API server ignores SIGTERM until it has started (seen on its CPU
+# build: profiling, compiling or loading went on to the 30 s grace), and an engine that never served has nothing
+# to drain, so its group is killed after this much
+STARTING_STOP_GRACE_S = 5
 EC_MIN_FREE_GB = 1.0            # the encoder-output folder's filesystem: 2.9 MB per 560-px image on Qwen2.5-VL-7B
 # Variables of epdbench's own environment that must not reach vLLM's interpreter: its Python's, and those that would
 # choose the KV transport or hide its evidence (UCX's; Mooncake's forced transports, and MC_LOG_DIR / MC_LOG_LEVEL,
@@ -170,7 +174,7 @@ def start(spec: ExperimentSpec, config: ConfigurationSpec, spec_path: Path, log_
                 log_dir / TELEMETRY_FILE)
         return served
     except BaseException:
-        stop(dep)
+        stop(dep, STARTING_STOP_GRACE_S)
         raise
 
 
@@ -200,11 +204,11 @@ def router_command(spec: ExperimentSpec, config: ConfigurationSpec, engines: lis
     return cmd, dict(os.environ), url, f"http://{host}:{prom_port}/metrics"
 
 
-def stop(dep: Deployment) -> None:
-    """Stop the router first, then the engines (each with its engine core), then remove EPD's encoder-output
-    folder; never raises."""
+def stop(dep: Deployment, grace_s: float = STOP_GRACE_S) -> None:
+    """Stop the router first, then the engines (each with its engine core) within `grace_s` of SIGTERM, then remove
+    EPD's encoder-output folder; never raises."""
     if dep.telemetry is not None:
         dep.telemetry.stop()
-    stop_deployment(dep, grace_s=STOP_GRACE_S)
+    stop_deployment(dep, grace_s=grace_s)
     if dep.ec_dir is not None:
         shutil.rmtree(dep.ec_dir, ignore_errors=True)

@@ -105,6 +105,27 @@ def test_epd_gets_its_own_encoder_output_folder_and_the_proxy_in_front(started):
     assert not dep.ec_dir.exists()
 
 
+def test_a_start_that_fails_or_is_interrupted_stops_its_engines_within_the_short_grace(monkeypatch, tmp_path,
+                                                                                        cache_home):
+    """vLLM's API server ignores SIGTERM until it has started: a start that fails (or a Ctrl-C while engines
+    profile) kills their groups after STARTING_STOP_GRACE_S, not the 30 s a serving engine gets to drain."""
+    graces = []
+    monkeypatch.setattr(target, "stop_deployment", lambda dep, grace_s: graces.append(grace_s))
+
+    def interrupted(procs, deadline, interval_s=0.2):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(target, "wait_healthy", interrupted)
+    monkeypatch.setattr(target, "vllm_version", lambda python, make=None: "0.26.0")
+    monkeypatch.setattr(target, "spawn", lambda cmd, log, env, what: FakePopen())
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache_home))
+    (tmp_path / "run").mkdir()
+    spec = gpu_spec(tmp_path / "shm")
+    with pytest.raises(KeyboardInterrupt):
+        target.start(spec, spec.configuration("pd-nixl-tcp"), tmp_path / "run" / "spec.yaml", tmp_path / "run" / "logs")
+    assert graces == [target.STARTING_STOP_GRACE_S] and target.STARTING_STOP_GRACE_S < target.STOP_GRACE_S
+
+
 def test_a_shared_folder_without_room_is_refused_in_one_line(monkeypatch, tmp_path):
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(target.shutil, "disk_usage", lambda path: usage(64e6, 0, 64e6))
