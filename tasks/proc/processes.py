@@ -18,7 +18,7 @@ from collections import deque
 from pathlib import Path
 
 from epdbench.tasks.proc import lifeline
-from epdbench.tasks.rundir.runstate import TRACKER_GRACE_S, is_resource_tracker, process_start_time
+from epdbench.tasks.rundir.runstate import TRACKER_GRACE_S, is_resource_tracker, live_stats, process_start_time
 from epdbench.tasks.deployment import Deployment, Process, ProvisionError, exited, log_tail, probe_until_served
 
 _LIVE: set[subprocess.Popen] = set()
@@ -132,15 +132,7 @@ def spawn(cmd: list[str], log_path: Path, env: dict, what: str) -> subprocess.Po
 
 def group_members(pgid: int) -> list[int]:
     """The live processes (zombies left out) of process group `pgid`, from /proc."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            out.append(int(stat.parent.name))
-    return out
+    return [pid for pid, fields in live_stats() if int(fields[2]) == pgid]
 
 
 def _signal(pid: int, sig: int) -> None:

@@ -105,16 +105,24 @@ def carriers_of(tokens: set[str]) -> list[int]:
     return out
 
 
-def sessions_of(sids: set[int]) -> list[tuple[int, int, int]]:
-    """(pid, session id, start time) of every live process (zombies left out) in one of the sessions `sids`."""
-    out = []
+def live_stats():
+    """(pid, the fields of its /proc/PID/stat after the command: state, ppid, pgrp, session, …) of every live
+    process, zombies left out; a process gone while read is skipped."""
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        if fields[0] != "Z" and int(fields[3]) in sids:
-            out.append((int(stat.parent.name), int(fields[3]), int(fields[19])))
+        if fields[0] != "Z":
+            yield int(stat.parent.name), fields
+
+
+def sessions_of(sids: set[int]) -> list[tuple[int, int, int]]:
+    """(pid, session id, start time) of every live process (zombies left out) in one of the sessions `sids`."""
+    out = []
+    for pid, fields in live_stats():
+        if int(fields[3]) in sids:
+            out.append((pid, int(fields[3]), int(fields[19])))
     return out
 
 
