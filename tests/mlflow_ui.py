@@ -30,10 +30,12 @@ GENAI = ("Detect Issues", "Evaluation runs", "Evaluations", "Judges")          #
 
 
 @contextmanager
-def mlflow_server(db: Path):
-    """`mlflow server` on a free loopback port over the SQLite store `db`: its address once /health answers."""
+def mlflow_server(db: Path, artifacts: Path | None = None):
+    """`mlflow server` on a free loopback port over the SQLite store `db` (and `artifacts` as its artifact store,
+    when given): its address once /health answers."""
     port = free_port("127.0.0.1")
     server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{db}",
+                               *(["--artifacts-destination", str(artifacts)] if artifacts else []),
                                "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                               env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})

@@ -146,39 +146,17 @@ def test_a_store_that_takes_no_spans_gets_the_same_traces_span_by_span(store, mo
 def test_through_an_mlflow_server_the_batch_goes_over_its_otlp_endpoint(tmp_path, store, monkeypatch):
     """`epdbench up`'s MLflow (a server on a SQLite store): the spans go through its OTLP endpoint, then each
     trace's info; the traces equal those written straight to a SQL store."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-    import urllib.request
-
     import mlflow
     from mlflow import MlflowClient
 
-    from epdbench.tasks.proc.processes import free_port
+    from tests.mlflow_ui import mlflow_server
     direct, direct_exp, direct_run = store
 
     def not_span_by_span(*args):
         raise AssertionError("the server took no batch")
     monkeypatch.setattr(traces, "_span_by_span", not_span_by_span)
     publish_cell_traces(direct, direct_exp, direct_run, cell())
-    port = free_port("127.0.0.1")
-    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
-                               f"sqlite:///{tmp_path / 'server.db'}", "--artifacts-destination",
-                               str(tmp_path / "server-artifacts"), "--host", "127.0.0.1", "--port", str(port),
-                               "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
-                              start_new_session=True)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        for _ in range(120):                      # up to 60 s
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=2).close()
-                break
-            except OSError:
-                assert server.poll() is None, "mlflow server exited"
-                time.sleep(0.5)
+    with mlflow_server(tmp_path / "server.db", tmp_path / "server-artifacts") as url:
         mlflow.set_tracking_uri(url)
         client = QuietClient(MlflowClient(url))
         exp = client.create_experiment("traces")
@@ -190,6 +168,3 @@ def test_through_an_mlflow_server_the_batch_goes_over_its_otlp_endpoint(tmp_path
             for t in got.values():
                 t.pop("run")
         assert over_http == straight
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)     # the server and the uvicorn worker it starts
-        server.wait(timeout=30)
