@@ -25,11 +25,17 @@ sys.exit(main(["compare", "--spec", sys.argv[1], "--out", sys.argv[2]]))
 """
 
 
+def interrupted_compare(script: str, spec: Path, out: Path) -> subprocess.CompletedProcess:
+    """`script` (a compare whose flow is replaced) run on `spec` into `out`; it must end as interrupted (130)."""
+    done = subprocess.run([sys.executable, "-c", script, str(spec), str(out)], cwd=out.parent, capture_output=True,
+                          text=True, timeout=120, env=NO_SERVER)
+    assert done.returncode == 130, done.stdout[-2000:] + done.stderr[-2000:]
+    return done
+
+
 def test_a_swallowed_interrupt_still_ends_the_run_as_interrupted(tiny_spec_path, tmp_path):
     out = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-c", SWALLOWED, str(tiny_spec_path), str(out)], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120, env=NO_SERVER)
-    assert done.returncode == 130, done.stdout[-2000:] + done.stderr[-2000:]
+    done = interrupted_compare(SWALLOWED, tiny_spec_path, out)
     assert done.stderr.strip().splitlines()[-1].startswith("interrupted: every started process was stopped")
     assert f"--resume {out}" in done.stderr
 
@@ -52,9 +58,7 @@ sys.exit(main(["compare", "--spec", sys.argv[1], "--out", sys.argv[2]]))
 
 def test_an_interrupt_turned_into_another_error_still_ends_the_run_as_interrupted(tiny_spec_path, tmp_path):
     out = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-c", REPLACED, str(tiny_spec_path), str(out)], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120, env=NO_SERVER)
-    assert done.returncode == 130, done.stdout[-2000:] + done.stderr[-2000:]
+    done = interrupted_compare(REPLACED, tiny_spec_path, out)
     assert done.stderr.strip().splitlines() == [
         f"interrupted: every started process was stopped; finished records kept in {out}, continue with: "
         f"epdbench compare --resume {out}"]

@@ -57,37 +57,34 @@ def test_the_layer_contract_holds(tree):
     assert "Contracts: 3 kept, 0 broken." in out.stdout
 
 
-def test_an_upward_import_breaks_the_contract(tree):
-    module = tree / "epdbench" / "analysis" / "metrics.py"
-    module.write_text(module.read_text() + "\nfrom epdbench.flows import compare  # climbs four layers\n")
+def lint_with(tree: Path, module: str, line: str) -> str:
+    """import-linter's output on `tree` with `line` appended to `module` (a path under epdbench/); it must fail."""
+    path = tree / "epdbench" / module
+    path.write_text(path.read_text() + f"\n{line}\n")
     out = lint_imports(tree)
     assert out.returncode != 0
-    assert "One way down through the layers BROKEN" in out.stdout
-    assert "epdbench.analysis.metrics -> epdbench.flows" in out.stdout
+    return out.stdout
+
+
+def test_an_upward_import_breaks_the_contract(tree):
+    out = lint_with(tree, "analysis/metrics.py", "from epdbench.flows import compare  # climbs four layers")
+    assert "One way down through the layers BROKEN" in out
+    assert "epdbench.analysis.metrics -> epdbench.flows" in out
 
 
 def test_a_calibrate_mode_calling_back_into_planning_breaks_the_contract(tree):
     """The circle planning → ops → planning (each mode once took its helpers from planning) does not come back."""
-    module = tree / "epdbench" / "cli" / "ops.py"
-    module.write_text(module.read_text() + "\nfrom epdbench.cli.planning import cmd_calibrate  # back up\n")
-    out = lint_imports(tree)
-    assert out.returncode != 0
-    assert "The calibrate modes import their shared helpers, never planning or each other BROKEN" in out.stdout
-    assert "epdbench.cli.ops -> epdbench.cli.planning" in out.stdout
+    out = lint_with(tree, "cli/ops.py", "from epdbench.cli.planning import cmd_calibrate  # back up")
+    assert "The calibrate modes import their shared helpers, never planning or each other BROKEN" in out
+    assert "epdbench.cli.ops -> epdbench.cli.planning" in out
 
 
 def test_one_calibrate_mode_importing_another_breaks_the_contract(tree):
-    module = tree / "epdbench" / "cli" / "transport_fit.py"
-    module.write_text(module.read_text() + "\nfrom epdbench.cli.engine_steps import cmd_calibrate_engine_steps\n")
-    out = lint_imports(tree)
-    assert out.returncode != 0
-    assert "epdbench.cli.transport_fit -> epdbench.cli.engine_steps" in out.stdout
+    out = lint_with(tree, "cli/transport_fit.py", "from epdbench.cli.engine_steps import cmd_calibrate_engine_steps")
+    assert "epdbench.cli.transport_fit -> epdbench.cli.engine_steps" in out
 
 
 def test_a_side_effect_library_in_a_pure_module_breaks_the_contract(tree):
-    module = tree / "epdbench" / "reports" / "fmt.py"
-    module.write_text(module.read_text() + "\nimport mlflow  # tracking belongs in tasks/\n")
-    out = lint_imports(tree)
-    assert out.returncode != 0
-    assert "Pure modules import no orchestration, cluster, HTTP-client or tracking library BROKEN" in out.stdout
-    assert "epdbench.reports.fmt -> mlflow" in out.stdout
+    out = lint_with(tree, "reports/fmt.py", "import mlflow  # tracking belongs in tasks/")
+    assert "Pure modules import no orchestration, cluster, HTTP-client or tracking library BROKEN" in out
+    assert "epdbench.reports.fmt -> mlflow" in out

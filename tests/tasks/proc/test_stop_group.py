@@ -21,13 +21,19 @@ LEADER = ("import subprocess, sys, time\n"
           "time.sleep(300)\n")
 
 
-def start_leader(tmp_path: Path) -> tuple[subprocess.Popen, int]:
-    pid_file = tmp_path / "child.pid"
-    p = subprocess.Popen([sys.executable, "-c", LEADER, str(pid_file)], start_new_session=True)
+def started_writing(script: str, out: Path) -> tuple[subprocess.Popen, str]:
+    """`script` run as the leader of a new session, given `out` to write: the process and what it wrote (waited for,
+    30 s at most)."""
+    p = subprocess.Popen([sys.executable, "-c", script, str(out)], start_new_session=True)
     deadline = time.monotonic() + 30
-    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+    while not (out.exists() and out.read_text()) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return p, int(pid_file.read_text())
+    return p, out.read_text()
+
+
+def start_leader(tmp_path: Path) -> tuple[subprocess.Popen, int]:
+    p, child = started_writing(LEADER, tmp_path / "child.pid")
+    return p, int(child)
 
 
 def test_a_dead_leaders_group_is_ended(tmp_path):
@@ -94,12 +100,8 @@ SHM_HOLDER = ("import signal, sys, time\n"
 
 
 def start_shm_holder(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
-    name_file = tmp_path / "shm.name"
-    leader = subprocess.Popen([sys.executable, "-c", SHM_HOLDER, str(name_file)], start_new_session=True)
-    deadline = time.monotonic() + 30
-    while not (name_file.exists() and name_file.read_text()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    segment = Path("/dev/shm") / name_file.read_text()
+    leader, name = started_writing(SHM_HOLDER, tmp_path / "shm.name")
+    segment = Path("/dev/shm") / name
     assert segment.exists() and any(is_resource_tracker(p) for p in group_members(leader.pid))
     return leader, segment
 
