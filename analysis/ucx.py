@@ -42,6 +42,8 @@ NIXL_FAILURE = re.compile(r"NIXL transfer failure: ([a-z_]+)(?:\. .*?)? \| Conte
 NIXL_FAILURE_OLD = re.compile(r"NIXL (?:transfer failed|transfer exception|send_notif failed|transfer setup/initiation "
                               r"failed) for request .*")
 NIXL_FAILED_REQUEST = re.compile(r"'request_id': '([^']+)'|for request (\S+)")   # None: a handshake's own line
+# vLLM's engine id of a completion: `cmpl-<client id>-<choice>-<8 hex>` (its input processor appends the random part)
+VLLM_ENGINE_ID = re.compile(r"(?:chatcmpl|cmpl)-(.+?)(?:-\d+)?-[0-9a-f]{8}")
 NIXL_INIT = re.compile(r"Initializing NIXL (?:wrapper|worker.*)")
 EC_READ_DONE = re.compile(r"EC (?:consumer|producer): NIXL READ completed mm_hash=\S+(?: key=\S+)?")
 EC_FAILURES = re.compile(r"EC (?:consumer: (?:failed to start NIXL xfer|NIXL xfer failed)|Connector: READ for "
@@ -171,9 +173,17 @@ def _scan_vllm(pod: dict, line: LogLine) -> None:
         pod["ec_failures"] += 1
 
 
+def client_request_id(vllm_id: str) -> str:
+    """The client's id of a request from vLLM's engine id of it (`cmpl-<client id>-0-1a2b3c4d`); other ids as they
+    are (a line may name the client's id itself)."""
+    return m.group(1) if (m := VLLM_ENGINE_ID.fullmatch(vllm_id)) else vllm_id
+
+
 def _lost_request(pod: dict, msg: str) -> None:
-    """The request a `NIXL transfer failure` line names (vLLM's id of it: `cmpl-<client id>-…`), once."""
-    if (m := NIXL_FAILED_REQUEST.search(msg)) and (rid := m.group(1) or m.group(2)) not in pod["kv_lost_requests"]:
+    """The request a `NIXL transfer failure` line names, by the client's id, once (a request's KV may fail in
+    several lines: its handshake, then its transfer)."""
+    if ((m := NIXL_FAILED_REQUEST.search(msg))
+            and (rid := client_request_id(m.group(1) or m.group(2))) not in pod["kv_lost_requests"]):
         pod["kv_lost_requests"].append(rid)
 
 

@@ -5,7 +5,7 @@ import pytest
 
 from epdbench.analysis.logformats import parse_line
 from epdbench.analysis.transport import kv_expectation
-from epdbench.analysis.ucx import lane_class, nixl_of_pod, parse_lanes, verify_nixl
+from epdbench.analysis.ucx import client_request_id, lane_class, nixl_of_pod, parse_lanes, verify_nixl
 from epdbench.sim.logfmt import ucx_line
 from epdbench.sim.metrics import TransferWindow, nixl_stats_line
 
@@ -164,6 +164,22 @@ def test_endpoints_sharing_a_lane_set_make_one_reason_with_their_count():
         "expected rdma; prefill-0 thread 703 inter-node cfg#2: lane am(tcp/eth7) on TCP"]
 
 
+def test_a_request_whose_kv_failed_in_several_lines_and_forms_is_lost_once_by_the_clients_id():
+    """vLLM's engine id carries the client's id between `cmpl-` and the choice index with a random part; a line that
+    names the client's id itself is the same request."""
+    assert client_request_id("cmpl-epdbench-probe-0-9c26ea38") == "epdbench-probe"
+    assert client_request_id("chatcmpl-epd-7-1-m2-ab12cd-1f2e3d4c") == "epd-7-1-m2-ab12cd"
+    assert client_request_id("epd-7-1-m2-ab12cd") == "epd-7-1-m2-ab12cd"            # no vLLM prefix: as it is
+    assert client_request_id("cmpl-short") == "cmpl-short"                          # no random part: not vLLM's form
+    line = ("NIXL transfer failure: handshake_failed | Context: {'failure_type': 'handshake_failed', "
+            "'request_id': '%s', 'engine_id': 'e1'}")
+    lines = [f"(EngineCore_DP0 pid=9) ERROR 12-08 00:10:0{i} [base_worker.py:1261] " + line % rid
+             for i, rid in enumerate(["cmpl-epdbench-probe-0-9c26ea38", "epdbench-probe", "cmpl-m1-0-0a0b0c0d"])]
+    pod = nixl_of_pod(lines)
+    assert pod["transfer_failures"] == ["handshake_failed"] * 3
+    assert pod["kv_lost_requests"] == ["epdbench-probe", "m1"]
+
+
 def test_a_failed_handshake_names_the_requests_whose_kv_never_arrived():
     """vLLM 0.32's own lines (CPU build, a side channel no one listened on): the lanes were tcp and transfers had
     succeeded, yet the verdict is a mismatch that counts NIXL's failure lines by kind and names the request."""
@@ -171,7 +187,7 @@ def test_a_failed_handshake_names_the_requests_whose_kv_never_arrived():
     pod = nixl_of_pod(lines)
     assert pod["observed"] == "tcp" and pod["successful_transfers"] >= 1
     assert sorted(pod["transfer_failures"]) == ["handshake_failed"] * 2 + ["handshake_setup_failed"] * 2
-    lost = ["cmpl-epd-7-204832-m1-49da4e-0-bf5af7b3", "cmpl-epd-7-204832-m4-9f0648-0-b9ee56aa"]
+    lost = ["epd-7-204832-m1-49da4e", "epd-7-204832-m4-9f0648"]     # the client's ids of cmpl-<id>-0-<8 hex>
     assert pod["kv_lost_requests"] == lost                   # the handshake's own line names no request
     out = verify_nixl("tcp", {"decode-0": pod}, roles={"decode-0": "decode"})
     assert out["verdict"] == "mismatch" and out["failed_transfers"] == 6     # 2 in vLLM's metrics, 4 NIXL lines
