@@ -13,7 +13,7 @@ import json
 import math
 
 from epdbench.analysis.prom import counter_deltas, hit_rate
-from epdbench.analysis.truth import COLUMNS, parse_workload
+from epdbench.analysis.truth import COLUMNS, TELEMETRY, parse_workload
 
 # vLLM's cache counters (analysis.prom.DELTA_COUNTERS' keys): the share of the cell's prompt tokens its prefix cache
 # served, and of its images its multi-modal processor cache did. A truth row is meant to be cold;
@@ -43,11 +43,12 @@ def _num(value) -> float | None:
 
 
 def client_figures_from_summary(stats: dict) -> dict:
-    """The client columns from epdbench's own cell summary (analysis.metrics.summarize_cell)."""
+    """The client columns from epdbench's own cell summary (analysis.metrics.summarize_cell, or a run's summary
+    row), and the GPU over the cell (analysis.truth.TELEMETRY) where the summary has it."""
     return {"n_measured": stats.get("requests_total"), "requests_ok": stats.get("requests_ok"),
             "prompt_tokens_mean": _num(stats.get("prompt_tokens_mean")),
             **{k: _num(stats.get(k)) for k in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "itl_p99_ms",
-                                               "output_tok_s", "req_s")}}
+                                               "output_tok_s", "req_s", *TELEMETRY)}}
 
 
 def client_figures_from_bench(result: dict) -> dict:

@@ -1,11 +1,15 @@
 """benchmarks/simulator/truth_from_run.py: a compare run's results folder (summary.csv, spec.yaml, evidence/<config>/
-stages.json) written as a truth table, every configuration's cells and a mixed window's streams; bad input is one
-line and exit 2."""
+stages.json) written as a truth table, every configuration's cells and a mixed window's streams; the GPU lane's kept
+folders (benchmarks/gpu/gpu_local_lane.py: lane.json, records.parquet, stages.json) as one table of three
+configurations, its client figures the product's summary of the records; bad input is one line and exit 2."""
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pandas as pd
+import pytest
 import yaml
 
 from epdbench.analysis import truth
@@ -56,3 +60,59 @@ def test_a_simulator_run_or_a_folder_without_evidence_is_one_line_and_exit_2(tmp
     assert "a run on target sim, not on real engines" in capsys.readouterr().err
     assert script.main([str(tmp_path / "nowhere"), *args]) == 2
     assert "not a compare results folder" in capsys.readouterr().err
+
+
+DATA = Path(__file__).parent.parent / "benchmarks" / "data"
+# benchmarks/gpu/gpu_local_lane.py's folders kept from the H100 GPU lane, each one configuration's files laid flat
+LANES = [DATA / "h100-2026-12-07" / "lane-aggregated", DATA / "h100-2026-12-06" / "lane-pd-nixl-tcp",
+         DATA / "h100-2026-12-06" / "lane-epd"]
+LANE_ARGS = ["--gpu", "NVIDIA H100 80GB HBM3", "--vllm-version", "0.26.0"]
+
+
+def test_the_kept_gpu_lanes_become_the_kept_one_gpu_table(tmp_path, capsys):
+    out = tmp_path / "truth.csv"
+    script = load_benchmark("simulator/truth_from_run")
+    assert script.main([*map(str, LANES), *LANE_ARGS, "--out", str(out)]) == 0
+    assert "12 rows (3 configurations, 4 cells)" in capsys.readouterr().out
+    table = pd.read_csv(out)
+    truth.check(table)
+    pd.testing.assert_frame_equal(table, pd.read_csv(DATA / "h100-2026-12-07" / "truth_one_gpu_lanes.csv"))
+    # the client figures are the product's summary of the records: what the lane printed for each cell as it ran
+    for lane in LANES:
+        for result in json.loads((lane / "lane.json").read_text()):
+            for cell in result["cells"]:
+                suite, workload, conc, _ = cell["cell"].split("|")
+                row = table[(table["config"] == result["config"]) & (table["suite"] == suite)
+                            & (table["workload"] == workload) & (table["concurrency"] == int(conc[1:]))]
+                assert len(row) == 1
+                for column in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "itl_p99_ms", "output_tok_s",
+                               "energy_j_per_token"):
+                    assert row[column].iloc[0] == pytest.approx(cell[column], abs=1e-3), (cell["cell"], column)
+    assert (table["n_measured"] == 8).all() and (table["requests_ok"] == 8).all()
+    # cold: no prefix-cache hit, no image from the encoder cache; the engine histograms' per-suite deltas are not in
+    # these stages.json (kept before the evidence took them): those columns are empty, not 0
+    assert (table["engine_prefix_hit_pct"] == 0).all()
+    assert (table[table["suite"] == "image"]["engine_mm_hit_pct"] == 0).all()
+    assert table["engine_prefill_ms_mean"].isna().all()
+
+
+def test_a_lane_folder_it_cannot_use_is_one_line_and_exit_2(tmp_path, capsys):
+    script = load_benchmark("simulator/truth_from_run")
+    out = ["--out", str(tmp_path / "t.csv")]
+    broken = tmp_path / "lane"
+    shutil.copytree(LANES[0], broken)
+    (broken / "records.parquet").unlink()
+    assert script.main([str(broken), *LANE_ARGS, *out]) == 2
+    assert capsys.readouterr().err.strip().endswith("lane.json but no records.parquet (a gpu_local_lane.py folder has "
+                                                    "lane.json, records.parquet and spec.yaml)")
+    assert script.main([str(LANES[0]), str(LANES[0]), *LANE_ARGS, *out]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "configuration aggregated is in an earlier folder too" in err
+    shutil.copytree(LANES[1], tmp_path / "no-stages")
+    (tmp_path / "no-stages" / "stages.json").unlink()
+    assert script.main([str(tmp_path / "no-stages"), *LANE_ARGS, *out]) == 2
+    assert "no evidence/<config>/stages.json nor stages.json" in capsys.readouterr().err
+    (tmp_path / "no-stages" / "lane.json").write_text("{}")
+    assert script.main([str(tmp_path / "no-stages"), *LANE_ARGS, *out]) == 2
+    assert "lane.json: not a list of configurations' results" in capsys.readouterr().err
+    assert not (tmp_path / "t.csv").exists()
