@@ -151,8 +151,15 @@ class Encoder:
         try:
             async with self.lock:
                 started = clock()
-                seconds = r.cost.encode_seconds(todo) + (r.spec.hardware.step_overhead_ms / 1e3 if todo else 0)
-                await asyncio.sleep(seconds * r.time_scale)
+                gpu_s = r.cost.encode_seconds(todo)
+                host_s = r.spec.hardware.step_overhead_ms / 1e3 if todo else 0
+                seconds = gpu_s + host_s
+                if r.engine.gpu is not None:      # virtual time, a GPU shared with other engines (sim.gpu)
+                    await asyncio.sleep(host_s)
+                    await r.engine.gpu.run(gpu_s)
+                    seconds = clock() - started
+                else:
+                    await asyncio.sleep(seconds * r.time_scale)
                 if notes is not None:
                     notes.encode = (queued, started, clock())
             for h, n in mine.items():

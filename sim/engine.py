@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from epdbench.physics.costmodel import CostModel, chunk_prefill, output_seconds
 from epdbench.sim.fused import decode_stretch
+from epdbench.sim.gpu import GpuShare
 from epdbench.sim.lag import Lag
 from epdbench.sim.prefix_cache import BLOCK_TOKENS, PrefixCache
 from epdbench.sim.sequence import Sequence, admission_order, blocks, drop, new_blocks
@@ -72,6 +73,7 @@ class Engine:
         self._output_busy = 0.0   # when the API server's output path is done with the tokens handed to it so far
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self.gpu: GpuShare | None = None   # virtual time: the GPU it shares with other engines (sim.gpu)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -251,6 +253,14 @@ class Engine:
                 continue
             duration = self.cost.step_seconds([s.context for s in decodes],
                                               [c for _, c in scheduled], encoder_images)
+            if self.gpu is not None:            # its GPU part shared with the engines beside it
+                modelled_end = await self._shared_step(start, duration)
+                self.lag.observe(0.0)
+                self.stats.steps += 1
+                self.stats.busy_s += modelled_end - start
+                self.stats.encoder_tokens += sum(encoder_images)
+                self._finish_step(decodes, scheduled, modelled_end)
+                continue
             modelled_end = start + duration * self.time_scale
             if (self.fuse_decodes and decodes and not scheduled and not encoder_images
                     and self.stats.preemptions == preemptions):
@@ -262,6 +272,15 @@ class Engine:
             self.stats.busy_s += duration
             self.stats.encoder_tokens += sum(encoder_images)
             self._finish_step(decodes, scheduled, modelled_end)
+
+    async def _shared_step(self, start: float, duration: float) -> float:
+        """Virtual time, on a GPU shared with other engines (sim.gpu): the step's host part (step_overhead_ms),
+        then its GPU part at the share the others leave it; returns when it ended. Steps are not fused here: each
+        one's length depends on what the others run meanwhile."""
+        host = min(duration, self.cost.hw.step_overhead_ms / 1e3)
+        await self.sleep(max(0.0, start + host - self.clock()))
+        await self.gpu.run(duration - host)
+        return self.clock()
 
     async def _run_stretch(self, decodes: list[Sequence], first_end: float, first_duration: float) -> float:
         """Virtual time: the planned decode-only step and the ones that follow it unchanged (sim.fused), waited

@@ -31,6 +31,7 @@ from epdbench.physics.costmodel import CostModel, kv_descriptors, link_bytes_per
 from epdbench.sim.apiserver import ApiServer
 from epdbench.sim.encoder import Encoder
 from epdbench.sim.engine import Engine, Sequence
+from epdbench.sim.gpu import GpuShare, shares_one_gpu
 from epdbench.sim.link import Link
 from epdbench.sim.metrics import Counters
 from epdbench.otlp import new_span_id
@@ -180,6 +181,9 @@ class VirtualCluster:
         self.proxied = config.topology == "epd" or spec.target.sim.router != "vllm-router"
         self.replicas = {r.role: [VReplica(spec, config, r.role, i, clock) for i in range(r.replicas)]
                          for r in config.roles}
+        self.gpu = GpuShare() if shares_one_gpu(spec, config) else None
+        for rep in self.all():
+            rep.engine.gpu = self.gpu
         self._next = {role: itertools.cycle(reps) for role, reps in self.replicas.items()}
         # what a parse depends on besides the body: the model, and the context for what the request may generate
         self._model = (spec.model.model_dump_json(), spec.engine.max_model_len)

@@ -90,7 +90,7 @@ class ExperimentSpec(Strict):
             raise ValueError(f"suite names must be unique: {suites}")
         for i, c in enumerate(self.configurations):
             # a spec whose engines share one GPU on the local target keeps its node's one GPU on the simulator too,
-            # which models a GPU per role (it cannot model a shared one)
+            # which time-slices it between them in virtual time (sim.gpu) and gives each role a GPU on the HTTP clock
             if c.gpus > self.hardware.gpus_per_node and not self.target.local.gpu_share:
                 raise ValueError(f"field 'configurations.{i}' ({c.name}) needs {c.gpus} GPUs but "
                                  f"'hardware.gpus_per_node' is {self.hardware.gpus_per_node}: "

@@ -30,7 +30,7 @@ def replica(topology: str = "aggregated") -> SimpleNamespace:
     return SimpleNamespace(spec=spec, config=SimpleNamespace(topology=topology, ec_expected="tcp"), counters=Counters(),
                            log=log, cost=CostModel(MODEL, GPU), time_scale=1.0, pid=1,
                            role="encode" if topology == "epd" else "server",
-                           engine=SimpleNamespace(clock=lambda: asyncio.get_running_loop().time()),
+                           engine=SimpleNamespace(clock=lambda: asyncio.get_running_loop().time(), gpu=None),
                            engine_log=lambda msg, **kw: log.append(msg))
 
 
