@@ -8,10 +8,10 @@ from epdbench.cli import main
 from epdbench.specs.models import PRESET_DIR, SpecError, load_spec, parse_spec, spec_changes, spec_fingerprint
 
 # Every preset's fingerprint before the field existed (gpu-qwen25vl's and vllm-truth's since their cells and
-# configurations of 2026-12-07; smoke's since it became the quick start in virtual time with three trials, 2026-12-07:
+# configurations of 2026-12-07, gpu-qwen25vl's since its simulator clock became virtual, 2026-12-08; smoke's since it became the quick start in virtual time with three trials, 2026-12-07:
 # with `trials: 1` on the real clock it is c28140e494a4b680 as before): nightly history matches runs on them.
 FINGERPRINTS = {"cpu-tiny": "fb97ebc3ca05a1bf", "epd-multimodal": "44ce3323c6919ff2", "epd-reuse": "787a60ccd008bccc",
-                "gpu-qwen25vl": "e5173d34560ceeea", "pd-nixl": "318915711abad75c", "pd-text": "00a2cca05024945e",
+                "gpu-qwen25vl": "cec00e7d4cfcc68f", "pd-nixl": "318915711abad75c", "pd-text": "00a2cca05024945e",
                 "smoke": "c698607e1e4e2248", "vllm-truth": "12b0764030acc0d2"}
 
 
