@@ -62,6 +62,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "request_hop_ms": (1e-3, 1e3),
     "tokenize_us_per_token": (1e-3, 1e3),
     "request_render_ms": (1e-3, 1e3),
+    "vision_pass_ms": (1e-3, 1e3),
 }
 STEP_RATIO = 1.5      # first trust region and identifiability probe: each constant moved by 50 %,
 WIDE_RATIO = 10.0     # or, if that moved too little, 10-fold (a 0.05 ms latency hides in a 30 ms TTFT) ...
@@ -242,7 +243,8 @@ def structural_constants(spec: ExperimentSpec, constants: Sequence[str] = FREE_C
     if all(r.tp == 1 for c in spec.configurations for r in c.roles):
         left["allreduce_latency_us"] = "no role of the run is tensor-parallel: tp is 1 throughout"
     if not sends_images(spec):
-        left["image_preprocess_ms_per_mp"] = left["measured_vision_factor"] = "no cell of the run sends images"
+        for name in ("image_preprocess_ms_per_mp", "measured_vision_factor", "vision_pass_ms"):
+            left[name] = "no cell of the run sends images"
     elif not vision_measured(spec.model, spec.hardware):
         left["measured_vision_factor"] = ("the spec's vision tower follows the roofline laws, not the measured one "
                                           "it acts on")

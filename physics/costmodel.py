@@ -265,16 +265,18 @@ class CostModel:
         full attention, the launch floor). Roofline: their FLOPs
         (vision_flops) at the achievable FLOP/s, or reading the tower's weights once at the achievable HBM
         bandwidth if that is longer (the roofline of a step). Each image attends only within itself (vLLM's
-        cu_seqlens), so full attention grows with each image's area squared, not with the batch's."""
+        cu_seqlens), so full attention grows with each image's area squared, not with the batch's. Plus
+        hardware.vision_pass_ms per pass (0 unless fitted)."""
         v = self.model.vision
         counts = [image_tokens] if isinstance(image_tokens, int) else [n for n in image_tokens if n]
         if v is None or not any(counts):
             return 0.0
+        fixed = self.hw.vision_pass_ms / 1e3       # 0 unless fitted (calibrate --engine-steps)
         if self.laws is not None and self.laws.has_vision:
-            return self.laws.encode_s([n for n in counts if n])
+            return self.laws.encode_s([n for n in counts if n]) + fixed
         flops = sum(vision_flops(v, *token_grid(n)) for n in counts if n)
         weights = v.params_b * 1e9 * self.model.dtype_bytes
-        return max(flops / self.flops_per_s, weights / self.bytes_per_s)
+        return max(flops / self.flops_per_s, weights / self.bytes_per_s) + fixed
 
     def kv_bytes(self, tokens: int) -> int:
         """KV bytes of `tokens` tokens on this engine's TP group (kv_bytes_held_per_token): what a KV transfer into

@@ -337,6 +337,8 @@ def spec_fingerprint(spec: ExperimentSpec) -> str:
         del data["hardware"]["measured_vision_factor"]
     if data["hardware"]["request_render_ms"] == 0.0:   # not modelled: fingerprints stay as before the field
         del data["hardware"]["request_render_ms"]
+    if data["hardware"]["vision_pass_ms"] == 0.0:      # the same
+        del data["hardware"]["vision_pass_ms"]
     for suite in data["suites"]:   # no warm-up by concurrency: fingerprints stay as before the field
         if suite.get("n_warmup_by_concurrency") == {}:
             del suite["n_warmup_by_concurrency"]

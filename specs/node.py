@@ -219,6 +219,14 @@ class HardwareSpec(Strict):
                                                       "floor and gap): a pass takes the law's time divided by it (1: "
                                                       "as measured); op_laws measured only. epdbench calibrate "
                                                       "--engine-steps fits it from the engine's own prefill times.")
+    vision_pass_ms: float = Field(0.0, ge=0, title="Vision pass fixed time (ms)",
+                                  description="Time of each vision-tower pass beyond its measured law, whatever its "
+                                              "images' size: what the engine does around the tower's kernels (its "
+                                              "inputs' preparation and transfer, the eager launches of the "
+                                              "placement and rotary indices). 0 (not modelled) until fitted: "
+                                              "`calibrate --engine-steps` fits it, with measured_vision_factor, to "
+                                              "an engine's own prefill times of images of several sizes "
+                                              "(analysis.engine_steps).")
     compute_efficiency: float = Field(0.5, gt=0, le=1, title="Achievable fraction of peak FLOP/s",
                                       description="Model FLOPs utilisation assumed for prefill (compute-bound) by "
                                                   "the roofline laws (op_laws roofline, or a model the measured "

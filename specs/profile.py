@@ -35,8 +35,8 @@ FREE_CONSTANTS = ("compute_efficiency", "hbm_efficiency", "measured_compute_fact
 # from the API server's image preprocessing and the hops, an engine's prefill time can; and its TTFT less queue and
 # prefill is the API server's tokenization and image processing alone, without the client's network.
 ENGINE_CONSTANTS = ("compute_efficiency", "hbm_efficiency", "measured_compute_factor", "measured_hbm_factor",
-                    "measured_vision_factor", "step_overhead_ms", "allreduce_latency_us", "tokenize_us_per_token",
-                    "request_render_ms", "image_preprocess_ms_per_mp")
+                    "measured_vision_factor", "vision_pass_ms", "step_overhead_ms", "allreduce_latency_us",
+                    "tokenize_us_per_token", "request_render_ms", "image_preprocess_ms_per_mp")
 # What a profile may set: every free constant of either fit.
 PROFILE_CONSTANTS = FREE_CONSTANTS + tuple(n for n in ENGINE_CONSTANTS if n not in FREE_CONSTANTS)
 

@@ -141,12 +141,12 @@ def test_the_engine_constants_are_those_acting_inside_an_engine_the_vision_speed
 
     truth = load_spec("vllm-truth")
     used, left = fit.structural_constants(truth, ENGINE_CONSTANTS)
-    assert used == ["measured_compute_factor", "measured_hbm_factor", "measured_vision_factor", "step_overhead_ms",
-                    "tokenize_us_per_token", "request_render_ms", "image_preprocess_ms_per_mp"]
+    assert used == ["measured_compute_factor", "measured_hbm_factor", "measured_vision_factor", "vision_pass_ms",
+                    "step_overhead_ms", "tokenize_us_per_token", "request_render_ms", "image_preprocess_ms_per_mp"]
     assert set(left) == {"compute_efficiency", "hbm_efficiency", "allreduce_latency_us"}
     text = truth.model_copy(update={"suites": truth.suites[:1]})
     assert fit.structural_constants(text, ENGINE_CONSTANTS)[1]["measured_vision_factor"] == \
-        "no cell of the run sends images"
+        fit.structural_constants(text, ENGINE_CONSTANTS)[1]["vision_pass_ms"] == "no cell of the run sends images"
     rooflined = fit.structural_constants(roofline("vllm-truth"), ENGINE_CONSTANTS)[1]
     assert "vision tower follows the roofline laws" in rooflined["measured_vision_factor"]
     # a run's client figures cannot tell the tower from the API server's preprocessing: calibrate --from leaves
