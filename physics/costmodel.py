@@ -197,8 +197,9 @@ class CostModel:
         return 4.0 * m.n_layers * m.n_heads * m.head_dim * (context_sum + 0.5 * n)
 
     def step_seconds(self, decode_contexts: list[int], prefill: list[PrefillChunk],
-                     encoder_images: Sequence[int] = ()) -> float:
-        """Duration of one continuous-batching step; `encoder_images` are the LM tokens of each image it encodes."""
+                     encoder_images: Sequence[int] = (), pass_fixed: bool = True) -> float:
+        """Duration of one continuous-batching step; `encoder_images` are the LM tokens of each image it encodes
+        (without the vision pass's fixed time where `pass_fixed` is false: a step before it spent it, sim.engine)."""
         if not prefill and not any(encoder_images):
             return self.decode_step_seconds(len(decode_contexts), sum(decode_contexts))
         m = self.model
@@ -207,7 +208,7 @@ class CostModel:
             return 0.0
         if self.laws is not None:
             gpu = self.laws.step_s(decode_contexts, prefill) if n_tokens else 0.0
-            return (gpu + self.allreduce_s(n_tokens) + self.encode_seconds(encoder_images)
+            return (gpu + self.allreduce_s(n_tokens) + self.encode_seconds(encoder_images, pass_fixed)
                     + self.hw.step_overhead_ms / 1e3)
         flops = 2.0 * m.params_b * 1e9 * n_tokens
         flops += sum(self.attention_flops(c.start, c.tokens) for c in prefill)
@@ -217,7 +218,7 @@ class CostModel:
         compute_s = flops / self.flops_per_s
         memory_s = bytes_read / self.bytes_per_s
         return (max(compute_s, memory_s) + self.allreduce_s(n_tokens)
-                + self.encode_seconds(encoder_images) + self.hw.step_overhead_ms / 1e3)
+                + self.encode_seconds(encoder_images, pass_fixed) + self.hw.step_overhead_ms / 1e3)
 
     @functools.cached_property
     def laws(self) -> EngineLaws | None:
@@ -259,7 +260,12 @@ class CostModel:
     def _decode_laws(self) -> dict:
         return {}
 
-    def encode_seconds(self, image_tokens: int | Iterable[int]) -> float:
+    @property
+    def vision_pass_s(self) -> float:
+        """The fixed time of a vision pass beside its law (hardware.vision_pass_ms; 0 unless fitted)."""
+        return self.hw.vision_pass_ms / 1e3 if self.model.vision is not None else 0.0
+
+    def encode_seconds(self, image_tokens: int | Iterable[int], pass_fixed: bool = True) -> float:
         """One vision-tower pass over images of these LM-token counts (an int: one image). Measured: the vision
         tower's law (physics.measured: a fixed cost per pass, what grows with the pass's tokens, each image's
         full attention, the launch floor). Roofline: their FLOPs
@@ -271,7 +277,7 @@ class CostModel:
         counts = [image_tokens] if isinstance(image_tokens, int) else [n for n in image_tokens if n]
         if v is None or not any(counts):
             return 0.0
-        fixed = self.hw.vision_pass_ms / 1e3       # 0 unless fitted (calibrate --engine-steps)
+        fixed = self.vision_pass_s if pass_fixed else 0.0      # 0 unless fitted (calibrate --engine-steps)
         if self.laws is not None and self.laws.has_vision:
             return self.laws.encode_s([n for n in counts if n]) + fixed
         flops = sum(vision_flops(v, *token_grid(n)) for n in counts if n)

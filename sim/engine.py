@@ -251,8 +251,15 @@ class Engine:
                     await self._wake.wait()
                     modelled_end = None
                 continue
+            launching = [s for s, c in scheduled if c.start == s.cached and s.image_tokens and not s.pass_launched]
+            if launching and self.cost.vision_pass_s > 0:
+                for seq in launching:
+                    seq.pass_launched = True
+                modelled_end = await self._pass_step(start, decodes)
+                continue
+            # every image here had its pass's fixed time spent in the step before (vision_pass_ms 0: none to spend)
             duration = self.cost.step_seconds([s.context for s in decodes],
-                                              [c for _, c in scheduled], encoder_images)
+                                              [c for _, c in scheduled], encoder_images, pass_fixed=False)
             if self.gpu is not None:            # its GPU part shared with the engines beside it
                 modelled_end = await self._shared_step(start, duration)
                 self.lag.observe(0.0)
@@ -272,6 +279,37 @@ class Engine:
             self.stats.busy_s += duration
             self.stats.encoder_tokens += sum(encoder_images)
             self._finish_step(decodes, scheduled, modelled_end)
+
+    def _pass_seconds(self, decodes: list[Sequence]) -> float:
+        """A pass step's length on the host clock: the vision pass's fixed time, or the decodes' step if longer."""
+        decode_s = self.cost.step_seconds([s.context for s in decodes], []) if decodes else 0.0
+        return max(self.cost.vision_pass_s, decode_s) * self.time_scale
+
+    async def _pass_step(self, start: float, decodes: list[Sequence]) -> float:
+        """The step before one that encodes images, when a vision pass has a fixed time (hardware.vision_pass_ms):
+        the engine spends it on the host, preparing and launching the pass, while the GPU runs the decodes planned
+        with it, which then get their token; the images' requests are scheduled from its start and their pass (its
+        law's time) and prefill run in the next step. So in the H100 records at 1792 px, c=4
+        (benchmarks/data/README.md), the running decodes stall twice as an image request starts — 66–94 ms, then
+        112–141 ms ending with its first token — where one step of both would stall them once."""
+        if self.gpu is not None:      # the decodes' GPU work in the share, beside the host's fixed time
+            decode_s = self.cost.step_seconds([s.context for s in decodes], []) if decodes else 0.0
+            host = min(decode_s, self.cost.hw.step_overhead_ms / 1e3)
+            await asyncio.gather(self.sleep(max(0.0, start + self.cost.vision_pass_s - self.clock())),
+                                 self._shared_gpu(start + host, decode_s - host))
+            end = self.clock()
+        else:
+            end = start + self._pass_seconds(decodes)
+            await self.sleep(max(0.0, end - self.clock()))
+            self.lag.observe(max(0.0, self.clock() - end) / self.time_scale)
+        self.stats.steps += 1
+        self.stats.busy_s += (end - start) / self.time_scale
+        self._finish_step(decodes, [], end)
+        return end
+
+    async def _shared_gpu(self, at: float, seconds: float) -> None:
+        await self.sleep(max(0.0, at - self.clock()))
+        await self.gpu.run(seconds)
 
     async def _shared_step(self, start: float, duration: float) -> float:
         """Virtual time, on a GPU shared with other engines (sim.gpu): the step's host part (step_overhead_ms),

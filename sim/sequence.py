@@ -14,6 +14,7 @@ class Sequence:
     prompt_tokens: int
     max_tokens: int
     image_tokens: list[int] = field(default_factory=list)   # LM tokens of each image this engine must encode
+    pass_launched: bool = False      # its vision pass's fixed time was spent in a step before its encoding (sim.engine)
                                                             # with its first prefill chunk
     computed: int = 0              # prompt tokens already in the KV cache (and recomputed ones after a preemption)
     cached: int = 0                # of which found in the prefix cache
