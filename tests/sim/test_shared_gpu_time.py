@@ -7,6 +7,7 @@ from epdbench.sim.engine import Engine, Sequence
 from epdbench.sim.gpu import GpuShare, shares_one_gpu
 from epdbench.sim.vloop import run
 from epdbench.specs.models import EngineSpec, load_spec
+from tests.sim.streams import token_gaps
 from tests.sim.test_engine import COST, TOY_GPU
 
 LIMITS = EngineSpec(max_num_batched_tokens=512, max_num_seqs=8)
@@ -77,19 +78,11 @@ def test_a_prefill_on_the_engine_beside_it_stretches_a_decodes_token_gaps_by_its
             decode.start(), prefill.start()
             a = Sequence("a", prompt_tokens=16, max_tokens=40)
             decode.submit(a)
-            times = []
             try:
-                while True:
-                    kind, _ = await asyncio.wait_for(a.out.get(), timeout=5.0)
-                    if kind == "done":
-                        break
-                    times.append(loop.time())
-                    if len(times) == 5:
-                        prefill.submit(Sequence("b", prompt_tokens=2048, max_tokens=1))
+                return await token_gaps(a, 5, lambda: prefill.submit(Sequence("b", prompt_tokens=2048, max_tokens=1)))
             finally:
                 await decode.stop()
                 await prefill.stop()
-            return [y - x for x, y in zip(times, times[1:])]
         return run(main())
 
     alone, beside = gaps(False), gaps(True)

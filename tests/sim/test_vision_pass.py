@@ -8,6 +8,7 @@ from epdbench.physics.costmodel import CostModel, PrefillChunk
 from epdbench.sim.engine import Engine, Sequence
 from epdbench.sim.vloop import run
 from epdbench.specs.models import load_spec
+from tests.sim.streams import token_gaps
 
 SPEC = load_spec("vllm-truth")
 
@@ -23,24 +24,16 @@ def serve(pass_ms: float) -> tuple[list[float], float, CostModel]:
         e.start()
         a, img = Sequence("a", prompt_tokens=16, max_tokens=30), Sequence("img", 827, 2, image_tokens=[400])
         e.submit(a)
-        times = []
 
         async def first_token() -> float:
             await asyncio.wait_for(img.out.get(), timeout=5.0)
             return loop.time()
+        first = []
         try:
-            while True:
-                kind, _ = await asyncio.wait_for(a.out.get(), timeout=5.0)
-                if kind == "done":
-                    break
-                times.append(loop.time())
-                if len(times) == 5:
-                    e.submit(img)
-                    first = asyncio.ensure_future(first_token())
-            first = await first
+            gaps = await token_gaps(a, 5, lambda: (e.submit(img), first.append(asyncio.ensure_future(first_token()))))
+            return gaps, await first[0] - img.scheduled_at
         finally:
             await e.stop()
-        return [y - x for x, y in zip(times, times[1:])], first - img.scheduled_at
     gaps, prefill = run(main())
     return gaps, prefill, cost
 
