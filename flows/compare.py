@@ -38,6 +38,7 @@ from epdbench.flows.outputs import prefect_summary_artifact, report_meta, verdic
 from epdbench.flows.incluster import LoadgenIncomplete, run_suite_in_cluster
 from epdbench.flows.suite import CellTimeout, DeploymentDied, run_suite, say
 from epdbench.flows.virtual import VIRTUAL_ROUTER, run_virtually, virtual_calibration
+from epdbench.sim.gpu import shares_one_gpu
 from epdbench.tasks import evidence
 from epdbench.tasks.publishing import publish
 from epdbench.tasks.publishing.publish import roles_text
@@ -126,6 +127,9 @@ def run_configuration(spec: ExperimentSpec, config: ConfigurationSpec, run: str,
             traces = TraceCollector(traces_path(rdir, config.name), pull=dep.pull_spans)
         outcome.router = dep.router
         say(f"[{config.name}] serving at {dep.endpoint} via {dep.router}")
+        if spec.target.kind == "sim" and shares_one_gpu(spec, config):
+            say(f"[{config.name}] its engines share one GPU on the local target (target.local.gpu_share); on the HTTP "
+                "clock each simulated engine has a GPU of its own: --clock virtual models the sharing")
         if dep.telemetry_note:
             say(f"[{config.name}] {dep.telemetry_note}")
         emulated = spec.target.kind == "sim"
@@ -185,7 +189,8 @@ def _run_virtually(spec: ExperimentSpec, config: ConfigurationSpec, run: str, rd
                    outcome: ConfigOutcome, skip: frozenset, progress: "Progress | None") -> ConfigOutcome:
     """run_configuration in virtual time (flows.virtual): no processes to start or stop."""
     outcome.router = VIRTUAL_ROUTER
-    say(f"[{config.name}] serving in virtual time (no processes, no HTTP)")
+    say(f"[{config.name}] serving in virtual time (no processes, no HTTP)"
+        + ("; its engines time-slice one GPU, as on the local target" if shares_one_gpu(spec, config) else ""))
     try:
         calibration = virtual_prompts(spec, str(rdir / "calibration.json"))
         outcome.cells, observed = run_virtually(spec, config, run, str(rdir), calibration, skip, progress,
