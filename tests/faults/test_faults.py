@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -314,11 +315,21 @@ def test_deleted_records_are_measured_again_on_resume(tmp_path):
     run.assert_mlflow_matches()
 
 
+@pytest.fixture(scope="module")
+def finished_aggregated(tmp_path_factory) -> Path:
+    """One finished run of the aggregated configuration; each test that damages it works on its own copy."""
+    work = tmp_path_factory.mktemp("finished")
+    run = Run(work)
+    done = run.compare("--spec", str(small_spec(work, ["aggregated"])), "--out", str(run.out))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run.assert_no_process_left()
+    return run.out
+
+
 @pytest.mark.parametrize("damage", ["state.json", "records.parquet", "evidence/aggregated/outcome.json"])
-def test_a_truncated_state_file_is_one_line_and_exit_2(tmp_path, damage):
+def test_a_truncated_state_file_is_one_line_and_exit_2(tmp_path, damage, finished_aggregated):
     run = Run(tmp_path)
-    spec = small_spec(tmp_path, ["aggregated"])
-    assert run.compare("--spec", str(spec), "--out", str(run.out)).returncode == 0
+    shutil.copytree(finished_aggregated, run.out)
     path = run.out / damage
     path.write_bytes(path.read_bytes()[:len(path.read_bytes()) // 2])
     resumed = run.resume()
