@@ -260,30 +260,24 @@ class Engine:
             # every image here had its pass's fixed time spent in the step before (vision_pass_ms 0: none to spend)
             duration = self.cost.step_seconds([s.context for s in decodes],
                                               [c for _, c in scheduled], encoder_images, pass_fixed=False)
-            if self.gpu is not None:            # its GPU part shared with the engines beside it
-                modelled_end = await self._shared_step(start, duration)
-                self.lag.observe(0.0)
-                self.stats.steps += 1
-                self.stats.busy_s += modelled_end - start
-                self.stats.encoder_tokens += sum(encoder_images)
-                self._finish_step(decodes, scheduled, modelled_end)
-                continue
-            modelled_end = start + duration * self.time_scale
-            if (self.fuse_decodes and decodes and not scheduled and not encoder_images
-                    and self.stats.preemptions == preemptions):
-                modelled_end = await self._run_stretch(decodes, modelled_end, duration)
-                continue
-            await self.sleep(max(0.0, modelled_end - self.clock()))
+            if self.gpu is not None:            # its GPU part shared with the engines beside it (not fused:
+                await self._on_shared_gpu(start, duration)   # each step's length depends on what they run)
+                modelled_end = self.clock()
+            else:
+                modelled_end = start + duration * self.time_scale
+                if (self.fuse_decodes and decodes and not scheduled and not encoder_images
+                        and self.stats.preemptions == preemptions):
+                    modelled_end = await self._run_stretch(decodes, modelled_end, duration)
+                    continue
+                await self.sleep(max(0.0, modelled_end - self.clock()))
             self.lag.observe(max(0.0, self.clock() - modelled_end) / self.time_scale)
             self.stats.steps += 1
-            self.stats.busy_s += duration
+            self.stats.busy_s += (modelled_end - start) / self.time_scale
             self.stats.encoder_tokens += sum(encoder_images)
             self._finish_step(decodes, scheduled, modelled_end)
 
-    def _pass_seconds(self, decodes: list[Sequence]) -> float:
-        """A pass step's length on the host clock: the vision pass's fixed time, or the decodes' step if longer."""
-        decode_s = self.cost.step_seconds([s.context for s in decodes], []) if decodes else 0.0
-        return max(self.cost.vision_pass_s, decode_s) * self.time_scale
+    def _decodes_seconds(self, decodes: list[Sequence]) -> float:
+        return self.cost.step_seconds([s.context for s in decodes], []) if decodes else 0.0
 
     async def _pass_step(self, start: float, decodes: list[Sequence]) -> float:
         """The step before one that encodes images, when a vision pass has a fixed time (hardware.vision_pass_ms):
@@ -293,32 +287,24 @@ class Engine:
         (benchmarks/data/README.md), the running decodes stall twice as an image request starts — 66–94 ms, then
         112–141 ms ending with its first token — where one step of both would stall them once."""
         if self.gpu is not None:      # the decodes' GPU work in the share, beside the host's fixed time
-            decode_s = self.cost.step_seconds([s.context for s in decodes], []) if decodes else 0.0
-            host = min(decode_s, self.cost.hw.step_overhead_ms / 1e3)
             await asyncio.gather(self.sleep(max(0.0, start + self.cost.vision_pass_s - self.clock())),
-                                 self._shared_gpu(start + host, decode_s - host))
+                                 self._on_shared_gpu(start, self._decodes_seconds(decodes)))
             end = self.clock()
         else:
-            end = start + self._pass_seconds(decodes)
+            end = start + max(self.cost.vision_pass_s, self._decodes_seconds(decodes)) * self.time_scale
             await self.sleep(max(0.0, end - self.clock()))
-            self.lag.observe(max(0.0, self.clock() - end) / self.time_scale)
+        self.lag.observe(max(0.0, self.clock() - end) / self.time_scale)
         self.stats.steps += 1
         self.stats.busy_s += (end - start) / self.time_scale
         self._finish_step(decodes, [], end)
         return end
 
-    async def _shared_gpu(self, at: float, seconds: float) -> None:
-        await self.sleep(max(0.0, at - self.clock()))
-        await self.gpu.run(seconds)
-
-    async def _shared_step(self, start: float, duration: float) -> float:
-        """Virtual time, on a GPU shared with other engines (sim.gpu): the step's host part (step_overhead_ms),
-        then its GPU part at the share the others leave it; returns when it ended. Steps are not fused here: each
-        one's length depends on what the others run meanwhile."""
+    async def _on_shared_gpu(self, start: float, duration: float) -> None:
+        """Virtual time, on a GPU shared with other engines (sim.gpu): a step's host part (step_overhead_ms) from
+        `start`, then its GPU part at the share the others leave it."""
         host = min(duration, self.cost.hw.step_overhead_ms / 1e3)
         await self.sleep(max(0.0, start + host - self.clock()))
         await self.gpu.run(duration - host)
-        return self.clock()
 
     async def _run_stretch(self, decodes: list[Sequence], first_end: float, first_duration: float) -> float:
         """Virtual time: the planned decode-only step and the ones that follow it unchanged (sim.fused), waited
