@@ -151,12 +151,9 @@ class Encoder:
         try:
             async with self.lock:
                 started = clock()
-                gpu_s = r.cost.encode_seconds(todo)
-                host_s = r.spec.hardware.step_overhead_ms / 1e3 if todo else 0
-                seconds = gpu_s + host_s
+                seconds = r.cost.encode_seconds(todo) + (r.spec.hardware.step_overhead_ms / 1e3 if todo else 0)
                 if r.engine.gpu is not None:      # virtual time, a GPU shared with other engines (sim.gpu)
-                    await asyncio.sleep(host_s)
-                    await r.engine.gpu.run(gpu_s)
+                    await r.engine.on_shared_gpu(started, seconds)
                     seconds = clock() - started
                 else:
                     await asyncio.sleep(seconds * r.time_scale)

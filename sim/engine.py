@@ -261,7 +261,7 @@ class Engine:
             duration = self.cost.step_seconds([s.context for s in decodes],
                                               [c for _, c in scheduled], encoder_images, pass_fixed=False)
             if self.gpu is not None:            # its GPU part shared with the engines beside it (not fused:
-                await self._on_shared_gpu(start, duration)   # each step's length depends on what they run)
+                await self.on_shared_gpu(start, duration)   # each step's length depends on what they run)
                 modelled_end = self.clock()
             else:
                 modelled_end = start + duration * self.time_scale
@@ -288,7 +288,7 @@ class Engine:
         112–141 ms ending with its first token — where one step of both would stall them once."""
         if self.gpu is not None:      # the decodes' GPU work in the share, beside the host's fixed time
             await asyncio.gather(self.sleep(max(0.0, start + self.cost.vision_pass_s - self.clock())),
-                                 self._on_shared_gpu(start, self._decodes_seconds(decodes)))
+                                 self.on_shared_gpu(start, self._decodes_seconds(decodes)))
             end = self.clock()
         else:
             end = start + max(self.cost.vision_pass_s, self._decodes_seconds(decodes)) * self.time_scale
@@ -299,9 +299,9 @@ class Engine:
         self._finish_step(decodes, [], end)
         return end
 
-    async def _on_shared_gpu(self, start: float, duration: float) -> None:
-        """Virtual time, on a GPU shared with other engines (sim.gpu): a step's host part (step_overhead_ms) from
-        `start`, then its GPU part at the share the others leave it."""
+    async def on_shared_gpu(self, start: float, duration: float) -> None:
+        """Virtual time, on a GPU shared with other engines (sim.gpu): a step's (or an encode role's pass's) host part
+        (step_overhead_ms) from `start`, then its GPU part at the share the others leave it."""
         host = min(duration, self.cost.hw.step_overhead_ms / 1e3)
         await self.sleep(max(0.0, start + host - self.clock()))
         await self.gpu.run(duration - host)
